@@ -1,0 +1,3 @@
+"""posttrain: readable post-training for causal language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,64 @@
+"""`posttrain <command> ...`: the command-line entry point.
+
+Each command lives in its own module that exposes ``add_arguments(parser)`` and ``run(args) -> int``;
+this file only maps names to modules (imported lazily, so `posttrain --help` stays fast) and turns
+errors into exit codes: 0 success, 1 a bug or a failed run, 2 bad input (one line naming the file
+and the key or line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from posttrain.errors import UserError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "make-tiny": ("posttrain.models.tiny_cli", "build the embedded tiny Llama model and tokenizer"),
+    "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
+    "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
+    "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posttrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(_module=module)
+        # Arguments are added lazily in main() for the chosen command only.
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.print_usage(sys.stderr)
+            print(f"posttrain: unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})", file=sys.stderr)
+            return 2
+        parser.print_help()
+        return 0
+    name = argv[0]
+    module = importlib.import_module(COMMANDS[name][0])
+    cmd_parser = argparse.ArgumentParser(prog=f"posttrain {name}", description=COMMANDS[name][1],
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(cmd_parser)
+    args = cmd_parser.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except UserError as e:
+        print(f"posttrain {name}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"posttrain {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
