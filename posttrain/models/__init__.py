@@ -1,0 +1,1 @@
+"""Models: loading causal LMs and tokenizers, LoRA, the embedded tiny models."""

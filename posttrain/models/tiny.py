@@ -1,0 +1,108 @@
+"""The embedded tiny models: Llama-architecture models and a BPE tokenizer built locally.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE trained with `tokenizers` on a small
+synthetic corpus (arithmetic traces, chat markup, short Python); digits are split one per token so
+arithmetic is learnable digit by digit. It is wrapped in `PreTrainedTokenizerFast` and saved with
+`save_pretrained`, so `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
+load the pair unchanged. (A Qwen2 config would make AutoTokenizer swap in Qwen2's pre-tokenizer;
+Llama keeps ours.)
+
+Special tokens: ``<|endoftext|>`` (eos and pad), ``<|im_start|>``, ``<|im_end|>`` (ends a chat
+turn). The chat template is ChatML; generation stops at either ``<|endoftext|>`` or ``<|im_end|>``
+(both are in ``generation_config.eos_token_id``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# name -> LlamaConfig keyword arguments. Parameter counts are printed by `posttrain make-tiny`.
+SIZES: dict[str, dict] = {
+    "nano": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),       # ~0.15M params, for tests
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2),       # ~2.6M params, the demo
+    "small": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
+                  num_attention_heads=6, num_key_value_heads=2),      # ~10M params, a teacher
+}
+VOCAB_SIZE = 512
+MAX_POSITIONS = 512
+
+
+def _corpus(seed: int = 0, n: int = 4000) -> list[str]:
+    """Synthetic text covering what the embedded tasks and chat markup use."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        a, b = rng.randint(0, 999), rng.randint(0, 99)
+        op = rng.choice(["×", "+", "-"])
+        lines.append(f"<|im_start|>user\nSolve: {a} {op} {b}<|im_end|>\n<|im_start|>assistant\n")
+        lines.append(f"<think>{a} × 10 = {a * 10}\n{a} + {b} = {a + b}</think>\nAnswer: {a * b}<|endoftext|>")
+    words = ("the of and to in is for that with as answer solve think step first then so result "
+             "def return if else for while in range print input int str list len sum max min "
+             "lambda x y n i j k import assert true false none").split()
+    for _ in range(n // 4):
+        lines.append(" ".join(rng.choice(words) for _ in range(12)))
+        k, c = rng.randint(1, 9), rng.randint(0, 9)
+        lines.append(f"def f(x):\n    return x * {k} + {c}\n\nassert f({c}) == {c * k + c}\n")
+    return lines
+
+
+def build_tokenizer(seed: int = 0):
+    """Train the byte-level BPE tokenizer and wrap it for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHATML_TEMPLATE
+    fast.model_max_length = MAX_POSITIONS
+    return fast
+
+
+def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Build and save a randomly initialised Llama model of `size` with the embedded tokenizer."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    out = Path(out_dir)
+    tokenizer = build_tokenizer(seed)
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")]
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS,
+                         bos_token_id=None, eos_token_id=eos_ids, pad_token_id=eos_ids[0],
+                         tie_word_embeddings=False, rope_theta=10000.0, **SIZES[size])
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=eos_ids[0])
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
