@@ -1,0 +1,132 @@
+"""Run directories, metrics logging, stage timers and progress bars shared by every trainer.
+
+A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per
+step, always written and flushed each step), ``checkpoints/step-N/`` and whatever the stage adds.
+TensorBoard and Weights & Biases are opt-in mirrors of metrics.jsonl and never required.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from posttrain.config import ConfigValueError
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoggingConfig:
+    tensorboard: bool = False
+    """Also write TensorBoard event files under the run directory (needs `tensorboard`)."""
+    wandb_project: str = ""
+    """Also log to this Weights & Biases project (needs `wandb` and a login); empty = off."""
+    progress: bool = True
+    """Show a progress bar on the terminal."""
+
+    def __post_init__(self):
+        if self.wandb_project and " " in self.wandb_project:
+            raise ConfigValueError("wandb_project", "must not contain spaces")
+
+
+class MetricsLogger:
+    """Appends one JSON line per step to ``metrics.jsonl``; mirrors to TensorBoard / W&B if asked."""
+
+    def __init__(self, run_dir: str | Path, cfg: LoggingConfig | None = None, *, resume_step: int = 0,
+                 config_dict: dict | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step and self.path.exists():
+            self._truncate_after(resume_step)
+        elif not resume_step:
+            self.path.write_text("")
+        self._file = self.path.open("a")
+        cfg = cfg or LoggingConfig()
+        self._tb = self._wandb = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        if cfg.wandb_project:
+            import wandb
+
+            self._wandb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=config_dict)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop lines logged after the checkpoint so the curve is not duplicated."""
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, metrics: dict) -> None:
+        clean = {k: _jsonable(v) for k, v in metrics.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        step = int(clean.get("step", 0))
+        if self._tb is not None:
+            for k, v in clean.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _jsonable(v):
+    if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class StageTimer:
+    """``with timer("rollout"): ...`` accumulates seconds per stage; ``pop()`` returns time/<stage>_s."""
+
+    def __init__(self):
+        self._acc: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._acc[stage] = self._acc.get(stage, 0.0) + time.perf_counter() - t0
+
+    def pop(self) -> dict[str, float]:
+        out = {f"time/{k}_s": v for k, v in self._acc.items()}
+        self._acc = {}
+        return out
+
+
+def progress_bar(enabled: bool = True) -> Progress:
+    """A rich progress bar with steps, ETA and a free-form ``info`` field (loss, tokens/s...)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        disable=not enabled, transient=False,
+    )
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    complete = [p for p in ckpts if (p / "trainer_state.pt").exists()]
+    return complete[-1] if complete else None

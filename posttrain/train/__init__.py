@@ -1,0 +1,1 @@
+"""Trainers for dataset-driven stages: SFT / mid-training, DPO, reward models."""

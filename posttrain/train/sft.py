@@ -1,0 +1,152 @@
+"""Supervised fine-tuning and mid-training (continued pretraining).
+
+Two data modes share one trainer:
+
+- ``sft``: prompt/completion or chat-message records; the loss covers only completion tokens
+  (plus the end-of-turn token, so the model learns to stop).
+- ``raw``: plain documents (``text`` field); the loss covers every token, documents are joined
+  with EOS and packed into ``max_len`` chunks; attention never crosses a document boundary.
+
+The trainer is thin: ``train_step(micro_batches)`` runs forward/backward on each micro-batch with
+the token-mean taken over the *whole step's* loss tokens (so gradient accumulation gives the same
+gradient as one big batch), clips, steps AdamW and the warmup+cosine schedule.
+
+Resume restores weights, optimizer, scheduler, RNG and the data position: the batch plan is a
+pure function of (seed, epoch), so step N of a resumed run sees exactly the micro-batches that
+step N of an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from posttrain.algos import AGGREGATIONS, sft_token_nll
+from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.models.hf import ModelConfig, load_model, load_tokenizer, quiet_transformers
+from posttrain.tracking import LoggingConfig, MetricsLogger, latest_checkpoint, progress_bar
+from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
+from posttrain.train.optim import (OptimConfig, build_optimizer, build_scheduler, clip_gradients, rng_state,
+                                   seed_everything, set_rng_state)
+
+
+@dataclasses.dataclass(kw_only=True)
+class SFTDataConfig:
+    path: str = ""
+    """Training data: JSONL / Parquet / HF dataset folder of {prompt, completion} or {messages} records
+    (sft mode) or {text} documents (raw mode). Required."""
+    eval_path: str = ""
+    """Held-out data in the same format; empty = no eval loss."""
+    mode: str = "sft"
+    """sft (loss on completions only) or raw (mid-training: loss on all tokens, documents packed)."""
+    text_field: str = "text"
+    """Field holding the document in raw mode."""
+    use_chat_template: bool = True
+    """Render prompt/completion with the tokenizer's chat template (plain concatenation otherwise)."""
+    max_len: int = 256
+    """Longest example in tokens (sft; longer ones are dropped and counted) or chunk length (raw)."""
+    pack: bool = True
+    """Pack several examples per row (attention kept within each example) instead of padding."""
+    tokens_per_batch: int = 2048
+    """Token budget of one micro-batch (rows x row length)."""
+    eval_max_examples: int = 512
+    """Use at most this many held-out examples for the eval loss."""
+
+    def __post_init__(self):
+        if self.mode not in ("sft", "raw"):
+            raise ConfigValueError("mode", "must be sft or raw")
+        if self.tokens_per_batch < self.max_len:
+            raise ConfigValueError("tokens_per_batch", f"must be >= max_len ({self.max_len})")
+
+
+@dataclasses.dataclass(kw_only=True)
+class SFTConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The model to fine-tune."""
+    data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
+    """Training and held-out data."""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Where metrics go besides metrics.jsonl."""
+    num_steps: int = 200
+    """Optimizer steps."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    precision: str = "fp32"
+    """fp32, or bf16 (autocast; master weights stay in the model dtype)."""
+    seed: int = 0
+    """Seed for weights init of new parts, data order and sampling."""
+    eval_every: int = 50
+    """Eval loss every N steps (and at the end); 0 = only at the end."""
+    eval_generate: int = 0
+    """Also greedy-decode this many held-out prompts and report exact-match accuracy (records need `answer`)."""
+    save_every: int = 100
+    """Checkpoint every N steps (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Keep this many most recent checkpoints."""
+    out_dir: str = "runs/sft"
+    """Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/."""
+    resume: bool = True
+    """Continue from the last checkpoint in out_dir when there is one."""
+
+    def __post_init__(self):
+        if self.num_steps <= 0:
+            raise ConfigValueError("num_steps", "must be > 0")
+        if self.grad_accum <= 0:
+            raise ConfigValueError("grad_accum", "must be > 0")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigValueError("precision", "must be fp32 or bf16")
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class SFTTrainer:
+    """Thin: one optimizer step over a list of micro-batches; eval loss without gradients."""
+
+    def __init__(self, model, optimizer, scheduler, *, grad_clip: float, precision: str = "fp32"):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.grad_clip, self.precision = grad_clip, precision
+        self.device = next(model.parameters()).device
+
+    def _batch_nll(self, batch):
+        b = batch.to(self.device) if hasattr(batch, "to") else batch
+        with autocast(self.precision, self.device):
+            out = self.model(input_ids=b.input_ids_BT, position_ids=b.position_ids_BT,
+                             attention_mask=b.attention_mask_BT)
+        mask_BT = b.labels_BT != -100
+        return sft_token_nll(out.logits.float(), b.labels_BT, mask_BT), mask_BT
+
+    def train_step(self, micro_batches) -> dict:
+        self.model.train()
+        total_tokens = sum(b.num_loss_tokens for b in micro_batches)
+        loss_sum = torch.zeros(())
+        for b in micro_batches:
+            nll_BT, mask_BT = self._batch_nll(b)
+            loss = AGGREGATIONS["token_mean"](nll_BT, mask_BT, global_num_tokens=total_tokens)
+            loss.backward()
+            loss_sum += loss.detach().cpu()
+        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": float(loss_sum), "grad_norm": float(grad_norm), "lr": lr}
+
+    @torch.no_grad()
+    def eval_loss(self, batches) -> float:
+        self.model.eval()
+        nll_sum, count = 0.0, 0
+        for b in batches:
+            nll_BT, mask_BT = self._batch_nll(b)
+            nll_sum += float(nll_BT.sum())
+            count += int(mask_BT.sum())
+        return nll_sum / max(count, 1)

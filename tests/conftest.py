@@ -1,0 +1,24 @@
+"""Shared fixtures: the embedded nano model (built once per test session, no download)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def nano_model_dir(tmp_path_factory):
+    from posttrain.models.hf import quiet_transformers
+    from posttrain.models.tiny import build_tiny
+
+    quiet_transformers()
+    return build_tiny(tmp_path_factory.mktemp("nano"), "nano", seed=0)
+
+
+@pytest.fixture(scope="session")
+def arith_data_dir(tmp_path_factory):
+    """Arithmetic SFT/RL records (reasoning traces, 1-digit × 1-digit is too easy; 2 × 1 digits)."""
+    from posttrain.tasks.arithmetic import write_arithmetic
+
+    out = tmp_path_factory.mktemp("arith")
+    write_arithmetic(out, digits=(2, 1), ops=("×",), n_train=400, n_eval=50, fmt="trace", seed=0)
+    return out
