@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("posttrain.models.tiny_cli", "build the embedded tiny Llama model and tokenizer"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
+    "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family)"),
     "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
 }
 

@@ -258,3 +258,19 @@ def describe_config(cls: type, prefix: str = "") -> str:
         tname = str(tp).replace("typing.", "") if typing.get_origin(tp) else _type_name(tp)
         lines.append(f"  {prefix}{f.name} ({tname}, default {default!r})\n      {docs.get(f.name, '')}")
     return "\n".join(lines)
+
+
+def add_recipe_arguments(parser, cls: type, example: str) -> None:
+    """The shared `posttrain <command> CONFIG.yaml [key=value ...]` arguments, with every key in --help."""
+    parser.add_argument("config", nargs="?", help="YAML recipe (optional: defaults + overrides also work)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides applied after the YAML, e.g. optim.lr=3e-4")
+    parser.epilog = f"example:\n  {example}\n\nconfig keys:\n{describe_config(cls)}"
+
+
+def load_recipe(cls: type, args):
+    """Config from parsed recipe arguments; a first positional that is `key=value` is an override."""
+    path, overrides = args.config, list(args.overrides)
+    if path is not None and "=" in path and not Path(path).exists():
+        path, overrides = None, [path, *overrides]
+    return load_config(cls, path, overrides)

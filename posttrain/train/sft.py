@@ -150,3 +150,124 @@ class SFTTrainer:
             nll_sum += float(nll_BT.sum())
             count += int(mask_BT.sum())
         return nll_sum / max(count, 1)
+
+
+class BatchStream:
+    """Micro-batch ``i`` of the run, across epochs, as a pure function of (seed, i)."""
+
+    def __init__(self, examples, *, pack: bool, tokens_per_batch: int, seq_len: int, seed: int):
+        from posttrain.data.packing import plan_batches
+
+        self.examples, self.pack, self.seq_len, self.seed = examples, pack, seq_len, seed
+        self.tokens_per_batch = tokens_per_batch
+        self._plan = lambda epoch: plan_batches([len(e) for e in examples], tokens_per_batch=tokens_per_batch,
+                                                pack=pack, seed=seed, epoch=epoch)
+        self._epochs: dict[int, list[list[int]]] = {}
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._epochs:
+            self._epochs = {epoch: self._plan(epoch)}  # keep one epoch's plan in memory
+        return self._epochs[epoch]
+
+    def micro_batch(self, i: int):
+        from posttrain.data.packing import collate
+
+        epoch = 0
+        while i >= len(self._epoch(epoch)):
+            i -= len(self._epoch(epoch))
+            epoch += 1
+        return collate(self.examples, self._epoch(epoch)[i], pack=self.pack, seq_len=self.seq_len)
+
+    def all_batches(self):
+        from posttrain.data.packing import collate
+
+        return [collate(self.examples, idx, pack=self.pack, seq_len=self.seq_len) for idx in self._epoch(0)]
+
+
+def load_sft_data(cfg: SFTDataConfig, tokenizer, path: str):
+    """Tokenized examples of ``path`` for the configured mode; bad rows raise UserError naming file:line."""
+    from posttrain.data.records import load_records_with_location, load_sft_examples
+    from posttrain.data.sft import tokenize_raw_text, tokenize_sft
+    from posttrain.errors import UserError
+
+    if cfg.mode == "raw":
+        texts = []
+        for where, rec in load_records_with_location(path):
+            if not isinstance(rec.get(cfg.text_field), str):
+                raise UserError(f"{where}: missing text field {cfg.text_field!r} (raw mode)")
+            texts.append(rec[cfg.text_field])
+        return tokenize_raw_text(texts, tokenizer, seq_len=cfg.max_len)
+    examples = load_sft_examples(path)
+    tokenized = tokenize_sft(examples, tokenizer, max_len=cfg.max_len, use_chat_template=cfg.use_chat_template)
+    if not tokenized:
+        raise UserError(f"{path}: no example fits data.max_len={cfg.max_len}")
+    return tokenized
+
+
+def run_sft(cfg: SFTConfig, printer=print) -> dict:
+    """Train (or resume) SFT; returns a summary with the final losses and checkpoint path."""
+    from posttrain.models.hf import check_model_path
+
+    quiet_transformers()
+    seed_everything(cfg.seed)
+    check_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
+    train = load_sft_data(cfg.data, tokenizer, cfg.data.path)
+    held_out = load_sft_data(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_examples] \
+        if cfg.data.eval_path else []
+    model = load_model(cfg.model)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    trainer = SFTTrainer(model, optimizer, build_scheduler(optimizer, cfg.optim, cfg.num_steps),
+                         grad_clip=cfg.optim.grad_clip, precision=cfg.precision)
+    seq_len = cfg.data.max_len
+    stream = BatchStream(train, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
+                         seq_len=seq_len, seed=cfg.seed)
+    eval_batches = BatchStream(held_out, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
+                               seq_len=seq_len, seed=cfg.seed).all_batches() if held_out else []
+    run_dir = Path(cfg.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = _maybe_resume(cfg, run_dir, trainer, printer)
+    save_config(cfg, run_dir / "config.yaml")
+    logger = MetricsLogger(run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
+    summary = _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start)
+    logger.close()
+    return summary
+
+
+def _maybe_resume(cfg: SFTConfig, run_dir: Path, trainer: SFTTrainer, printer) -> int:
+    ckpt = latest_checkpoint(run_dir) if cfg.resume else None
+    if ckpt is None:
+        return 0
+    state = load_trainer_state(ckpt)
+    restore_weights(trainer.model, ckpt)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    printer(f"resumed from {ckpt} (step {state['step']})")
+    return state["step"]
+
+
+def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start) -> dict:
+    summary: dict = {"run_dir": str(run_dir)}
+    with progress_bar(cfg.logging.progress) as bar:
+        task = bar.add_task("sft", total=cfg.num_steps, completed=start, info="")
+        for step in range(start + 1, cfg.num_steps + 1):
+            t0 = time.perf_counter()
+            first = (step - 1) * cfg.grad_accum
+            micro = [stream.micro_batch(first + j) for j in range(cfg.grad_accum)]
+            metrics = trainer.train_step(micro)
+            dt = time.perf_counter() - t0
+            real = sum(b.num_real_tokens for b in micro)
+            metrics |= {"step": step, "time/step_s": dt, "tokens_per_s": real / dt, "tokens": real}
+            last = step == cfg.num_steps
+            if eval_batches and (last or cfg.eval_every and step % cfg.eval_every == 0):
+                metrics["eval/loss"] = trainer.eval_loss(eval_batches)
+            logger.log(metrics)
+            if last or cfg.save_every and step % cfg.save_every == 0:
+                state = {"step": step, "optimizer": trainer.optimizer.state_dict(),
+                         "scheduler": trainer.scheduler.state_dict(), "rng": rng_state()}
+                summary["checkpoint"] = str(save_checkpoint(run_dir, step, trainer.model, tokenizer, state,
+                                                            cfg.keep_last))
+            bar.update(task, advance=1, info=f"loss {metrics['loss']:.3f} {metrics['tokens_per_s']:.0f} tok/s")
+            summary |= {k: metrics[k] for k in ("loss", "eval/loss") if k in metrics}
+    return summary

@@ -1,0 +1,184 @@
+"""Configuration of `posttrain rl`, owned section by section by the components it configures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from posttrain.config import ConfigValueError
+from posttrain.models.hf import DTYPES, ModelConfig
+from posttrain.tracking import LoggingConfig
+from posttrain.train.optim import OptimConfig
+
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+# Each algorithm's default way of turning per-token losses into a scalar.
+DEFAULT_AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "seq_mean_token_sum_norm",
+                       "rloo": "token_mean", "reinforce_pp": "token_mean"}
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutConfig:
+    group_size: int = 8
+    """Completions sampled per prompt (G); advantages are computed within each group."""
+    max_new_tokens: int = 64
+    """Longest completion; longer ones are cut (finish reason `length`)."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 = off."""
+    top_k: int = 0
+    """Top-k sampling; 0 = off."""
+    stop: list[str] = dataclasses.field(default_factory=list)
+    """Stop strings (end-of-sequence tokens always stop)."""
+    engine_dtype: str = "float32"
+    """dtype of the engine's own copy of the weights (bfloat16 shows real sampler/trainer mismatch)."""
+
+    def __post_init__(self):
+        if self.group_size < 1:
+            raise ConfigValueError("group_size", "must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ConfigValueError("max_new_tokens", "must be >= 1")
+        if self.temperature <= 0:
+            raise ConfigValueError("temperature", "must be > 0 for RL sampling")
+        if self.engine_dtype not in DTYPES:
+            raise ConfigValueError("engine_dtype", f"must be one of {', '.join(DTYPES)}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class RLDataConfig:
+    path: str = ""
+    """Training prompts: JSONL / Parquet / HF folder of {"prompt", "answer", ...} records. Required."""
+    eval_path: str = ""
+    """Held-out prompts in the same format; empty = no held-out eval during training."""
+    use_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template (with the assistant generation prompt)."""
+    eval_max_prompts: int = 200
+    """Evaluate on at most this many held-out prompts."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class KLConfig:
+    coef: float = 0.0
+    """Weight of the KL penalty to the frozen reference; 0 = no reference model is loaded."""
+    estimator: str = "k3"
+    """k1, k2 or k3 (Schulman's estimators)."""
+    mode: str = "loss"
+    """loss (a KL term added to the policy loss) or reward (subtracted from the reward per token)."""
+    ref_path: str = ""
+    """Reference model folder; empty = the starting policy (model.path)."""
+
+    def __post_init__(self):
+        if self.coef < 0:
+            raise ConfigValueError("coef", "must be >= 0")
+        if self.estimator not in ("k1", "k2", "k3"):
+            raise ConfigValueError("estimator", "must be k1, k2 or k3")
+        if self.mode not in ("loss", "reward"):
+            raise ConfigValueError("mode", "must be loss or reward")
+
+
+@dataclasses.dataclass(kw_only=True)
+class CorrectionConfig:
+    kind: str = "truncated"
+    """Sampler-vs-trainer importance correction: truncated (cap the ratio), masked (drop outside
+    [low, high]) or none."""
+    level: str = "token"
+    """token or sequence (product of token ratios)."""
+    cap: float = 2.0
+    """Truncation cap C for truncated IS."""
+    low: float = 0.5
+    """Lower bound for masked IS."""
+    high: float = 2.0
+    """Upper bound for masked IS."""
+
+    def __post_init__(self):
+        if self.kind not in ("truncated", "masked", "none"):
+            raise ConfigValueError("kind", "must be truncated, masked or none")
+        if self.level not in ("token", "sequence"):
+            raise ConfigValueError("level", "must be token or sequence")
+        if self.cap < 1.0:
+            raise ConfigValueError("cap", "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DynamicSamplingConfig:
+    enabled: bool = False
+    """Over-sample prompts until the step has `prompts_per_step` groups whose rewards differ."""
+    max_rounds: int = 4
+    """Give up filling the batch after this many generation rounds per step (and say why)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class RLConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy to train (LoRA or full)."""
+    data: RLDataConfig = dataclasses.field(default_factory=RLDataConfig)
+    """Prompts."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Sampling."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0,
+                                                                               schedule="constant"))
+    """Optimizer of the policy."""
+    kl: KLConfig = dataclasses.field(default_factory=KLConfig)
+    """KL penalty to a frozen reference."""
+    correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    """Off-policy correction between the sampler's and the trainer's log-probs."""
+    dynamic_sampling: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
+    """Skip zero-variance groups by over-sampling."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Mirrors of metrics.jsonl."""
+    algorithm: str = "grpo"
+    """Advantage estimator: grpo, dr_grpo, rloo or reinforce_pp."""
+    policy_loss: str = "ppo_clip"
+    """ppo_clip (clipped surrogate) or pg (plain policy gradient)."""
+    aggregation: str = ""
+    """token_mean, seq_mean_token_mean or seq_mean_token_sum_norm; empty = the algorithm's default."""
+    clip_low: float = 0.2
+    """PPO lower clip (ratio >= 1 - clip_low)."""
+    clip_high: float = 0.28
+    """PPO upper clip (ratio <= 1 + clip_high); above clip_low = DAPO clip-higher."""
+    dual_clip: float = 0.0
+    """Dual-clip bound c for negative advantages (e.g. 3.0); 0 = off."""
+    verifier: str = "arithmetic"
+    """Reward: a registered verifier (arithmetic, math, code, format) or package.module:function."""
+    format_weight: float = 0.0
+    """Weight of the format reward added to the verifier's (e.g. 0.05)."""
+    prompts_per_step: int = 8
+    """Prompts per RL step (each sampled group_size times)."""
+    num_steps: int = 50
+    """RL steps (one generation round + updates + weight sync each)."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    mini_batches: int = 1
+    """Optimizer steps per epoch (the step's rollouts split into this many mini-batches)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward (memory knob; does not change the math)."""
+    eval_every: int = 10
+    """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
+    save_every: int = 25
+    """Checkpoint every N steps (and at the end); 0 = end only."""
+    keep_last: int = 2
+    """Checkpoints to keep."""
+    seed: int = 0
+    """Seed for prompt order, sampling and init."""
+    out_dir: str = "runs/rl"
+    """Run directory."""
+    resume: bool = True
+    """Continue from the last checkpoint in out_dir when there is one."""
+
+    def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigValueError("algorithm", f"must be one of {', '.join(ALGORITHMS)} "
+                                   "(ppo with a critic is not available yet)")
+        if self.policy_loss not in ("ppo_clip", "pg"):
+            raise ConfigValueError("policy_loss", "must be ppo_clip or pg")
+        if self.aggregation and self.aggregation not in DEFAULT_AGGREGATION.values():
+            raise ConfigValueError("aggregation", "must be token_mean, seq_mean_token_mean or "
+                                   "seq_mean_token_sum_norm")
+        for key in ("prompts_per_step", "num_steps", "ppo_epochs", "mini_batches", "micro_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigValueError(key, "must be >= 1")
+        if self.prompts_per_step * self.rollout.group_size % self.mini_batches:
+            raise ConfigValueError("mini_batches", "must divide prompts_per_step * rollout.group_size")
+
+    @property
+    def aggregation_mode(self) -> str:
+        return self.aggregation or DEFAULT_AGGREGATION[self.algorithm]

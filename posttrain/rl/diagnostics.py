@@ -1,0 +1,76 @@
+"""Per-step diagnostics that reveal a failing RL run before the reward does, and loud warnings.
+
+Metric names follow DESIGN.md: ``reward/mean``, ``entropy``, ``response_length/mean``,
+``groups/zero_variance_frac``, ``mismatch/kl``, ``mismatch/logprob_abs_diff_max``,
+``outcomes/<class>_frac`` and more.
+
+``Watchdog`` prints a warning once per kind when entropy collapses (the policy has become
+near-deterministic: exploration is gone), when the sampler/trainer mismatch jumps (a weight-sync
+or precision bug, or a stale sampler), or when every group is zero-variance (no gradient at all:
+the data is too easy or too hard for the current policy).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from posttrain.outcome import Outcome, OutcomeClass
+
+
+def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float) -> dict:
+    lengths = [len(c) for c in rollouts.completion_ids]
+    n = len(outcomes)
+    rewards = [o.reward for o in outcomes if o.is_reward]
+    m = {
+        "reward/mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "reward/pass_frac": sum(o.cls is OutcomeClass.PASS for o in outcomes) / n,
+        "response_length/mean": sum(lengths) / n,
+        "response_length/max": max(lengths),
+        "response_length/truncated_frac": sum(r == "length" for r in rollouts.finish_reason) / n,
+        "groups/zero_variance_frac": zero_variance_frac,
+        "samples": n,
+    }
+    for cls in OutcomeClass:
+        m[f"outcomes/{cls.value}_frac"] = sum(o.cls is cls for o in outcomes) / n
+    reasons: dict[str, int] = {}
+    for o in outcomes:
+        if o.cls is OutcomeClass.MODEL_FAIL:
+            reasons[o.reason] = reasons.get(o.reason, 0) + 1
+    for reason, count in reasons.items():
+        m[f"outcomes/MODEL_FAIL/{reason}_frac"] = count / n
+    return m
+
+
+class Watchdog:
+    def __init__(self, printer=print, entropy_floor: float = 0.05, mismatch_jump: float = 10.0):
+        self.printer = printer
+        self.entropy_floor = entropy_floor
+        self.mismatch_jump = mismatch_jump
+        self.warned: set[str] = set()
+        self.first_entropy: float | None = None
+        self.mismatch_history: list[float] = []
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self.warned:
+            self.warned.add(kind)
+            self.printer(f"WARNING [{kind}] {message}")
+
+    def check(self, step: int, m: dict) -> None:
+        ent = m.get("entropy")
+        if ent is not None:
+            if self.first_entropy is None:
+                self.first_entropy = ent
+            elif ent < self.entropy_floor or ent < 0.1 * self.first_entropy:
+                self._warn("entropy_collapse", f"step {step}: policy entropy {ent:.4f} (started at "
+                           f"{self.first_entropy:.4f}); sampling has become near-deterministic")
+        kl = m.get("mismatch/kl")
+        if kl is not None:
+            if len(self.mismatch_history) >= 3:
+                base = statistics.median(self.mismatch_history)
+                if kl > 1e-3 and kl > self.mismatch_jump * max(base, 1e-6):
+                    self._warn("mismatch_jump", f"step {step}: sampler/trainer mismatch KL {kl:.2e} is "
+                               f"{kl / max(base, 1e-9):.0f}x its median; check weight sync and dtypes")
+            self.mismatch_history.append(kl)
+        if m.get("groups/zero_variance_frac", 0.0) >= 1.0:
+            self._warn("all_zero_variance", f"step {step}: every group has equal rewards, so there is no "
+                       "gradient; the prompts are too easy or too hard (try dynamic_sampling.enabled=true)")

@@ -1,0 +1,281 @@
+"""`posttrain rl`: the synchronous RL controller. One step, top to bottom:
+
+    prompts ─▶ engine.generate(n=G) ─▶ verifier ─▶ Outcome per sample
+            ─▶ trainer log-probs (old policy, reference) ─▶ advantages ─▶ IS weights vs sampler
+            ─▶ policy.train_step(batch, loss_fn) ─▶ engine.load_weights(version+1, checksum)
+
+The rollout engine holds its own copy of the weights (optionally in another dtype) and only
+receives new ones through ``load_weights`` with a verified checksum. Samples whose outcome is
+INFRA_FAIL or TASK_FAIL are masked from the gradient and counted; groups whose rewards are all
+equal get zero advantage (and, with dynamic sampling, are replaced by fresh prompts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from posttrain.algos import ADVANTAGES, KL_ESTIMATORS
+from posttrain.config import save_config, to_dict
+from posttrain.models.hf import check_model_path, load_model, load_tokenizer, quiet_transformers
+from posttrain.outcome import Outcome
+from posttrain.rl.batch import RLBatch, build_batch
+from posttrain.rl.config import RLConfig
+from posttrain.rl.diagnostics import Watchdog, rollout_metrics
+from posttrain.rl.evaluate import eval_metrics, evaluate, score
+from posttrain.rl.losses import importance_weights, make_loss_fn
+from posttrain.rl.policy import Policy
+from posttrain.rl.prompts import PromptSource
+from posttrain.rollout import SamplingParams, TorchEngine, weights_checksum
+from posttrain.rollout.types import Rollouts
+from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
+from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
+from posttrain.train.optim import build_optimizer, build_scheduler, rng_state, seed_everything, set_rng_state
+
+
+@dataclasses.dataclass
+class RLRun:
+    """Everything one RL run holds; built by ``setup``."""
+
+    cfg: RLConfig
+    tokenizer: object
+    policy: Policy
+    engine: TorchEngine
+    source: PromptSource
+    train_prompts: dict[int, list[int]]
+    eval_examples: list[dict]
+    eval_prompts: list[list[int]]
+    verifier: object
+    loss_fn: object
+    run_dir: Path
+    start_step: int = 0
+
+
+def sampling_params(cfg: RLConfig, seed: int) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)
+
+
+def generate_groups(run: RLRun, step: int, round_: int, k: int):
+    """Sample G completions for each of the next ``k`` prompts and judge them."""
+    picked = run.source.next(k)
+    examples = [ex for _, ex in picked]
+    prompts = [run.train_prompts[i] for i, _ in picked]
+    seed = run.cfg.seed * 1_000_003 + step * 101 + round_
+    ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
+    outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx])
+    return ro, outcomes
+
+
+def group_rewards(outcomes: list[Outcome], num_prompts: int, group_size: int):
+    rewards = torch.tensor([o.reward if o.is_reward else 0.0 for o in outcomes]).view(num_prompts, group_size)
+    valid = torch.tensor([o.is_reward for o in outcomes]).view(num_prompts, group_size)
+    return rewards, valid
+
+
+def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
+    """One generation round, or with dynamic sampling several, keeping informative groups only."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    want = cfg.prompts_per_step
+    ro, outcomes = generate_groups(run, step, 0, want)
+    rewards, valid = group_rewards(outcomes, want, G)
+    zv = ADVANTAGES[cfg.algorithm](rewards, valid)[1]["zero_variance_P"]
+    info = {"groups/zero_variance_frac": float(zv.float().mean()), "dynamic_sampling/rounds": 1}
+    if not cfg.dynamic_sampling.enabled:
+        return ro, outcomes, info
+    kept_ro, kept_out = [], []
+    for round_ in range(cfg.dynamic_sampling.max_rounds):
+        if round_ > 0:
+            ro, outcomes = generate_groups(run, step, round_, want)
+            rewards, valid = group_rewards(outcomes, want, G)
+            zv = ADVANTAGES[cfg.algorithm](rewards, valid)[1]["zero_variance_P"]
+        for p in torch.nonzero(~zv).flatten().tolist():
+            if len(kept_ro) < want:
+                rows = list(range(p * G, (p + 1) * G))
+                kept_ro.append(_rows(ro, rows, new_idx=len(kept_ro)))
+                kept_out.extend(outcomes[r] for r in rows)
+        info["dynamic_sampling/rounds"] = round_ + 1
+        if len(kept_ro) == want:
+            break
+    info["dynamic_sampling/kept_groups"] = len(kept_ro)
+    if not kept_ro:
+        return ro, outcomes, info | {"dynamic_sampling/starved": 1}
+    return Rollouts.concat(kept_ro), kept_out, info
+
+
+def _rows(ro: Rollouts, rows: list[int], new_idx: int) -> Rollouts:
+    pick = lambda xs: None if xs is None else [xs[r] for r in rows]  # noqa: E731
+    return Rollouts(prompt_idx=[new_idx] * len(rows), prompt_ids=pick(ro.prompt_ids),
+                    completion_ids=pick(ro.completion_ids), logprobs=pick(ro.logprobs),
+                    finish_reason=pick(ro.finish_reason), policy_version=pick(ro.policy_version),
+                    sampling=ro.sampling, logprob_kind=ro.logprob_kind,
+                    truncated_logprobs=pick(ro.truncated_logprobs), texts=pick(ro.texts))
+
+
+def advantages(run: RLRun, batch: RLBatch) -> dict:
+    """Group-relative advantages; a KL-in-reward penalty is folded into the rewards first."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    rewards = batch.rewards_B.clone()
+    metrics = {}
+    if batch.ref_logp_BT is not None:
+        kl_BT = KL_ESTIMATORS[cfg.kl.estimator](batch.old_logp_BT, batch.ref_logp_BT) * batch.mask_BT
+        kl_seq = kl_BT.sum(1)
+        metrics["kl/ref"] = float(kl_BT.sum() / batch.mask_BT.sum().clamp_min(1))
+        metrics["kl/ref_seq_mean"] = float(kl_seq.mean())
+        if cfg.kl.mode == "reward":
+            rewards = rewards - cfg.kl.coef * kl_seq
+    num_prompts = len(batch) // G
+    adv_PG, m = ADVANTAGES[cfg.algorithm](rewards.view(num_prompts, G), batch.valid_B.view(num_prompts, G))
+    batch.adv_B = adv_PG.flatten().float()
+    metrics["adv/abs_mean"] = float(batch.adv_B.abs().mean())
+    return metrics
+
+
+def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
+    cfg = run.cfg
+    with timer("rollout"):
+        ro, outcomes, info = collect(run, step)
+    with timer("reward"):
+        rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
+        batch = build_batch(ro, rewards, [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
+    with timer("logprobs"):
+        metrics = run.policy.score(batch)
+    with timer("adv"):
+        metrics |= advantages(run, batch)
+        metrics |= importance_weights(batch, cfg.correction)
+    metrics |= rollout_metrics(ro, outcomes, info.pop("groups/zero_variance_frac")) | info
+    metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
+    if info.get("dynamic_sampling/starved"):
+        return metrics | {"update/skipped": 1}
+    with timer("update"):
+        metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
+                                         epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
+                                         norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step)
+    with timer("sync"):
+        sync_weights(run)
+    return metrics
+
+
+def sync_weights(run: RLRun) -> None:
+    weights = run.policy.export_weights()
+    run.engine.load_weights(weights, run.engine.version + 1, weights_checksum(weights))
+
+
+def encode_prompts(tokenizer, examples: list[dict], use_chat_template: bool) -> list[list[int]]:
+    from posttrain.data.chat import encode_prompt
+
+    return [encode_prompt(tokenizer, ex["prompt"], use_chat_template) for ex in examples]
+
+
+def load_prompt_records(path: str) -> list[dict]:
+    from posttrain.data.records import load_prompt_examples
+
+    return [ex.as_dict() for ex in load_prompt_examples(path)]
+
+
+def setup(cfg: RLConfig) -> RLRun:
+    """Load and check everything before the run directory is touched (bad input writes nothing)."""
+    from posttrain.verifiers import build_reward
+
+    quiet_transformers()
+    seed_everything(cfg.seed)
+    check_model_path(cfg.model.path)
+    train_examples = load_prompt_records(cfg.data.path)
+    eval_examples = load_prompt_records(cfg.data.eval_path)[: cfg.data.eval_max_prompts] \
+        if cfg.data.eval_path else []
+    verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
+    tokenizer = load_tokenizer(cfg.model.path)
+    model = load_model(cfg.model)
+    ref = None
+    if cfg.kl.coef > 0:
+        ref_cfg = dataclasses.replace(cfg.model, path=cfg.kl.ref_path or cfg.model.path)
+        ref = load_model(ref_cfg, trainable=False)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
+    policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),
+                    temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
+                    micro_batch_size=cfg.micro_batch_size, ref_model=ref)
+    engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=cfg.model.device,
+                         dtype=getattr(torch, cfg.rollout.engine_dtype))
+    if cfg.model.lora.enabled:
+        sync_weights_to(engine, policy, version=0)
+    train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
+    return RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
+                 source=PromptSource(train_examples, cfg.seed), train_prompts=train_prompts,
+                 eval_examples=eval_examples,
+                 eval_prompts=encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
+                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir))
+
+
+def sync_weights_to(engine, policy: Policy, version: int) -> None:
+    weights = policy.export_weights()
+    engine.load_weights(weights, version, weights_checksum(weights))
+
+
+def checkpoint(run: RLRun, step: int) -> Path:
+    state = {"step": step, "optimizer": run.policy.optimizer.state_dict(),
+             "scheduler": run.policy.scheduler.state_dict(), "rng": rng_state(),
+             "prompts": run.source.state_dict(), "engine_version": run.engine.version}
+    return save_checkpoint(run.run_dir, step, run.policy.model, run.tokenizer, state, run.cfg.keep_last)
+
+
+def maybe_resume(run: RLRun) -> int:
+    ckpt = latest_checkpoint(run.run_dir) if run.cfg.resume else None
+    if ckpt is None:
+        return 0
+    state = load_trainer_state(ckpt)
+    restore_weights(run.policy.model, ckpt)
+    run.policy.optimizer.load_state_dict(state["optimizer"])
+    run.policy.scheduler.load_state_dict(state["scheduler"])
+    run.source.load_state_dict(state["prompts"])
+    set_rng_state(state["rng"])
+    sync_weights_to(run.engine, run.policy, version=state["engine_version"])
+    print(f"resumed from {ckpt} (step {state['step']})")
+    return state["step"]
+
+
+def held_out_eval(run: RLRun) -> dict:
+    if not run.eval_examples:
+        return {}
+    greedy = dataclasses.replace(sampling_params(run.cfg, run.cfg.seed), temperature=0.0)
+    summary = evaluate(run.engine, run.eval_prompts, run.eval_examples, run.verifier,
+                       profile="greedy", sampling=greedy, n=1, seed=run.cfg.seed)
+    return eval_metrics(summary, "heldout")
+
+
+def run_rl(cfg: RLConfig, printer=print) -> dict:
+    """Run (or resume) RL; returns the last step's metrics."""
+    run = setup(cfg)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    start = maybe_resume(run)
+    save_config(cfg, run.run_dir / "config.yaml")
+    logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
+    watchdog, timer = Watchdog(printer), StageTimer()
+    last: dict = held_out_eval(run) if start == 0 else {}
+    if last:
+        logger.log({"step": 0, **last})
+    with progress_bar(cfg.logging.progress) as bar:
+        task = bar.add_task("rl", total=cfg.num_steps, completed=start, info="")
+        for step in range(start + 1, cfg.num_steps + 1):
+            t0 = time.perf_counter()
+            metrics = rl_step(run, step, timer)
+            if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.num_steps:
+                with timer("eval"):
+                    metrics |= held_out_eval(run)
+            metrics |= timer.pop()
+            metrics["time/step_s"] = time.perf_counter() - t0
+            metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
+            metrics["policy_version"] = run.engine.version
+            logger.log({"step": step, **metrics})
+            watchdog.check(step, metrics)
+            if cfg.save_every and step % cfg.save_every == 0 or step == cfg.num_steps:
+                checkpoint(run, step)
+            bar.update(task, advance=1, info=f"reward {metrics['reward/mean']:.3f} "
+                       f"ent {metrics['entropy']:.3f} {metrics['tokens_per_s']:.0f} tok/s")
+            last = metrics
+    logger.close()
+    return last

@@ -1,0 +1,120 @@
+"""The trainer side of RL: a policy model, its optimizer, and the frozen reference.
+
+Thin on purpose (DESIGN.md): ``score`` recomputes log-probs without gradients (old policy,
+reference, entropy), ``train_step(batch, loss_fn)`` runs epochs × mini-batches × micro-batches of
+forward/backward with global denominators, ``export_weights`` hands merged weights and their
+checksum to the rollout engine. The loss itself comes from ``posttrain.algos`` via ``loss_fn``.
+
+Log-probs are of the full temperature-scaled distribution, ``log_softmax(logits / T)``, the same
+quantity the engine reports, so sampler and trainer compare like with like.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
+from posttrain.models.hf import merged_state_dict
+from posttrain.rl.batch import RLBatch
+from posttrain.train.optim import clip_gradients
+
+LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
+
+
+class Policy:
+    def __init__(self, model, optimizer, scheduler, *, temperature: float, grad_clip: float,
+                 micro_batch_size: int, ref_model=None):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.ref_model = ref_model
+        self.temperature, self.grad_clip = temperature, grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.device = next(model.parameters()).device
+
+    def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
+        ids = mb.input_ids_BT.to(self.device)
+        out = model(input_ids=ids, attention_mask=mb.attention_mask_BT.to(self.device),
+                    position_ids=mb.position_ids_BT().to(self.device))
+        logits = out.logits[:, :-1]
+        logp = token_logprobs(logits, ids[:, 1:], temperature=self.temperature).cpu()
+        ent = entropy_from_logits(logits, temperature=self.temperature).cpu() if with_entropy else None
+        return logp, ent
+
+    def _micro_batches(self, idx: torch.Tensor):
+        for start in range(0, len(idx), self.micro_batch_size):
+            yield idx[start: start + self.micro_batch_size]
+
+    @torch.no_grad()
+    def score(self, batch: RLBatch) -> dict:
+        """Fill ``old_logp_BT`` (and ``ref_logp_BT``) and measure the policy's entropy."""
+        self.model.eval()
+        n, width = batch.mask_BT.shape
+        old = torch.zeros(n, width)
+        ref = torch.zeros(n, width) if self.ref_model is not None else None
+        ent_sum, ent_count = 0.0, 0
+        for idx in self._micro_batches(torch.arange(n)):
+            mb = batch.select(idx)
+            logp, ent = self._forward(self.model, mb, with_entropy=True)
+            old[idx, : logp.shape[1]] = logp
+            m = mb.mask_BT
+            ent_sum += float((ent * m).sum())
+            ent_count += int(m.sum())
+            if ref is not None:
+                ref[idx, : logp.shape[1]] = self._forward(self.ref_model, mb)[0]
+        batch.old_logp_BT = old * batch.mask_BT
+        batch.ref_logp_BT = ref * batch.mask_BT if ref is not None else None
+        return {"entropy": ent_sum / max(ent_count, 1)}
+
+    def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
+                   mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0) -> dict:
+        """``epochs`` passes; each pass shuffles the rows into ``mini_batches`` optimizer steps."""
+        self.model.train()
+        agg = AGGREGATIONS[aggregation]
+        sums: dict[str, float] = {}
+        gen = torch.Generator().manual_seed(seed)
+        n_updates = 0
+        for _ in range(epochs):
+            order = torch.randperm(len(batch), generator=gen)
+            for mini in order.chunk(mini_batches):
+                metrics = self._update(batch, mini, loss_fn, agg, norm_constant)
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n_updates += 1
+        return {k: v / n_updates for k, v in sums.items()}
+
+    def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float) -> dict:
+        """One optimizer step; denominators are over the whole mini-batch (accumulation-invariant)."""
+        mask = batch.train_mask_BT[rows]
+        global_tokens = mask.sum().clamp_min(1)
+        global_seqs = max(int(batch.valid_B[rows].sum()), 1)
+        loss_total = 0.0
+        metric_sums: dict[str, float] = {}
+        for idx in self._micro_batches(rows):
+            mb = batch.select(idx)
+            logp, _ = self._forward_grad(mb)
+            loss_BT, metrics = loss_fn(logp, mb)
+            loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens,
+                       global_num_seqs=global_seqs, norm_constant=norm_constant)
+            loss.backward()
+            loss_total += float(loss.detach())
+            weight = float(mb.train_mask_BT.sum()) / float(global_tokens)
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight
+        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_total, "grad_norm": float(grad_norm), "lr": lr, **metric_sums}
+
+    def _forward_grad(self, mb: RLBatch):
+        ids = mb.input_ids_BT.to(self.device)
+        out = self.model(input_ids=ids, attention_mask=mb.attention_mask_BT.to(self.device),
+                         position_ids=mb.position_ids_BT().to(self.device))
+        logp = token_logprobs(out.logits[:, :-1], ids[:, 1:], temperature=self.temperature)
+        return logp.cpu() if logp.device.type != "cpu" else logp, None
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """Merged full-model weights (LoRA folded in) for the rollout engine."""
+        return merged_state_dict(self.model)
