@@ -1,0 +1,1 @@
+"""Embedded tasks: synthetic data posttrain can generate offline (arithmetic, toy code)."""
