@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from posttrain.data.records import write_jsonl
@@ -177,11 +178,12 @@ def split_of(p: Problem) -> str:
     return "eval" if u < EVAL_FRACTION else "train"
 
 
-def parse_ops(spec: str) -> list[str]:
-    """``"x"``, ``"+,-"``, ``"+-x"`` or ``"×"`` -> a list of `OPS` keys (no duplicates)."""
+def parse_ops(spec: str | Sequence[str]) -> list[str]:
+    """``"x"``, ``"+,-,x"``, ``"+-x"``, ``("×",)`` -> a list of `OPS` keys (no duplicates)."""
     aliases = {"×": "x", "*": "x", "−": "-"}
+    text = spec if isinstance(spec, str) else "".join(spec)
     ops = []
-    for ch in spec.replace(",", "").replace(" ", ""):
+    for ch in text.replace(",", "").replace(" ", ""):
         op = aliases.get(ch, ch)
         if op not in OPS:
             raise ValueError(f"unknown operation {ch!r} in {spec!r}; use +, - and x")
@@ -192,11 +194,20 @@ def parse_ops(spec: str) -> list[str]:
     return ops
 
 
-def sample_problems(n: int, *, split: str, digits: int, ops: list[str], seed: int) -> list[Problem]:
-    """``n`` distinct problems of ``split`` with ``digits``-digit operands, drawn with ``seed``."""
+def _operand_range(digits: int) -> tuple[int, int]:
     if digits < 1 or digits > 6:
         raise ValueError(f"digits must be in 1..6, got {digits}")
-    low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+    return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+
+
+def sample_problems(n: int, *, split: str, digits: int | tuple[int, int], ops: list[str],
+                    seed: int) -> list[Problem]:
+    """``n`` distinct problems of ``split``, drawn with ``seed``.
+
+    ``digits`` is the number of digits of both operands, or a pair (first, second).
+    """
+    da, db = (digits, digits) if isinstance(digits, int) else tuple(digits)
+    (low_a, high_a), (low_b, high_b) = _operand_range(da), _operand_range(db)
     rng = random.Random(f"{seed}:{split}")
     seen: set[Problem] = set()
     out: list[Problem] = []
@@ -207,7 +218,7 @@ def sample_problems(n: int, *, split: str, digits: int, ops: list[str], seed: in
             raise ValueError(f"only {len(out)} distinct {split} problems found for digits={digits}, "
                              f"ops={''.join(ops)}; ask for fewer (n={n}) or more digits")
         op = rng.choice(ops)
-        a, b = rng.randint(low, high), rng.randint(low, high)
+        a, b = rng.randint(low_a, high_a), rng.randint(low_b, high_b)
         if op == "-" and a < b:
             a, b = b, a
         p = Problem(op, a, b)
@@ -237,8 +248,13 @@ def preference_record(p: Problem, fmt: str, rng: random.Random) -> dict | None:
 
 
 def write_arithmetic(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
-                     digits: int = 2, ops: str = "x", fmt: str = "trace") -> dict[str, Path]:
-    """Write the six arithmetic files into ``out_dir``; returns name -> path."""
+                     digits: int | tuple[int, int] = 2, ops: str | Sequence[str] = "x",
+                     fmt: str = "trace") -> dict[str, Path]:
+    """Write the six arithmetic files into ``out_dir``; returns name -> path.
+
+    ``digits``: digits per operand, or a (first, second) pair; ``ops``: e.g. ``"x"``, ``"+,-,x"``
+    or ``("×",)``; ``fmt``: "trace", "direct" or "think" (pairs always carry traces).
+    """
     op_list = parse_ops(ops)
     out = Path(out_dir)
     written = {}

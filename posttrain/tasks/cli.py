@@ -29,13 +29,21 @@ TASKS: dict[str, str] = {
 }
 
 
+def _digits(text: str) -> int | tuple[int, int]:
+    parts = text.split(",")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected N or N,M, got {text!r}")
+    return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", help=f"task name: {', '.join(TASKS)}")
     parser.add_argument("out_dir", help="folder to write the JSONL files into (created if missing)")
     parser.add_argument("--n-train", type=int, default=2000, help="training problems (default 2000)")
     parser.add_argument("--n-eval", type=int, default=200, help="held-out problems (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="which problems are drawn (splits do not depend on it)")
-    parser.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default 2)")
+    parser.add_argument("--digits", type=_digits, default=2,
+                        help="arithmetic: digits per operand, or first,second (e.g. 2,1; default 2)")
     parser.add_argument("--ops", default="x", help="arithmetic: operations, e.g. x or +,-,x (default x)")
     parser.add_argument("--format", dest="fmt", default="trace", choices=["trace", "direct", "think"],
                         help="arithmetic: completion format (default trace)")

@@ -1,0 +1,114 @@
+"""Finding, combining and safely running verifiers.
+
+A verifier is any function ``(completion: str, example: dict) -> Outcome``. Recipes name one by a
+registry name (`VERIFIERS`) or by an import path ``package.module:function`` (`resolve_verifier`),
+so user-written rewards need no registration.
+
+`safe_verify` is how every caller should run a verifier: an exception becomes INFRA_FAIL
+("verifier_error"), which the RL loop masks from the gradient — a crashing verifier must never
+read as "the model was wrong" (reward 0).
+
+`combine` adds rewards (correctness 1.0 + format 0.05 in the seed recipes) but keeps the
+correctness verifier's class, so a small format bonus cannot turn a wrong answer into a PASS.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from posttrain.errors import UserError
+from posttrain.outcome import Outcome, OutcomeClass
+from posttrain.verifiers import basic
+
+Verifier = Callable[[str, dict], Outcome]
+
+# Function names tried, in order, in posttrain.verifiers.code (written separately, imported lazily
+# because it pulls in the sandbox).
+_CODE_FUNCTION_NAMES = ("verify", "verify_code", "code")
+
+
+def code(completion: str, example: dict) -> Outcome:
+    """The code-tests verifier from `posttrain.verifiers.code`, imported on first use."""
+    module = importlib.import_module("posttrain.verifiers.code")
+    for name in _CODE_FUNCTION_NAMES:
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return fn(completion, example)
+    raise RuntimeError(f"posttrain.verifiers.code defines none of {', '.join(_CODE_FUNCTION_NAMES)}")
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "arithmetic": basic.arithmetic,
+    "math": basic.math,
+    "format": basic.format_reward,
+    "code": code,
+}
+
+
+def resolve_verifier(spec: str) -> Verifier:
+    """A registered name (`VERIFIERS`) or ``package.module:function``; UserError naming ``spec`` otherwise."""
+    if spec in VERIFIERS:
+        return VERIFIERS[spec]
+    if ":" not in spec:
+        raise UserError(f"verifier {spec!r}: not a registered name ({', '.join(VERIFIERS)}) "
+                        "nor an import path package.module:function")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module itself failing to import
+        raise UserError(f"verifier {spec!r}: cannot import module {module_name!r} ({e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UserError(f"verifier {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def safe_verify(fn: Verifier, completion: str, example: dict) -> Outcome:
+    """Run ``fn``; an exception or a non-Outcome result becomes INFRA_FAIL ("verifier_error")."""
+    try:
+        outcome = fn(completion, example)
+    except Exception as e:
+        return Outcome.infra_fail("verifier_error", f"{type(e).__name__}: {e}")
+    if not isinstance(outcome, Outcome):
+        return Outcome.infra_fail("verifier_error", f"verifier returned {type(outcome).__name__}, not Outcome")
+    return outcome
+
+
+def score_batch(fn: Verifier, completions: list[str], examples: list[dict]) -> list[Outcome]:
+    """`safe_verify` over aligned lists of completions and examples."""
+    if len(completions) != len(examples):
+        raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
+    return [safe_verify(fn, c, e) for c, e in zip(completions, examples)]
+
+
+def combine(verifiers_with_weights: list[tuple[Verifier, float]]) -> Verifier:
+    """A verifier whose reward is ``sum(w_i * reward_i)`` and whose class is the first verifier's.
+
+    The first entry is the correctness verifier. INFRA_FAIL (then TASK_FAIL) from any entry
+    dominates: if any part could not judge, the sum is meaningless and is masked.
+    """
+    if not verifiers_with_weights:
+        raise ValueError("combine needs at least one (verifier, weight)")
+
+    def combined(completion: str, example: dict) -> Outcome:
+        outcomes = [safe_verify(fn, completion, example) for fn, _ in verifiers_with_weights]
+        for bad in (OutcomeClass.INFRA_FAIL, OutcomeClass.TASK_FAIL):
+            failed = next((o for o in outcomes if o.cls is bad), None)
+            if failed is not None:
+                return failed
+        main = outcomes[0]
+        reward = sum(w * o.reward for (_, w), o in zip(verifiers_with_weights, outcomes))
+        detail = "; ".join(o.detail for o in outcomes if o.detail)
+        return Outcome(main.cls, reward, main.reason, detail)
+
+    combined.__name__ = "+".join(getattr(fn, "__name__", "verifier") for fn, _ in verifiers_with_weights)
+    return combined
+
+
+def build_reward(spec: str, format_weight: float = 0.0) -> Verifier:
+    """The verifier named by ``spec``, plus ``format_weight`` × the format reward when non-zero."""
+    fn = resolve_verifier(spec)
+    if format_weight == 0:
+        return fn
+    return combine([(fn, 1.0), (basic.format_reward, format_weight)])
