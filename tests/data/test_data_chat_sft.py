@@ -1,0 +1,95 @@
+"""Chat rendering, loss-mask boundaries, SFT tokenization and raw-text chunks on the nano tokenizer."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from posttrain.data.chat import encode_prompt, render_prompt, stop_token_ids
+from posttrain.data.records import SFTExample
+from posttrain.data.sft import tokenize_raw_text, tokenize_sft, tokenize_sft_report
+
+COMPLETION = "17 × 10 = 170\n17 × 3 = 51\n170 + 51 = 221\nAnswer: 221"
+
+
+def masked_text(tok, ex):
+    return tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m])
+
+
+def unmasked_text(tok, ex):
+    return tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if not m])
+
+
+def test_render_prompt(nano_tokenizer):
+    tok = nano_tokenizer
+    assert render_prompt(tok, "Solve: 17 × 13", True) == \
+        "<|im_start|>user\nSolve: 17 × 13<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(tok, "Solve: 17 × 13", False) == "Solve: 17 × 13\n"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert render_prompt(tok, msgs, True).startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    with pytest.raises(ValueError, match="use_chat_template"):
+        render_prompt(tok, msgs, False)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert stop_token_ids(tok, True) == [tok.eos_token_id, im_end]
+    assert stop_token_ids(tok, False) == [tok.eos_token_id]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_loss_mask_covers_the_completion_and_its_stop_token(nano_tokenizer, chat):
+    tok = nano_tokenizer
+    [ex] = tokenize_sft([SFTExample(prompt="Solve: 17 × 13", completion=COMPLETION)], tok,
+                        max_len=512, use_chat_template=chat)
+    stop = "<|im_end|>" if chat else "<|endoftext|>"
+    assert masked_text(tok, ex) == COMPLETION + stop
+    # The masked tokens are one contiguous block ending at the stop token.
+    first = ex.loss_mask.index(1)
+    last = len(ex.loss_mask) - 1 - ex.loss_mask[::-1].index(1)
+    assert all(ex.loss_mask[first:last + 1])
+    assert tok.convert_ids_to_tokens(ex.input_ids[last]) == stop
+    # What the model sees at generation time is exactly the unmasked prefix.
+    prompt_ids = encode_prompt(tok, "Solve: 17 × 13", chat)
+    assert ex.input_ids[:first] == prompt_ids
+    if chat:  # the newline after <|im_end|> is template markup, not a target
+        assert unmasked_text(tok, ex).endswith("<|im_start|>assistant\n\n")
+
+
+def test_messages_train_every_assistant_turn(nano_tokenizer):
+    tok = nano_tokenizer
+    msgs = [{"role": "user", "content": "Solve: 2 × 3"}, {"role": "assistant", "content": "Answer: 6"},
+            {"role": "user", "content": "Solve: 4 × 5"}, {"role": "assistant", "content": "Answer: 20"}]
+    [ex] = tokenize_sft([SFTExample(messages=msgs)], tok, max_len=512, use_chat_template=True)
+    assert masked_text(tok, ex) == "Answer: 6<|im_end|>Answer: 20<|im_end|>"
+    assert "Solve: 4 × 5" in unmasked_text(tok, ex)
+
+
+def test_overlong_examples_dropped_or_truncated_and_counted(nano_tokenizer, caplog):
+    tok = nano_tokenizer
+    exs = [SFTExample(prompt="Solve: 17 × 13", completion=COMPLETION),
+           SFTExample(prompt="Solve: 1 × 1", completion="Answer: 1")]
+    full = len(tokenize_sft(exs[:1], tok, max_len=512, use_chat_template=True)[0])
+    with caplog.at_level(logging.WARNING):
+        kept = tokenize_sft(exs, tok, max_len=full - 1, use_chat_template=True)
+    assert len(kept) == 1 and "1 of 2 examples" in caplog.text
+    cut, report = tokenize_sft_report(exs, tok, max_len=full - 1, use_chat_template=True, overflow="truncate")
+    assert (report.kept, report.too_long, report.truncated) == (2, 1, 1)
+    assert len(cut[0]) == full - 1
+    # Truncated into the prompt: nothing to learn, so dropped and counted.
+    _, report = tokenize_sft_report(exs, tok, max_len=5, use_chat_template=True, overflow="truncate")
+    assert report.no_loss_tokens == 2 and report.kept == 0
+
+
+def test_raw_text_chunks_keep_document_boundaries(nano_tokenizer):
+    tok = nano_tokenizer
+    docs = ["the answer is 42", "def f(x):\n    return x", "solve"]
+    lens = [len(tok(d, add_special_tokens=False)["input_ids"]) + 1 for d in docs]  # + EOS
+    chunks = tokenize_raw_text(docs, tok, seq_len=8)
+    stream = [t for c in chunks for t in c.input_ids]
+    assert len(stream) == sum(lens) and all(len(c) <= 8 for c in chunks)
+    assert stream.count(tok.eos_token_id) == 3 and stream[lens[0] - 1] == tok.eos_token_id
+    for c in chunks:
+        assert all(c.loss_mask) and c.position_ids[0] == 0
+    # Position ids restart exactly at document starts (and at each chunk start).
+    starts = {0, lens[0], lens[0] + lens[1]} | set(range(0, sum(lens), 8))
+    flat_pos = [p for c in chunks for p in c.position_ids]
+    assert {i for i, p in enumerate(flat_pos) if p == 0} == starts
