@@ -1,0 +1,362 @@
+"""`report.html`: one self-contained page of charts and tables for one or more run directories.
+
+A run directory holds ``config.yaml``, ``metrics.jsonl`` (one JSON object per step) and
+``evals/*.json`` (written by `posttrain.eval.results.write_eval_json`). A directory may also hold
+sub-runs (a demo's ``sft/`` and ``rl/``): every directory below the given paths that has a
+``metrics.jsonl`` or an ``evals/`` folder is a run, named by its path relative to the argument.
+
+Design choices:
+- Self-contained: plots are PNGs drawn with matplotlib's object API (``Figure``, Agg; no pyplot
+  global state) and embedded as base64 ``data:`` URIs; CSS is inline; nothing is fetched.
+- Panels are declared as data (`PANELS`: a title and a regex over metric keys), so adding a metric
+  to the report is one line. Each key matched becomes a subplot (its own y scale, so
+  ``mismatch/kl`` and ``mismatch/logprob_abs_diff_max`` are both readable) unless the regex
+  names a ``plot`` group that puts several series on one axes (outcome fractions, pass@k by k).
+  Every run is a line on the same axes, so runs compare on one chart.
+- Missing data is never an error: a panel with no matching key is listed under "Not in these
+  runs"; a torn last line of ``metrics.jsonl`` (a run still writing) is skipped with a note.
+  Only a RUN_DIR that does not exist, or holds no run at all, is a `UserError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from posttrain.errors import UserError
+from posttrain.eval.results import EvalResult, read_eval_json
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """A chart: metric keys matching ``pattern``; optional regex groups ``plot`` (which subplot)
+    and ``series`` (which line within it)."""
+
+    title: str
+    pattern: str
+    note: str = ""
+
+
+PANELS = (
+    Panel("Reward", r"^(?P<plot>reward/mean)$", "mean verifier reward of the training rollouts"),
+    Panel("Held-out accuracy", r"^(?P<plot>eval/.+?)/(?P<series>pass@\d+)$", "eval/<bench>[/<profile>]/pass@k"),
+    Panel("KL to the reference", r"^(?P<plot>kl/ref)$"),
+    Panel("Entropy", r"^(?P<plot>entropy)$", "mean per-token entropy of the policy on its rollouts"),
+    Panel("Response length", r"^(?P<plot>response_length/mean)$", "tokens per completion"),
+    Panel("Zero-variance groups", r"^(?P<plot>groups/zero_variance_frac)$",
+          "fraction of prompt groups whose rollouts all got the same reward (no group-relative signal)"),
+    Panel("Sampler/trainer mismatch", r"^(?P<plot>mismatch/.+)$",
+          "disagreement between the rollout engine's logprobs and the trainer's on the same tokens"),
+    Panel("Outcome classes", r"^(?P<plot>outcomes)/(?P<series>[A-Z_]+)_frac$",
+          "fraction of rollouts per class; TASK_FAIL and INFRA_FAIL are masked from the gradient"),
+    Panel("MODEL_FAIL reasons", r"^(?P<plot>outcomes/MODEL_FAIL)/(?P<series>[a-z_]+)_frac$"),
+    Panel("SFT loss", r"^(?P<series>(?:eval/)?loss)$", "training loss and held-out loss"),
+    Panel("Learning rate", r"^(?P<plot>lr)$"),
+    Panel("Throughput", r"^(?P<plot>tokens_per_s)$"),
+)
+
+TIME_KEY = re.compile(r"^time/(?P<stage>.+)_s$")
+
+
+@dataclasses.dataclass
+class Run:
+    """One run directory as read from disk."""
+
+    name: str
+    path: Path
+    config_text: str
+    metrics: list[dict[str, Any]]
+    evals: list[EvalResult]
+    notes: list[str]
+
+
+def find_runs(paths: Sequence[str | Path], max_depth: int = 3) -> list[Run]:
+    """Every run at or below ``paths`` (a directory with ``metrics.jsonl`` or ``evals/``)."""
+    runs: list[Run] = []
+    for arg in paths:
+        root = Path(arg)
+        if not root.is_dir():
+            raise UserError(f"{root}: run directory not found")
+        found = [d for d in _walk_dirs(root, max_depth) if (d / "metrics.jsonl").is_file() or (d / "evals").is_dir()]
+        if not found:
+            raise UserError(f"{root}: no run here (no metrics.jsonl or evals/ in it or its sub-directories)")
+        for d in found:
+            rel = d.relative_to(root).as_posix()
+            runs.append(load_run(d, root.name if rel == "." else f"{root.name}/{rel}"))
+    return runs
+
+
+def _walk_dirs(root: Path, depth: int):
+    yield root
+    if depth > 0:
+        for child in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in ("evals", "checkpoints")):
+            yield from _walk_dirs(child, depth - 1)
+
+
+def load_run(path: Path, name: str) -> Run:
+    """Read one run directory; anything unreadable becomes a note on the run."""
+    notes: list[str] = []
+    config = path / "config.yaml"
+    config_text = config.read_text() if config.is_file() else ""
+    metrics = read_metrics(path / "metrics.jsonl", notes) if (path / "metrics.jsonl").is_file() else []
+    evals: list[EvalResult] = []
+    for eval_file in sorted((path / "evals").glob("*.json")) if (path / "evals").is_dir() else []:
+        try:
+            evals.extend(read_eval_json(eval_file))
+        except UserError as e:
+            notes.append(f"skipped {e}")
+    return Run(name=name, path=path, config_text=config_text, metrics=metrics, evals=evals, notes=notes)
+
+
+def read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """Rows of a ``metrics.jsonl``; malformed lines are skipped and noted (a torn last line is normal
+    while a run is still writing)."""
+    rows = []
+    lines = path.read_text().splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            notes.append(f"{path}:{lineno}: skipped a line that is not a JSON object"
+                         + (" (torn last line: the run may still be writing)" if lineno == len(lines) else ""))
+            continue
+        rows.append(row)
+    return rows
+
+
+def series_for(panel: Panel, runs: Sequence[Run]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """{subplot: {line label: (steps, values)}} for the keys ``panel`` matches across ``runs``."""
+    pattern = re.compile(panel.pattern)
+    plots: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for run in runs:
+        for i, row in enumerate(run.metrics):
+            step = row.get("step", i)  # metrics rows without a step are plotted by position
+            for key, value in row.items():
+                m = pattern.match(key)
+                if m is None or not _is_number(value):
+                    continue
+                groups = m.groupdict()
+                plot = groups.get("plot") or panel.title
+                series = groups.get("series") or ""
+                label = " · ".join(x for x in (run.name if len(runs) > 1 else "", series) if x) or run.name
+                xs, ys = plots.setdefault(plot, {}).setdefault(label, ([], []))
+                xs.append(step)
+                ys.append(float(value))
+    return plots
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing: each function returns a base64 PNG (or None when there is nothing to draw).
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(num_plots: int, width: float = 5.2, height: float = 3.2):
+    from matplotlib.figure import Figure  # imported here: `posttrain --help` must not pay for matplotlib
+
+    cols = min(num_plots, 2)
+    rows = math.ceil(num_plots / cols)
+    fig = Figure(figsize=(width * cols, height * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[num_plots:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def plot_panel(panel: Panel, runs: Sequence[Run]) -> str | None:
+    plots = series_for(panel, runs)
+    if not plots:
+        return None
+    fig, axes = _figure(len(plots))
+    for ax, (name, lines) in zip(axes, sorted(plots.items())):
+        for label, (xs, ys) in sorted(lines.items()):
+            ax.plot(xs, ys, label=label, marker="o" if len(xs) < 20 else None, markersize=3)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(lines) > 1 or runs and len(runs) > 1:
+            ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def stage_times(run: Run) -> dict[str, float]:
+    """Mean seconds per step of each ``time/<stage>_s`` (except the whole step)."""
+    sums: dict[str, list[float]] = {}
+    for row in run.metrics:
+        for key, value in row.items():
+            m = TIME_KEY.match(key)
+            if m and m["stage"] != "step" and _is_number(value):
+                sums.setdefault(m["stage"], []).append(float(value))
+    return {stage: sum(v) / len(v) for stage, v in sums.items()}
+
+
+def plot_timing(runs: Sequence[Run]) -> str | None:
+    """One horizontal stacked bar per run: mean seconds per step spent in each stage."""
+    timed = [(run.name, stage_times(run)) for run in runs]
+    timed = [(name, t) for name, t in timed if t]
+    if not timed:
+        return None
+    stages = sorted({s for _, t in timed for s in t})
+    fig, axes = _figure(1, width=9, height=0.9 + 0.5 * len(timed))
+    ax = axes[0]
+    for i, (name, t) in enumerate(timed):
+        left = 0.0
+        for j, stage in enumerate(stages):
+            width = t.get(stage, 0.0)
+            ax.barh(i, width, left=left, color=f"C{j % 10}", label=stage if i == 0 else None)
+            left += width
+    ax.set_yticks(range(len(timed)), [name for name, _ in timed])
+    ax.set_xlabel("mean seconds per step")
+    ax.legend(fontsize=8, ncols=min(len(stages), 6), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    return _png(fig)
+
+
+def plot_passk(key: tuple[str, str], results: Sequence[tuple[str, EvalResult]]) -> str:
+    """pass@k against k (log2 axis) with the bootstrap band, one line per (run, label)."""
+    fig, axes = _figure(1, width=6.4, height=3.8)
+    ax = axes[0]
+    for i, (run_name, r) in enumerate(results):
+        ks = [row.k for row in r.pass_at_k]
+        ax.plot(ks, [row.mean for row in r.pass_at_k], marker="o", color=f"C{i % 10}",
+                label=" · ".join(x for x in (run_name, r.label or (f"step {r.step}" if r.step is not None else "")) if x))
+        ax.fill_between(ks, [row.low for row in r.pass_at_k], [row.high for row in r.pass_at_k],
+                        color=f"C{i % 10}", alpha=0.15)
+    ax.set_xscale("log", base=2)
+    all_ks = sorted({row.k for _, r in results for row in r.pass_at_k})
+    ax.set_xticks(all_ks, [str(k) for k in all_ks])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_title(f"{key[0]} · {key[1]}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# The page.
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1250px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #ccc; padding-bottom: 4px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
+td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+td:first-child, th:first-child { text-align: left; }
+.note { color: #666; font-size: 13px; } .warn { color: #a33; font-size: 13px; }
+img { max-width: 100%; display: block; margin: 6px 0 18px; }
+.grid { display: flex; flex-wrap: wrap; gap: 0 24px; } .panel { max-width: 100%; }
+h3 { font-size: 15px; margin-bottom: 2px; } pre { background: #f6f6f6; padding: 8px; font-size: 12px; overflow-x: auto; }
+"""
+
+
+def _img(b64: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def runs_section(runs: Sequence[Run]) -> list[str]:
+    rows = []
+    for run in runs:
+        steps = [r["step"] for r in run.metrics if _is_number(r.get("step"))]
+        total = sum(float(r["time/step_s"]) for r in run.metrics if _is_number(r.get("time/step_s")))
+        rows.append((run.name, str(run.path), len(run.metrics), f"{max(steps)}" if steps else "-",
+                     f"{total:.1f}" if total else "-", len(run.evals)))
+    out = ["<h2>Runs</h2>", _table(("run", "path", "metric rows", "last step", "train time (s)", "eval results"), rows)]
+    out += [f'<p class="note">{html.escape(run.name)}: {html.escape(n)}</p>' for run in runs for n in run.notes]
+    return out
+
+
+def evals_section(runs: Sequence[Run]) -> list[str]:
+    groups: dict[tuple[str, str], list[tuple[str, EvalResult]]] = {}
+    for run in runs:
+        for r in run.evals:
+            groups.setdefault((r.benchmark, r.profile), []).append((run.name if len(runs) > 1 else "", r))
+    if not groups:
+        return []
+    out = ["<h2>Evaluations: pass@k</h2>",
+           '<p class="note">Unbiased pass@k (Chen et al. 2021) on a log<sub>2</sub> k axis; bands are '
+           "bootstrap intervals over problems.</p>"]
+    for key, results in sorted(groups.items()):
+        out.append(_img(plot_passk(key, results), f"pass@k {key[0]} {key[1]}"))
+        rows = []
+        for run_name, r in results:
+            first, last = r.pass_at_k[0], r.pass_at_k[-1]
+            rows.append((" · ".join(x for x in (run_name, r.label) if x) or r.model, r.step if r.step is not None else "-",
+                         r.n, r.num_problems, f"{first.mean:.3f} [{first.low:.3f}, {first.high:.3f}]",
+                         f"pass@{last.k} {last.mean:.3f}", f"{r.solve_all_frac:.2f} / {r.solve_none_frac:.2f}",
+                         " ".join(f"{c}={v}" for c, v in r.outcomes.items() if v), f"{r.mean_completion_tokens:.1f}"))
+            lost = r.outcomes.get("INFRA_FAIL", 0) + r.outcomes.get("TASK_FAIL", 0)
+            if lost:
+                out.append(f'<p class="warn">{html.escape(key[0])} {html.escape(r.label)}: {lost} samples are '
+                           "TASK_FAIL/INFRA_FAIL and count as not passed: pass@k is a lower bound.</p>")
+        out.append(_table(("run", "step", "n", "problems", f"pass@{results[0][1].pass_at_k[0].k} [CI]", "largest k",
+                           "solve all / none", "outcomes", "mean tokens"), rows))
+    return out
+
+
+def _panel_div(title: str, note: str, png: str) -> str:
+    note_html = f'<p class="note">{html.escape(note)}</p>' if note else ""
+    return f'<div class="panel"><h3>{html.escape(title)}</h3>{note_html}{_img(png, title)}</div>'
+
+
+def render_html(runs: Sequence[Run]) -> str:
+    """The whole page for ``runs``."""
+    body = ["<h1>posttrain report</h1>"] + runs_section(runs) + evals_section(runs)
+    missing = []
+    panels_html = []
+    for panel in PANELS:
+        png = plot_panel(panel, runs)
+        if png is None:
+            missing.append(panel)
+            continue
+        panels_html.append(_panel_div(panel.title, panel.note, png))
+    timing = plot_timing(runs)
+    if timing is not None:
+        panels_html.append(_panel_div("Stage timing", "mean seconds per step in each time/<stage>_s", timing))
+    else:
+        missing.append(Panel("Stage timing", r"^time/.+_s$"))
+    if panels_html:
+        body += ["<h2>Training</h2>", '<div class="grid">'] + panels_html + ["</div>"]
+    if missing:
+        body += ["<h2>Not in these runs</h2>", "<ul>"]
+        body += [f"<li>{html.escape(p.title)}: no metric matching <code>{html.escape(p.pattern)}</code></li>"
+                 for p in missing]
+        body += ["</ul>"]
+    configs = [f"<details><summary>{html.escape(r.name)}/config.yaml</summary><pre>{html.escape(r.config_text)}</pre>"
+               "</details>" for r in runs if r.config_text]
+    if configs:
+        body += ["<h2>Configs</h2>"] + configs
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>posttrain report</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
+    """Render every run under ``paths`` into the self-contained HTML file ``out``."""
+    runs = find_runs(paths)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(runs), encoding="utf-8")
+    return out
