@@ -1,0 +1,99 @@
+"""Rollout throughput: `TorchEngine` vs Hugging Face `model.generate`, side by side in one run.
+
+Same tiny random Llama (vocab 512, hidden 256, 4 layers, 4 heads, ~2.9M parameters), same
+left-padded prompts, same sampling (temperature 1, no top-k/top-p), same max_new_tokens. EOS is
+disabled on both sides (the model has no EOS id and the engine is told ``ignore_eos``), so both
+generate exactly prompts x max_new_tokens tokens; the script checks that count. Each timing is the
+best of ``--repeats`` runs after one warm-up run. The ratio printed is engine tokens/s divided by
+generate tokens/s.
+
+    .venv/bin/python bench/rollout_vs_hf.py            # default grid
+    .venv/bin/python bench/rollout_vs_hf.py --batch 64 --new 128 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from posttrain.rollout import SamplingParams, TorchEngine
+
+
+def build_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def make_prompts(count: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 33, (count,), generator=g).tolist()
+    return [torch.randint(3, 512, (n,), generator=g).tolist() for n in lengths]
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def time_hf(model, prompts, new_tokens: int) -> tuple[float, int]:
+    ids, mask = left_pad(prompts)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=0)
+    elapsed = time.perf_counter() - start
+    return elapsed, (out.shape[1] - ids.shape[1]) * out.shape[0]
+
+
+def time_engine(engine, prompts, new_tokens: int) -> tuple[float, int]:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=0)
+    start = time.perf_counter()
+    rollouts = engine.generate(prompts, n=1, sampling=sampling)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(len(c) for c in rollouts.completion_ids)
+
+
+def best_of(fn, repeats: int) -> tuple[float, int]:
+    fn()  # warm-up
+    runs = [fn() for _ in range(repeats)]
+    return min(t for t, _ in runs), runs[0][1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--new", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"])
+    args = parser.parse_args()
+    model = build_model()
+    engine = TorchEngine(model, backend=args.backend)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {params / 1e6:.2f}M params, torch threads {torch.get_num_threads()}, engine backend {engine.backend}")
+    print(f"{'prompts':>7} {'new':>4} {'hf tok/s':>10} {'engine tok/s':>13} {'ratio':>6}")
+    for batch in args.batch:
+        prompts = make_prompts(batch)
+        for new in args.new:
+            t_hf, n_hf = best_of(lambda: time_hf(model, prompts, new), args.repeats)
+            t_en, n_en = best_of(lambda: time_engine(engine, prompts, new), args.repeats)
+            assert n_hf == n_en == batch * new, (n_hf, n_en, batch * new)
+            hf_rate, en_rate = n_hf / t_hf, n_en / t_en
+            print(f"{batch:>7} {new:>4} {hf_rate:>10.0f} {en_rate:>13.0f} {en_rate / hf_rate:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""A lean decoder for Llama-family models (Llama, Mistral, Qwen2) with a preallocated KV cache.
+
+Why not call the Hugging Face forward at every step: for small and medium models on CPU the
+per-step Python overhead of the generic forward (mask construction, cache bookkeeping, output
+dataclasses, rotary recomputation, three separate q/k/v matmuls) costs more than the arithmetic.
+This decoder reads the weights of the Hugging Face model once (`refresh`) and runs the same
+mathematics with fewer kernels:
+
+* q/k/v are one fused matmul and gate/up another (weights concatenated at `refresh`);
+* rotary cos/sin come from a table built once per `prefill`, indexed by position;
+* the KV cache is one preallocated tensor per K and V, shape (L, B, n_kv, T_max, head_dim); all rows
+  write the same column at each step because prompts are left-padded to a common length, so a step
+  is a single column write per layer; attention reads only columns ``[0, t]``;
+* padding is an additive bias row per sample built once at prefill and sliced per step;
+* grouped-query attention multiplies q grouped as (B, n_kv, rep, hd) against K directly, with no
+  repeat of K/V;
+* `keep(rows)` compacts the batch (index-selects the live rows of the cache, positions and
+  padding bias) so finished samples stop costing compute.
+
+The mathematics (RMSNorm in float32, rotate-half RoPE with the model's own ``inv_freq`` and
+attention scaling, softmax in float32) mirrors the Hugging Face Llama code, so greedy outputs agree
+with ``model.generate``. Unsupported configurations (other activations, dynamic RoPE, q/k norms,
+sliding windows shorter than the sequence) are rejected by `supports`, and the engine then falls
+back to the generic Hugging Face path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def supports(model) -> bool:
+    """Whether `FastLlamaDecoder` can run this model exactly."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES or getattr(cfg, "hidden_act", None) != "silu":
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
+        return False
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    try:
+        attn = model.model.layers[0].self_attn
+        return hasattr(attn, "q_proj") and not hasattr(attn, "q_norm") and hasattr(model.model, "rotary_emb")
+    except AttributeError:
+        return False
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _cat_bias(*linears) -> torch.Tensor | None:
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
+                      for b, lin in zip(biases, linears)]).detach()
+
+
+class FastLlamaDecoder:
+    """Prefill + step decoder over a Hugging Face Llama-family model (see module docstring)."""
+
+    def __init__(self, model):
+        self.model = model
+        cfg = model.config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        window = getattr(cfg, "sliding_window", None)
+        self.window = window if (window and getattr(cfg, "use_sliding_window", True)) else None
+        self.rows_seen: list[int] = []
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Re-read the weights from the model (call after they change)."""
+        m = self.model.model
+        self.embed = m.embed_tokens.weight
+        self.final_norm = m.norm.weight
+        self.lm_head = self.model.lm_head.weight
+        self.lm_head_bias = self.model.lm_head.bias
+        self.layers = []
+        for layer in m.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                layer.input_layernorm.weight,
+                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                _cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                a.o_proj.weight, a.o_proj.bias,
+                layer.post_attention_layernorm.weight,
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                _cat_bias(mlp.gate_proj, mlp.up_proj),
+                mlp.down_proj.weight, mlp.down_proj.bias,
+            ))
+        rotary = m.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()
+        self.rope_scaling = float(rotary.attention_scaling)
+
+    def _rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed.dtype
+        return (emb.cos() * self.rope_scaling).to(dtype), (emb.sin() * self.rope_scaling).to(dtype)
+
+    def _attend(self, q_BHQD, K_BKTD, V_BKTD, bias_BQT) -> torch.Tensor:
+        """Grouped-query attention without repeating K/V; returns (B, Q, H*D)."""
+        B, H, Q, D = q_BHQD.shape
+        rep = H // self.n_kv
+        qg = q_BHQD.reshape(B, self.n_kv, rep * Q, D)
+        scores = torch.matmul(qg, K_BKTD.transpose(-1, -2)).mul_(self.scale)
+        scores = scores.view(B, self.n_kv, rep, Q, -1) + bias_BQT[:, None, None]
+        probs = scores.softmax(-1, dtype=torch.float32).to(q_BHQD.dtype)
+        out = torch.matmul(probs.view(B, self.n_kv, rep * Q, -1), V_BKTD)
+        return out.view(B, H, Q, D).transpose(1, 2).reshape(B, Q, H * D)
+
+    def _layers(self, h_BQE, cos_BQD, sin_BQD, bias_BQT, write) -> torch.Tensor:
+        """Run all decoder layers; ``write(l, k, v)`` stores K/V and returns what to attend over."""
+        B, Q, _ = h_BQE.shape
+        nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        cos, sin = cos_BQD[:, None], sin_BQD[:, None]
+        for l, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, bgu, wd, bd) in enumerate(self.layers):
+            qkv = F.linear(_rms_norm(h_BQE, ln1, self.eps), wqkv, bqkv)
+            q = qkv[..., :nq].view(B, Q, self.n_heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., nq : nq + nk].view(B, Q, self.n_kv, self.head_dim).transpose(1, 2)
+            v = qkv[..., nq + nk :].view(B, Q, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            K, V = write(l, k, v)
+            h_BQE = h_BQE + F.linear(self._attend(q, K, V, bias_BQT), wo, bo)
+            gate, up = F.linear(_rms_norm(h_BQE, ln2, self.eps), wgu, bgu).chunk(2, dim=-1)
+            h_BQE = h_BQE + F.linear(F.silu(gate) * up, wd, bd)
+        return h_BQE
+
+    def _logits(self, h_BE: torch.Tensor) -> torch.Tensor:
+        return F.linear(_rms_norm(h_BE, self.final_norm, self.eps), self.lm_head, self.lm_head_bias).float()
+
+    @torch.inference_mode()
+    def prefill(self, ids_UP: torch.Tensor, pad_U: torch.Tensor, expand_b: torch.Tensor, total_len: int) -> torch.Tensor:
+        """Run U left-padded prompts, fill the cache for b = len(expand_b) rows (row i continues
+        prompt ``expand_b[i]``) with room for ``total_len`` columns; return (b, V) next-token logits."""
+        U, P = ids_UP.shape
+        if self.window is not None and total_len > self.window:
+            raise NotImplementedError(f"sequence of {total_len} tokens exceeds the sliding window {self.window}")
+        dtype, b = self.embed.dtype, len(expand_b)
+        self.cos_TD, self.sin_TD = self._rope_table(total_len)
+        dev = ids_UP.device
+        cols = torch.arange(total_len, device=dev)
+        real_UT = cols[None, :] >= pad_U[:, None]
+        neg = torch.finfo(dtype).min
+        # Pad queries may see themselves so that no softmax row is empty; real queries never see pads.
+        allowed_UPT = (real_UT[:, None, :P] & (cols[None, :P, None] >= cols[None, None, :P])) | torch.eye(P, dtype=torch.bool, device=dev)
+        bias_UPT = torch.zeros(U, P, P, dtype=dtype, device=dev).masked_fill_(~allowed_UPT, neg)
+        pos_UP = (cols[None, :P] - pad_U[:, None]).clamp_(min=0)
+        self.K = torch.empty(len(self.layers), b, self.n_kv, total_len, self.head_dim, dtype=dtype, device=dev)
+        self.V = torch.empty_like(self.K)
+
+        def write(l, k, v):
+            self.K[l, :, :, :P] = k[expand_b]
+            self.V[l, :, :, :P] = v[expand_b]
+            return k, v
+
+        h = self._layers(self.embed[ids_UP], self.cos_TD[pos_UP], self.sin_TD[pos_UP], bias_UPT, write)
+        self.rows_seen.append(U)
+        self.col = P
+        self.pos_b = pos_UP[expand_b, -1] + 1
+        self.bias_bT = torch.zeros(b, total_len, dtype=dtype, device=dev).masked_fill_(~real_UT[expand_b], neg)
+        return self._logits(h[:, -1])[expand_b]
+
+    @torch.inference_mode()
+    def step(self, token_b: torch.Tensor) -> torch.Tensor:
+        """Append one token per row; return (b, V) next-token logits."""
+        c, b = self.col, len(token_b)
+        bias = self.bias_bT[:, None, : c + 1]
+        cos, sin = self.cos_TD[self.pos_b][:, None], self.sin_TD[self.pos_b][:, None]
+
+        def write(l, k, v):
+            self.K[l, :, :, c] = k[:, :, 0]
+            self.V[l, :, :, c] = v[:, :, 0]
+            return self.K[l, :, :, : c + 1], self.V[l, :, :, : c + 1]
+
+        h = self._layers(self.embed[token_b][:, None], cos, sin, bias, write)
+        self.rows_seen.append(b)
+        self.col += 1
+        self.pos_b += 1
+        return self._logits(h[:, 0])
+
+    @torch.inference_mode()
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` of the batch; copies just the filled cache columns."""
+        filled = self.col
+        K = torch.empty(self.K.shape[0], len(rows), *self.K.shape[2:], dtype=self.K.dtype, device=self.K.device)
+        V = torch.empty_like(K)
+        K[:, :, :, :filled] = self.K[:, :, :, :filled].index_select(1, rows)
+        V[:, :, :, :filled] = self.V[:, :, :, :filled].index_select(1, rows)
+        self.K, self.V = K, V
+        self.pos_b = self.pos_b[rows]
+        self.bias_bT = self.bias_bT[rows]

@@ -1,0 +1,186 @@
+"""Data that crosses the rollout boundary: sampling parameters, the rollout record, the engine protocol.
+
+`Rollouts` holds one entry per sample; the samples of prompt ``i`` are contiguous, at indices
+``i*n .. i*n+n-1``. Log-probs follow one convention, named in ``Rollouts.logprob_kind``:
+
+* ``"full_temperature_scaled"``: the log-prob of each sampled token under the *full* distribution
+  ``log_softmax(logits / T)`` over the whole vocabulary, not the top-k/top-p truncated one, because
+  that is what a trainer recomputes from its own forward pass. For greedy decoding (T = 0) it is
+  ``log_softmax(logits)``.
+
+The truncated distribution the token was actually drawn from is reported separately in
+``truncated_logprobs`` (log-prob after top-k/top-p renormalisation; 0.0 for greedy, where the
+choice had probability one).
+
+`weights_checksum` hashes parameter names, dtypes, shapes and raw bytes in name order, so a sender
+and a receiver that hold the same tensors agree, whatever order the dict was built in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+FINISH_REASONS = ("eos", "stop", "length")
+LOGPROB_KIND = "full_temperature_scaled"
+
+
+class WeightSyncError(RuntimeError):
+    """Weights pushed to a rollout engine were refused (checksum, name or shape mismatch).
+
+    The engine's weights and version are unchanged when this is raised.
+    """
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """How to sample completions. Also a config section (``rollout.sampling`` in recipes)."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax) decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens before sampling (0 = off)."""
+    max_new_tokens: int = 64
+    """Most tokens generated per completion; a completion that reaches it finishes with "length"."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: the completion is cut right after the first one it contains (finish "stop")."""
+    seed: int | None = None
+    """Seed of the sampling generator; the same seed, prompts and weights give the same samples."""
+    ignore_eos: bool = False
+    """Keep generating past EOS tokens (benchmarks that need a fixed number of tokens)."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class PaddedRollouts:
+    """Rollouts as right-padded tensors, ready for a trainer forward pass.
+
+    Row b is ``prompt_ids[b] + completion_ids[b]`` followed by padding. Position t of
+    ``sampler_logp_BT`` holds the sampler's log-prob of ``input_ids_BT[b, t]`` where
+    ``completion_mask_BT[b, t]`` is 1, and 0 elsewhere; a trainer compares it with
+    ``log_softmax(logits[b, t-1] / T)[input_ids_BT[b, t]]``.
+    """
+
+    input_ids_BT: torch.Tensor
+    """(B, T) int64: prompt then completion, right-padded with pad_id."""
+    attention_mask_BT: torch.Tensor
+    """(B, T) int64: 1 on real tokens."""
+    completion_mask_BT: torch.Tensor
+    """(B, T) float32: 1 on completion tokens (the ones the policy chose)."""
+    sampler_logp_BT: torch.Tensor
+    """(B, T) float32: sampler log-prob of each completion token, 0 elsewhere."""
+
+
+@dataclass
+class Rollouts:
+    """One entry per sample; samples of prompt i are contiguous at i*n .. i*n+n-1."""
+
+    prompt_idx: list[int]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    """Generated tokens; includes the EOS token if one was generated, ends at the stop token."""
+    logprobs: list[list[float]]
+    """Sampler log-prob per completion token, see ``logprob_kind``."""
+    finish_reason: list[str]
+    """"eos" | "stop" | "length"."""
+    policy_version: list[int]
+    sampling: SamplingParams
+    logprob_kind: str = LOGPROB_KIND
+    truncated_logprobs: list[list[float]] | None = None
+    """Log-prob under the top-k/top-p renormalised distribution that was sampled (0.0 for greedy)."""
+    texts: list[str] | None = None
+    """Completion texts decoded at generate time (cut right after the stop string), if a tokenizer was set."""
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def completion_texts(self, tokenizer=None) -> list[str]:
+        """The completion texts: the ones stored at generate time, else decoded with ``tokenizer``."""
+        if self.texts is not None and tokenizer is None:
+            return list(self.texts)
+        if tokenizer is None:
+            raise ValueError("Rollouts has no stored texts; pass a tokenizer to decode the completions")
+        return tokenizer.batch_decode(self.completion_ids, skip_special_tokens=True)
+
+    def to_padded(self, pad_id: int = 0) -> PaddedRollouts:
+        """Right-padded tensors (see `PaddedRollouts`)."""
+        rows = [p + c for p, c in zip(self.prompt_ids, self.completion_ids)]
+        B, T = len(rows), max(len(r) for r in rows)
+        ids = torch.full((B, T), pad_id, dtype=torch.long)
+        attn = torch.zeros((B, T), dtype=torch.long)
+        comp = torch.zeros((B, T), dtype=torch.float32)
+        logp = torch.zeros((B, T), dtype=torch.float32)
+        for b, (p, c, lp) in enumerate(zip(self.prompt_ids, self.completion_ids, self.logprobs)):
+            ids[b, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
+            attn[b, : len(p) + len(c)] = 1
+            comp[b, len(p) : len(p) + len(c)] = 1.0
+            logp[b, len(p) : len(p) + len(c)] = torch.tensor(lp, dtype=torch.float32)
+        return PaddedRollouts(input_ids_BT=ids, attention_mask_BT=attn, completion_mask_BT=comp, sampler_logp_BT=logp)
+
+    @staticmethod
+    def concat(parts: list["Rollouts"]) -> "Rollouts":
+        """Join rollouts produced with the same sampling parameters, in order."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        out = {}
+        for f in dataclasses.fields(Rollouts):
+            first = getattr(parts[0], f.name)
+            if isinstance(first, list) or (first is None and f.name in ("truncated_logprobs", "texts")):
+                vals = [getattr(p, f.name) for p in parts]
+                out[f.name] = None if any(v is None for v in vals) else [x for v in vals for x in v]
+            else:
+                out[f.name] = first
+        return Rollouts(**out)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop needs from a sampler that holds its own copy of the policy weights."""
+
+    version: int
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None: ...
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def weights_checksum(weights: dict[str, torch.Tensor]) -> str:
+    """SHA-256 hex digest over (name, dtype, shape, raw bytes) of each tensor, in sorted name order.
+
+    Deterministic across processes; any change of a value, a dtype, a shape or a name changes it.
+    Hash the tensors as sent (before any cast on the receiving side).
+    """
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name]
+        h.update(f"{name}|{str(t.dtype)}|{tuple(t.shape)}\n".encode())
+        h.update(_tensor_bytes(t))
+    return h.hexdigest()
