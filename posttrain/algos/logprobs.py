@@ -4,8 +4,10 @@ Design choices:
 
 * ``log p(x) = z_x - logsumexp(z)`` (gather minus logsumexp) instead of ``log_softmax(z)[x]``:
   the latter materialises a (B, T, V) tensor of log-probabilities only to read one entry per row.
-* When the logits are not fp32 (bf16/fp16 from a model forward), the rows of the flattened
-  (B·T, V) logits are processed in chunks: each chunk is upcast to fp32, reduced, and dropped.
+* When the logits are not fp32 (bf16/fp16 from a model forward), positions are processed in
+  chunks of about ``chunk_rows`` (b, t) positions, sliced from the (B, T, V) tensor without a
+  reshape (so a view like ``logits[:, :-1]`` is not copied): each chunk is upcast to fp32,
+  reduced, and dropped.
   A plain chunked loop under autograd would still keep every fp32 chunk alive for the backward
   pass, so the chunked path is a ``torch.autograd.Function`` that saves only the original
   (low-precision) logits and recomputes the softmax chunk by chunk in ``backward``. Peak extra
@@ -37,32 +39,49 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
+def _chunks(B: int, T: int, rows: int):
+    """(batch slice, time slice) pairs covering (B, T) with about ``rows`` positions each.
+
+    Slicing the 3-D logits (instead of reshaping to (B·T, V)) never copies, even for
+    non-contiguous views such as ``logits[:, :-1]``.
+    """
+    if rows >= T:
+        per = rows // T
+        for b0 in range(0, B, per):
+            yield slice(b0, b0 + per), slice(0, T)
+    else:
+        for b in range(B):
+            for t0 in range(0, T, rows):
+                yield slice(b, b + 1), slice(t0, t0 + rows)
+
+
 class _ChunkedTokenLogprob(torch.autograd.Function):
-    """log softmax(z/τ)[x] over rows of (N, V) low-precision logits, fp32 out, chunked both ways."""
+    """log softmax(z/τ)[x] for (B, T, V) low-precision logits, fp32 out, chunked both ways."""
 
     @staticmethod
-    def forward(ctx, logits_NV, targets_N, temperature, rows):
-        out_N = torch.empty(logits_NV.shape[0], dtype=torch.float32, device=logits_NV.device)
-        for start in range(0, logits_NV.shape[0], rows):
-            z = logits_NV[start : start + rows].float() / temperature
-            picked = z.gather(-1, targets_N[start : start + rows, None]).squeeze(-1)
-            out_N[start : start + rows] = picked - torch.logsumexp(z, dim=-1)
-        ctx.save_for_backward(logits_NV, targets_N)
+    def forward(ctx, logits_BTV, targets_BT, temperature, rows):
+        B, T, _ = logits_BTV.shape
+        out_BT = torch.empty(B, T, dtype=torch.float32, device=logits_BTV.device)
+        for idx in _chunks(B, T, rows):
+            z = logits_BTV[idx].float() / temperature
+            picked = z.gather(-1, targets_BT[idx].unsqueeze(-1)).squeeze(-1)
+            out_BT[idx] = picked - torch.logsumexp(z, dim=-1)
+        ctx.save_for_backward(logits_BTV, targets_BT)
         ctx.temperature, ctx.rows = temperature, rows
-        return out_N
+        return out_BT
 
     @staticmethod
-    def backward(ctx, grad_N):
-        logits_NV, targets_N = ctx.saved_tensors
+    def backward(ctx, grad_BT):
+        logits_BTV, targets_BT = ctx.saved_tensors
         tau, rows = ctx.temperature, ctx.rows
-        grad_NV = torch.empty_like(logits_NV)
+        B, T, _ = logits_BTV.shape
+        grad_BTV = torch.empty(logits_BTV.shape, dtype=logits_BTV.dtype, device=logits_BTV.device)
         # d/dz_v [z_x - lse(z)] = 1[v = x] - softmax(z)_v, times 1/τ for z = logits/τ.
-        for start in range(0, logits_NV.shape[0], rows):
-            sl = slice(start, start + rows)
-            g = -torch.softmax(logits_NV[sl].float() / tau, dim=-1)
-            g.scatter_add_(-1, targets_N[sl, None], torch.ones_like(g[:, :1]))
-            grad_NV[sl] = (g * (grad_N[sl, None] / tau)).to(grad_NV.dtype)
-        return grad_NV, None, None, None
+        for idx in _chunks(B, T, rows):
+            g = -torch.softmax(logits_BTV[idx].float() / tau, dim=-1)
+            g.scatter_add_(-1, targets_BT[idx].unsqueeze(-1), torch.ones_like(g[..., :1]))
+            grad_BTV[idx] = (g * (grad_BT[idx].unsqueeze(-1) / tau)).to(grad_BTV.dtype)
+        return grad_BTV, None, None, None
 
 
 def token_logprobs(
@@ -79,7 +98,7 @@ def token_logprobs(
         targets_BT: (B, T) int64 token ids in [0, V). Callers mask ignored positions themselves
             (replace ignore ids such as -100 by 0 before calling).
         temperature: sampling temperature (> 0).
-        chunk_rows: rows of the flattened (B·T, V) logits per chunk on the low-precision path;
+        chunk_rows: (b, t) positions per chunk on the low-precision path;
             default keeps one fp32 chunk near 64 MiB.
 
     Returns:
@@ -95,9 +114,7 @@ def token_logprobs(
         picked_BT = z_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1)
         return (picked_BT - torch.logsumexp(z_BTV, dim=-1)).float()
     rows = _rows_per_chunk(V, chunk_rows)
-    logits_NV = logits_BTV.reshape(B * T, V)
-    logp_N = _ChunkedTokenLogprob.apply(logits_NV, targets_BT.reshape(B * T), temperature, rows)
-    return logp_N.view(B, T)
+    return _ChunkedTokenLogprob.apply(logits_BTV, targets_BT, temperature, rows)
 
 
 def _entropy_rows(z_NV: torch.Tensor) -> torch.Tensor:
@@ -107,30 +124,31 @@ def _entropy_rows(z_NV: torch.Tensor) -> torch.Tensor:
 
 
 class _ChunkedEntropy(torch.autograd.Function):
-    """Entropy of softmax(z/τ) over rows of (N, V) low-precision logits, fp32 out, chunked."""
+    """Entropy of softmax(z/τ) for (B, T, V) low-precision logits, fp32 out, chunked."""
 
     @staticmethod
-    def forward(ctx, logits_NV, temperature, rows):
-        out_N = torch.empty(logits_NV.shape[0], dtype=torch.float32, device=logits_NV.device)
-        for start in range(0, logits_NV.shape[0], rows):
-            out_N[start : start + rows] = _entropy_rows(logits_NV[start : start + rows].float() / temperature)
-        ctx.save_for_backward(logits_NV)
+    def forward(ctx, logits_BTV, temperature, rows):
+        B, T, _ = logits_BTV.shape
+        out_BT = torch.empty(B, T, dtype=torch.float32, device=logits_BTV.device)
+        for idx in _chunks(B, T, rows):
+            out_BT[idx] = _entropy_rows(logits_BTV[idx].float() / temperature)
+        ctx.save_for_backward(logits_BTV)
         ctx.temperature, ctx.rows = temperature, rows
-        return out_N
+        return out_BT
 
     @staticmethod
-    def backward(ctx, grad_N):
-        (logits_NV,) = ctx.saved_tensors
+    def backward(ctx, grad_BT):
+        (logits_BTV,) = ctx.saved_tensors
         tau, rows = ctx.temperature, ctx.rows
-        grad_NV = torch.empty_like(logits_NV)
+        B, T, _ = logits_BTV.shape
+        grad_BTV = torch.empty(logits_BTV.shape, dtype=logits_BTV.dtype, device=logits_BTV.device)
         # dH/dz_v = -p_v (z_v - Σ_u p_u z_u), times 1/τ for z = logits/τ.
-        for start in range(0, logits_NV.shape[0], rows):
-            sl = slice(start, start + rows)
-            z = logits_NV[sl].float() / tau
+        for idx in _chunks(B, T, rows):
+            z = logits_BTV[idx].float() / tau
             p = torch.softmax(z, dim=-1)
             g = -p * (z - (p * z).sum(-1, keepdim=True))
-            grad_NV[sl] = (g * (grad_N[sl, None] / tau)).to(grad_NV.dtype)
-        return grad_NV, None, None
+            grad_BTV[idx] = (g * (grad_BT[idx].unsqueeze(-1) / tau)).to(grad_BTV.dtype)
+        return grad_BTV, None, None
 
 
 def entropy_from_logits(
@@ -155,5 +173,4 @@ def entropy_from_logits(
         z_BTV = logits_BTV if temperature == 1.0 else logits_BTV / temperature
         return _entropy_rows(z_BTV).float()
     rows = _rows_per_chunk(V, chunk_rows)
-    ent_N = _ChunkedEntropy.apply(logits_BTV.reshape(B * T, V), temperature, rows)
-    return ent_N.view(B, T)
+    return _ChunkedEntropy.apply(logits_BTV, temperature, rows)

@@ -98,3 +98,19 @@ def test_entropy_matches_reference_value_and_grad(dtype, chunk_rows):
     (g_ref,) = torch.autograd.grad((_ref_entropy(ref_logits, 1.3) * w.double()).sum(), ref_logits)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(g.double(), g_ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("chunk_rows", [3, 10, 15])
+def test_chunked_non_contiguous_view_matches_fp32_path(chunk_rows):
+    """A shifted view logits[:, :-1] (as trainers pass it) with chunks spanning several rows."""
+    torch.manual_seed(4)
+    full = torch.randn(3, 8, 5).bfloat16().requires_grad_()
+    view = full[:, :-1]
+    assert not view.is_contiguous()
+    targets = torch.randint(0, 5, (3, 7))
+    logp = token_logprobs(view, targets, chunk_rows=chunk_rows)
+    ent = entropy_from_logits(view, chunk_rows=chunk_rows)
+    torch.testing.assert_close(logp, token_logprobs(view.detach().float(), targets))
+    torch.testing.assert_close(ent, entropy_from_logits(view.detach().float()))
+    (g,) = torch.autograd.grad(logp.sum() + ent.sum(), full)
+    assert torch.all(g[:, -1] == 0) and torch.all(g[:, :-1].abs().sum(-1) > 0)
