@@ -1,9 +1,11 @@
 """`report.html`: one self-contained page of charts and tables for one or more run directories.
 
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one JSON object per step) and
-``evals/*.json`` (written by `posttrain.eval.results.write_eval_json`). A directory may also hold
-sub-runs (a demo's ``sft/`` and ``rl/``): every directory below the given paths that has a
-``metrics.jsonl`` or an ``evals/`` folder is a run, named by its path relative to the argument.
+evaluation results written by `posttrain.eval.results.write_eval_json`: ``evals/*.json``,
+``evals/*/eval.json`` or its own ``eval.json`` (a `posttrain eval` output folder). A directory may
+also hold sub-runs (a demo's ``sft/`` and ``rl/``): every directory below the given paths that has
+a ``metrics.jsonl``, an ``evals/`` folder or an ``eval.json`` is a run, named by its path relative
+to the argument.
 
 Design choices:
 - Self-contained: plots are PNGs drawn with matplotlib's object API (``Figure``, Agg; no pyplot
@@ -84,7 +86,8 @@ def find_runs(paths: Sequence[str | Path], max_depth: int = 3) -> list[Run]:
         root = Path(arg)
         if not root.is_dir():
             raise UserError(f"{root}: run directory not found")
-        found = [d for d in _walk_dirs(root, max_depth) if (d / "metrics.jsonl").is_file() or (d / "evals").is_dir()]
+        found = [d for d in _walk_dirs(root, max_depth)
+                 if (d / "metrics.jsonl").is_file() or (d / "evals").is_dir() or (d / "eval.json").is_file()]
         if not found:
             raise UserError(f"{root}: no run here (no metrics.jsonl or evals/ in it or its sub-directories)")
         for d in found:
@@ -96,7 +99,7 @@ def find_runs(paths: Sequence[str | Path], max_depth: int = 3) -> list[Run]:
 def _walk_dirs(root: Path, depth: int):
     yield root
     if depth > 0:
-        for child in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in ("evals", "checkpoints")):
+        for child in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in ("evals", "checkpoints", "samples")):
             yield from _walk_dirs(child, depth - 1)
 
 
@@ -107,7 +110,9 @@ def load_run(path: Path, name: str) -> Run:
     config_text = config.read_text() if config.is_file() else ""
     metrics = read_metrics(path / "metrics.jsonl", notes) if (path / "metrics.jsonl").is_file() else []
     evals: list[EvalResult] = []
-    for eval_file in sorted((path / "evals").glob("*.json")) if (path / "evals").is_dir() else []:
+    # posttrain eval writes OUT/eval.json; a run keeps its evaluations under evals/ (files or OUT dirs).
+    eval_files = [path / "eval.json"] + sorted((path / "evals").glob("*.json")) + sorted((path / "evals").glob("*/eval.json"))
+    for eval_file in [f for f in eval_files if f.is_file()]:
         try:
             evals.extend(read_eval_json(eval_file))
         except UserError as e:

@@ -1,0 +1,34 @@
+"""`posttrain eval CONFIG.yaml [key=value ...]`: pass@k of a model on benchmarks, resumable.
+
+See `posttrain.eval.runner` for the configuration (`EvalConfig`) and what is written:
+OUT/eval.json (per benchmark and decoding profile) and OUT/samples/*.jsonl (every judged sample).
+Re-running the same command after an interruption skips the problems already done.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from posttrain.config import load_config
+from posttrain.eval.runner import EvalConfig, run_eval
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", default=None, help="YAML config (optional: overrides alone work)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model=runs/rl out_dir=evals/after")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:  # no YAML given: the first argument is an override
+        config, overrides = None, [config] + overrides
+    cfg = load_config(EvalConfig, config, overrides)
+    results = run_eval(cfg, show_progress=not args.no_progress)
+    for r in results:
+        first = r.pass_at_k[0]
+        extra = " ".join(f"pass@{row.k}={row.mean:.3f}" for row in r.pass_at_k[1:])
+        print(f"{r.benchmark} {r.profile}: n={r.n} problems={r.num_problems} "
+              f"pass@{first.k}={first.mean:.3f} [{first.low:.3f}, {first.high:.3f}] {extra}".rstrip())
+    print(f"eval: {cfg.out_dir}/eval.json")
+    return 0

@@ -1,0 +1,303 @@
+"""`posttrain eval`: sample a model on benchmarks under decoding profiles, judge, summarise as pass@k.
+
+For every (benchmark, profile) pair the runner generates ``n`` completions per problem with the
+rollout engine (`posttrain.rollout.TorchEngine`), judges each with the benchmark's verifier
+(`posttrain.verifiers`; an exception there is INFRA_FAIL, never a wrong answer), appends the
+judged samples to ``OUT/samples/<benchmark>.<profile>.jsonl`` and, when the pair is done, writes
+``OUT/eval.json`` (`posttrain.eval.results`).
+
+Design choices:
+- Resumable: samples are appended (and fsynced) per chunk of problems, and problems that already
+  have n samples in the file are skipped on restart. A problem interrupted mid-chunk is redone;
+  the summary uses the last n samples of each problem. Each chunk's sampling seed is derived from
+  the seed and the chunk's first problem id, so a resumed run is reproducible given its history.
+- Benchmarks: ``arithmetic`` draws the embedded task's held-out split (`posttrain.tasks.arithmetic`;
+  problems in that split never appear in its training split); ``math`` reads a JSONL of
+  ``{prompt, answer}`` judged by the ``math`` verifier (math-verify); ``code`` needs
+  `posttrain.verifiers.code` (the sandbox) and is refused with a clear message where it is absent.
+- ``thinking`` (on / off / template default) is passed to the chat template as ``enable_thinking``,
+  the switch Qwen3-style templates read; templates without it ignore it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+from pathlib import Path
+from typing import Sequence
+
+from posttrain.config import ConfigValueError
+from posttrain.errors import UserError
+from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
+
+KINDS = ("arithmetic", "math", "code")
+DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code"}
+
+
+@dataclasses.dataclass(kw_only=True)
+class DecodingProfile:
+    """One way of sampling: greedy (temperature 0, usually n=1) or sampled."""
+
+    name: str = "greedy"
+    """Profile name used in file names and reports."""
+    temperature: float = 0.0
+    """Softmax temperature; 0 is greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    n: int = 1
+    """Samples per problem; pass@k is reported for k up to n."""
+    max_new_tokens: int = 256
+    """Most tokens per completion."""
+    stop: list[str] = dataclasses.field(default_factory=list)
+    """Stop strings."""
+
+    def __post_init__(self):
+        if not self.name or "/" in self.name:
+            raise ConfigValueError("name", "must be a non-empty name without '/'")
+        if self.n < 1:
+            raise ConfigValueError("n", "must be >= 1")
+        if self.temperature == 0.0 and self.n > 1:
+            raise ConfigValueError("n", "greedy decoding (temperature 0) gives n identical samples; use n=1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class BenchmarkConfig:
+    """One benchmark."""
+
+    name: str = ""
+    """Name used in file names and reports (default: the kind)."""
+    kind: str = "arithmetic"
+    """arithmetic (embedded held-out split), math (JSONL of {prompt, answer}) or code (needs the sandbox)."""
+    path: str = ""
+    """JSONL file for math and code benchmarks."""
+    num_problems: int = 0
+    """Problems to evaluate: arithmetic draws this many (0 means 200); file benchmarks take the first this many (0 = all)."""
+    digits: int = 2
+    """arithmetic: digits per operand."""
+    ops: str = "x"
+    """arithmetic: operations, e.g. x or +,-,x."""
+    verifier: str = ""
+    """Verifier name or module:function (default: arithmetic, math or code by kind)."""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigValueError("kind", f"must be one of {', '.join(KINDS)}")
+        if self.kind != "arithmetic" and not self.path:
+            raise ConfigValueError("path", f"a {self.kind} benchmark needs a JSONL path")
+        if self.num_problems < 0:
+            raise ConfigValueError("num_problems", "must be >= 0")
+        self.name = self.name or self.kind
+        if "/" in self.name:
+            raise ConfigValueError("name", "must not contain '/'")
+
+
+def _default_profiles() -> list[DecodingProfile]:
+    return [DecodingProfile(name="greedy"), DecodingProfile(name="sampled", temperature=1.0, n=8)]
+
+
+@dataclasses.dataclass(kw_only=True)
+class EvalConfig:
+    """`posttrain eval` configuration."""
+
+    model: str = ""
+    """Model folder, or a run directory (its newest checkpoints/step-N is used). Required."""
+    benchmarks: list[BenchmarkConfig] = dataclasses.field(default_factory=lambda: [BenchmarkConfig()])
+    """Benchmarks to run."""
+    profiles: list[DecodingProfile] = dataclasses.field(default_factory=_default_profiles)
+    """Decoding profiles; every benchmark runs under every profile."""
+    ks: list[int] = dataclasses.field(default_factory=list)
+    """k values for pass@k (empty: 1, 2, 4, ... up to n, and n)."""
+    use_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template (False: plain text, prompt then newline)."""
+    thinking: bool | None = None
+    """Chat template enable_thinking: true, false, or null for the template's default."""
+    out_dir: str = ""
+    """Where eval.json and samples/ go. Required."""
+    label: str = ""
+    """Label stored with the results (e.g. before / after) to tell evaluations apart in reports."""
+    device: str = "cpu"
+    """torch device for generation."""
+    dtype: str = "float32"
+    """Generation dtype: float32, bfloat16 or float16."""
+    chunk_problems: int = 32
+    """Problems per generate call; also how often samples are saved (the unit of resumption)."""
+    seed: int = 0
+    """Sampling seed (also picks the arithmetic problems)."""
+
+    def __post_init__(self):
+        if not self.out_dir:
+            raise ConfigValueError("out_dir", "is required")
+        if self.chunk_problems < 1:
+            raise ConfigValueError("chunk_problems", "must be >= 1")
+        if any(k < 1 for k in self.ks):
+            raise ConfigValueError("ks", "every k must be >= 1")
+        if self.thinking is not None and not self.use_chat_template:
+            raise ConfigValueError("thinking", "needs use_chat_template=true")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigValueError("dtype", "must be float32, bfloat16 or float16")
+        names = [b.name for b in self.benchmarks]
+        if len(set(names)) != len(names):
+            raise ConfigValueError("benchmarks", f"names must be distinct, got {names}")
+        if len({p.name for p in self.profiles}) != len(self.profiles):
+            raise ConfigValueError("profiles", "names must be distinct")
+        for p in self.profiles:
+            if self.ks and max(self.ks) > p.n:
+                raise ConfigValueError("ks", f"k={max(self.ks)} exceeds n={p.n} of profile {p.name!r}")
+
+
+def resolve_model(path: str) -> tuple[str, int | None]:
+    """(model folder, training step or None): a run directory resolves to its newest checkpoint."""
+    if not path:
+        raise UserError("model: no model given (set model=FOLDER or a run directory)")
+    p = Path(path)
+    if (p / "config.json").is_file():
+        step = int(p.name[5:]) if p.name.startswith("step-") and p.name[5:].isdigit() else None
+        return str(p), step
+    steps = sorted((int(c.name[5:]), c) for c in (p / "checkpoints").glob("step-*")
+                   if c.name[5:].isdigit() and (c / "config.json").is_file())
+    if not steps:
+        what = "does not exist" if not p.exists() else "has no config.json and no checkpoints/step-N/"
+        raise UserError(f"model={path}: {what}")
+    return str(steps[-1][1]), steps[-1][0]
+
+
+def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
+    """The benchmark's examples as dicts with a unique ``id``, a ``prompt`` and what its verifier needs."""
+    if bench.kind == "code" and importlib.util.find_spec("posttrain.verifiers.code") is None:
+        raise UserError(f"benchmarks.{bench.name}: benchmark kind 'code' needs the sandbox module "
+                        "(posttrain.verifiers.code is not installed here)")
+    if bench.kind == "arithmetic":
+        from posttrain.tasks.arithmetic import parse_ops, prompt_record, sample_problems
+
+        try:
+            problems = sample_problems(bench.num_problems or 200, split="eval", digits=bench.digits,
+                                       ops=parse_ops(bench.ops), seed=seed)
+        except ValueError as e:
+            raise UserError(f"benchmarks.{bench.name}: {e}") from None
+        return [{"id": p.prompt, **prompt_record(p)} for p in problems]
+    from posttrain.data.records import load_records_with_location
+
+    rows = load_records_with_location(bench.path)
+    if bench.num_problems:
+        rows = rows[:bench.num_problems]
+    out, seen = [], set()
+    for where, row in rows:
+        if "prompt" not in row or (bench.kind == "math" and "answer" not in row):
+            raise UserError(f"{where}: a {bench.kind} problem needs 'prompt'" + (" and 'answer'" if bench.kind == "math" else ""))
+        pid = str(row.get("task_id", row.get("id", where.rsplit(":", 1)[-1])))
+        if pid in seen:
+            raise UserError(f"{where}: duplicate problem id {pid!r}")
+        seen.add(pid)
+        out.append({**row, "id": pid, "answer": None if row.get("answer") is None else str(row["answer"])})
+    if not out:
+        raise UserError(f"{bench.path}: no problems")
+    return out
+
+
+def encode(tokenizer, prompt, cfg: EvalConfig) -> list[int]:
+    """Prompt token ids, rendered as training renders them, with ``enable_thinking`` when set."""
+    from posttrain.data.chat import as_messages, encode_prompt
+
+    if cfg.thinking is None:
+        return encode_prompt(tokenizer, prompt, cfg.use_chat_template)
+    text = tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=cfg.thinking)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _chunk_seed(seed: int, first_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{first_id}".encode()).digest()[:4], "big")
+
+
+def run_chunk(engine, tokenizer, verifier, problems: list[dict], profile: DecodingProfile,
+              cfg: EvalConfig) -> list[SampleRecord]:
+    """Generate ``profile.n`` samples for each problem and judge them."""
+    from posttrain.rollout import SamplingParams
+    from posttrain.verifiers import score_batch
+
+    sampling = SamplingParams(temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k,
+                              max_new_tokens=profile.max_new_tokens, stop=list(profile.stop),
+                              seed=_chunk_seed(cfg.seed, problems[0]["id"]))
+    ro = engine.generate([encode(tokenizer, p["prompt"], cfg) for p in problems], profile.n, sampling)
+    texts = ro.completion_texts(tokenizer)
+    examples = [problems[i] for i in ro.prompt_idx]
+    outcomes = score_batch(verifier, texts, examples)
+    seen: dict[str, int] = {}
+    records = []
+    for ex, text, ids, finish, o in zip(examples, texts, ro.completion_ids, ro.finish_reason, outcomes):
+        index = seen[ex["id"]] = seen.get(ex["id"], -1) + 1
+        records.append(SampleRecord(problem_id=ex["id"], sample_index=index, completion=text,
+                                    outcome=o.cls.value, reason=o.reason, reward=o.reward,
+                                    completion_tokens=len(ids), finish_reason=finish))
+    return records
+
+
+def last_n_per_problem(samples: Sequence[SampleRecord], n: int) -> tuple[list[SampleRecord], set[str]]:
+    """The last n samples of each problem that has at least n, and the ids of those problems."""
+    by_id: dict[str, list[SampleRecord]] = {}
+    for s in samples:
+        by_id.setdefault(s.problem_id, []).append(s)
+    done = {pid for pid, group in by_id.items() if len(group) >= n}
+    return [s for pid, group in by_id.items() if pid in done for s in group[-n:]], done
+
+
+def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: bool = True) -> list[EvalResult]:
+    """Run every benchmark under every profile; write ``eval.json`` and samples; return the results.
+
+    ``engine`` / ``tokenizer`` may be passed in (tests, the RL loop); by default they are loaded
+    from ``cfg.model``."""
+    from posttrain.verifiers import resolve_verifier
+
+    model_path, step = resolve_model(cfg.model) if engine is None else (cfg.model, None)
+    benches = [(b, load_problems(b, cfg.seed), resolve_verifier(b.verifier or DEFAULT_VERIFIER[b.kind]))
+               for b in cfg.benchmarks]
+    if engine is None:
+        engine, tokenizer = _load_engine(model_path, cfg)
+    out = Path(cfg.out_dir)
+    results: list[EvalResult] = []
+    total = sum(len(problems) for _, problems, _ in benches) * len(cfg.profiles)
+    with _progress(show_progress) as progress:
+        task = progress.add_task("eval", total=total)
+        for bench, problems, verifier in benches:
+            for profile in cfg.profiles:
+                path = out / "samples" / f"{bench.name}.{profile.name}.jsonl"
+                _, done = last_n_per_problem(read_samples(path, repair=True), profile.n)
+                progress.update(task, advance=sum(p["id"] in done for p in problems),
+                                description=f"{bench.name} · {profile.name}")
+                todo = [p for p in problems if p["id"] not in done]
+                for start in range(0, len(todo), cfg.chunk_problems):
+                    chunk = todo[start:start + cfg.chunk_problems]
+                    append_samples(path, run_chunk(engine, tokenizer, verifier, chunk, profile, cfg))
+                    progress.update(task, advance=len(chunk))
+                samples, _ = last_n_per_problem(read_samples(path), profile.n)
+                ids = {p["id"] for p in problems}
+                results.append(summarize(
+                    [s for s in samples if s.problem_id in ids], benchmark=bench.name, profile=profile.name,
+                    model=model_path, ks=cfg.ks or None, label=cfg.label, step=step, seed=cfg.seed,
+                    sampling={**dataclasses.asdict(profile), "thinking": cfg.thinking,
+                              "use_chat_template": cfg.use_chat_template}))
+                write_eval_json(out / "eval.json", results)
+    return results
+
+
+def _load_engine(model_path: str, cfg: EvalConfig):
+    import torch
+
+    from posttrain.models.hf import load_tokenizer, quiet_transformers, resolve_device
+    from posttrain.rollout import TorchEngine
+
+    quiet_transformers()
+    tokenizer = load_tokenizer(model_path)
+    engine = TorchEngine(model_path, tokenizer=tokenizer, device=resolve_device(cfg.device),
+                         dtype=getattr(torch, cfg.dtype))
+    return engine, tokenizer
+
+
+def _progress(show: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    disable=not show, transient=False)
