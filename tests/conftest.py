@@ -16,9 +16,9 @@ def nano_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def arith_data_dir(tmp_path_factory):
-    """Arithmetic SFT/RL records (reasoning traces, 1-digit × 1-digit is too easy; 2 × 1 digits)."""
+    """Arithmetic SFT/RL records (2-digit × 2-digit, reasoning traces)."""
     from posttrain.tasks.arithmetic import write_arithmetic
 
     out = tmp_path_factory.mktemp("arith")
-    write_arithmetic(out, digits=(2, 1), ops=("×",), n_train=400, n_eval=50, fmt="trace", seed=0)
+    write_arithmetic(out, digits=2, ops="x", n_train=400, n_eval=50, fmt="trace", seed=0)
     return out
