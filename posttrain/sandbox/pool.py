@@ -1,0 +1,236 @@
+"""A pool of warm sandboxes: concurrency, retries, canaries, a circuit breaker, an async API.
+
+- One thread per sandbox pulls jobs from a bounded queue; ``submit`` blocks when the queue is
+  full (back-pressure), so a fast producer cannot pile up unbounded work.
+- A run that hits a machinery failure (:class:`WorkerError`: the sandbox died, gave no answer,
+  could not fork) is counted, the sandbox is replaced, and the job is retried up to
+  ``max_retries`` times; only then is it INFRA_FAIL. It is never scored as a wrong answer.
+- Canaries (a known pass, a wrong answer, a timeout, a memory hog) run on every sandbox when it
+  starts and every ``canary_every`` programs; a sandbox that gets one wrong is replaced.
+- The circuit breaker looks at the last ``breaker_window`` attempts; when more than
+  ``breaker_threshold`` of them were machinery failures it trips, and every pending and later
+  job raises :class:`CircuitOpen` with the reason: a broken host must stop the run, not feed it
+  noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import queue
+import sys
+import threading
+
+from posttrain.outcome import Outcome
+from posttrain.sandbox.worker import SandboxConfig, Worker, WorkerError, probe
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot run the sandbox (no bubblewrap, not root)."""
+
+
+class CircuitOpen(RuntimeError):
+    """Too many infrastructure failures: the run must stop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One program to judge. Function-call form: ``entry_point`` + ``tests`` (defining
+    ``check(candidate)``) + optional trusted ``prelude``. Stdin/stdout form: ``io`` pairs."""
+
+    program: str
+    entry_point: str = ""
+    tests: str = ""
+    prelude: str = ""
+    io: tuple[tuple[str, str], ...] = ()
+    timeout_s: float | None = None
+
+    def request(self, cfg: SandboxConfig) -> dict:
+        req = {"program": self.program, "timeout_s": self.timeout_s or cfg.timeout_s,
+               "output_limit": cfg.output_limit}
+        if self.io:
+            return {**req, "mode": "io", "stdins": [i for i, _ in self.io]}
+        return {**req, "mode": "func", "entry_point": self.entry_point, "tests": self.tests,
+                "prelude": self.prelude}
+
+    def outcome(self, reply: dict) -> Outcome:
+        """Turn the sandbox's reply into an Outcome; stdout is compared here, on the host."""
+        if not self.io:
+            return Outcome(_CLS[reply["cls"]], 1.0 if reply["cls"] == "PASS" else 0.0,
+                           reply["reason"], reply["detail"])
+        for k, case in enumerate(reply["cases"]):
+            if case["status"] != "ok":
+                return Outcome.model_fail(case["status"], detail=f"case {k}: {case['stderr'][-200:]}")
+            if normalize_output(case["stdout"]) != normalize_output(self.io[k][1]):
+                return Outcome.model_fail("wrong_answer", detail=f"case {k}: output differs")
+        return Outcome.passed(detail=f"{len(self.io)} cases")
+
+
+def normalize_output(text: str) -> str:
+    """Compare outputs ignoring trailing spaces on lines and trailing blank lines."""
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+from posttrain.outcome import OutcomeClass  # noqa: E402
+
+_CLS = {c.value: c for c in OutcomeClass}
+
+CANARIES: list[tuple[str, Job, tuple[str, str]]] = [
+    ("pass", Job("def f(x):\n    return x + 1\n", "f", "def check(c):\n    assert c(1) == 2\n"),
+     ("PASS", "")),
+    ("wrong", Job("def f(x):\n    return x\n", "f", "def check(c):\n    assert c(1) == 2\n"),
+     ("MODEL_FAIL", "wrong_answer")),
+    ("timeout", Job("def f(x):\n    while True:\n        pass\n", "f",
+                    "def check(c):\n    assert c(1) == 2\n", timeout_s=0.3), ("MODEL_FAIL", "timeout")),
+    ("memory", Job("def f(x):\n    return len(bytearray(1 << 40))\n", "f",
+                   "def check(c):\n    assert c(1) == 2\n"), ("MODEL_FAIL", "memory")),
+]
+
+
+class SandboxPool:
+    """Judge programs in parallel sandboxes. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, cfg: SandboxConfig | None = None):
+        self.cfg = cfg or SandboxConfig()
+        self.info = probe()
+        if not self.info["bwrap"] or not self.info["root"]:
+            raise SandboxUnavailable("the code sandbox needs bubblewrap and root; missing: "
+                                     + ", ".join(self.info["missing"]))
+        self.missing = list(self.info["missing"])
+        if self.missing:
+            print("posttrain sandbox: WARNING: weaker isolation on this machine, missing: "
+                  + "; ".join(self.missing), file=sys.stderr)
+        self.stats = collections.Counter()
+        self._lock = threading.Lock()
+        self._recent: collections.deque[bool] = collections.deque(maxlen=self.cfg.breaker_window)
+        self.tripped: str | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=self.cfg.queue_size)
+        self._uid_base = 100000 + (os.getpid() % 100000) * 64
+        self.workers: list[Worker | None] = [None] * self.cfg.n_workers
+        self._threads = [threading.Thread(target=self._loop, args=(slot,), daemon=True,
+                                          name=f"sandbox-{slot}") for slot in range(self.cfg.n_workers)]
+        for t in self._threads:
+            t.start()
+
+    # -------------------------------------------------------------------------- public API
+    def submit(self, job: Job) -> concurrent.futures.Future:
+        """Queue one job; blocks while the queue is full. The future's result is an Outcome."""
+        if self.tripped:
+            raise CircuitOpen(self.tripped)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((job, fut))
+        return fut
+
+    def run(self, jobs: list[Job]) -> list[Outcome]:
+        """Judge a batch; outcomes in the order of ``jobs``. Raises CircuitOpen if it trips."""
+        futures = []
+        for job in jobs:
+            futures.append(self.submit(job))
+        return [f.result() for f in futures]
+
+    async def run_async(self, jobs: list[Job]) -> list[Outcome]:
+        """The same as :meth:`run` without blocking the event loop."""
+        return await asyncio.to_thread(self.run, jobs)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------------- internals
+    def _loop(self, slot: int) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            job, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                if self.tripped:
+                    raise CircuitOpen(self.tripped)
+                fut.set_result(self._judge(slot, job))
+            except BaseException as e:  # the future carries it to the caller
+                fut.set_exception(e)
+        self._drop(slot)
+
+    def _judge(self, slot: int, job: Job) -> Outcome:
+        last = ""
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                worker = self._ready_worker(slot)
+                outcome = job.outcome(worker.run(job.request(self.cfg)))
+            except WorkerError as e:
+                last = str(e)
+                self._drop(slot)
+                self._record(failed=True, what="infra_errors")
+                if attempt < self.cfg.max_retries:
+                    self._count("retries")
+                continue
+            self._record(failed=False, what="programs")
+            return self._note(outcome)
+        self._count("infra_fail")
+        return self._note(Outcome.infra_fail("sandbox", f"after {self.cfg.max_retries + 1} tries: {last}"))
+
+    def _note(self, outcome: Outcome) -> Outcome:
+        """Every outcome names the isolation this machine lacks, so it is never silently weaker."""
+        if not self.missing:
+            return outcome
+        return dataclasses.replace(outcome, detail=f"{outcome.detail} [isolation missing: "
+                                   + "; ".join(self.missing) + "]")
+
+    def _ready_worker(self, slot: int) -> Worker:
+        w = self.workers[slot]
+        if w is not None and w.programs >= self.cfg.recycle_after:
+            self._drop(slot)
+            self._count("recycled")
+            w = None
+        if w is None:
+            w = Worker(self.cfg, slot, self._uid_base, self.info)
+            self.workers[slot] = w
+            self._count("started")
+            self._canaries(slot, w)
+        elif self.cfg.canary_every and w.programs and w.programs % self.cfg.canary_every == 0:
+            self._canaries(slot, w)
+        return w
+
+    def _canaries(self, slot: int, w: Worker) -> None:
+        """Raise WorkerError (so the worker is replaced) if any canary gets the wrong verdict."""
+        for name, job, (cls, reason) in CANARIES:
+            got = job.outcome(w.run(job.request(self.cfg)))
+            w.programs -= 1  # canaries do not count towards recycling or the next canary round
+            if (got.cls.value, got.reason) != (cls, reason):
+                self._count("canary_failures")
+                raise WorkerError(f"canary {name!r} gave {got.cls.value}/{got.reason}, "
+                                  f"expected {cls}/{reason}")
+        self._count("canary_rounds")
+
+    def _drop(self, slot: int) -> None:
+        w, self.workers[slot] = self.workers[slot], None
+        if w is not None:
+            w.close()
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+
+    def _record(self, failed: bool, what: str) -> None:
+        with self._lock:
+            self.stats[what] += 1
+            self._recent.append(failed)
+            n = len(self._recent)
+            bad = sum(self._recent)
+            if n >= min(10, self.cfg.breaker_window) and bad / n > self.cfg.breaker_threshold:
+                self.tripped = (f"sandbox circuit breaker open: {bad} of the last {n} runs failed "
+                                f"in the machinery (threshold {self.cfg.breaker_threshold:.0%}); "
+                                "check bubblewrap, cgroups and host load")

