@@ -19,10 +19,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("posttrain.models.tiny_cli", "build the embedded tiny Llama model and tokenizer"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
-    "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family)"),
+    "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family, PPO)"),
+    "rm": ("posttrain.train.rm_cli", "reward model on pairwise preferences (Bradley-Terry)"),
+    "dpo": ("posttrain.train.dpo_cli", "direct preference optimisation against a frozen reference"),
+    "distill": ("posttrain.train.distill_cli", "on-policy distillation from a frozen teacher"),
+    "study": ("posttrain.study.cli", "studies: `study compare` runs SFT vs RLVR vs distillation"),
     "eval": ("posttrain.eval.eval_cli", "pass@k of a model on benchmarks (resumable)"),
     "report": ("posttrain.eval.report_cli", "self-contained HTML report of run directories"),
     "decontam": ("posttrain.eval.decontam_cli", "drop training records sharing n-grams with benchmarks"),
+    "sandbox": ("posttrain.sandbox.cli", "judge programs in the isolated sandbox; audit code datasets"),
     "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
 }
 
