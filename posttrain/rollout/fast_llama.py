@@ -53,14 +53,17 @@ def supports(model) -> bool:
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
+    if dtype == torch.float32:  # the fused kernel; same result as below when no cast is involved
+        return F.rms_norm(x, weight.shape, weight, eps)
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as ``x*cos + rotate_half(x)*sin`` with rotate_half(x) = roll(x, half) * [-1, +1]; the sign
+    is folded into ``signed_sin`` (exact: negation commutes with the product)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def _cat_bias(*linears) -> torch.Tensor | None:
@@ -116,7 +119,9 @@ class FastLlamaDecoder:
         freqs = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         dtype = self.embed.dtype
-        return (emb.cos() * self.rope_scaling).to(dtype), (emb.sin() * self.rope_scaling).to(dtype)
+        cos, sin = (emb.cos() * self.rope_scaling).to(dtype), (emb.sin() * self.rope_scaling).to(dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     def _attend(self, q_BHQD, K_BKTD, V_BKTD, bias_BQT) -> torch.Tensor:
         """Grouped-query attention without repeating K/V; returns (B, Q, H*D)."""
@@ -132,18 +137,16 @@ class FastLlamaDecoder:
     def _layers(self, h_BQE, cos_BQD, sin_BQD, bias_BQT, write) -> torch.Tensor:
         """Run all decoder layers; ``write(l, k, v)`` stores K/V and returns what to attend over."""
         B, Q, _ = h_BQE.shape
-        nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        cos, sin = cos_BQD[:, None], sin_BQD[:, None]
+        H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        cos, sin = cos_BQD[:, :, None], sin_BQD[:, :, None]
         for l, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, bgu, wd, bd) in enumerate(self.layers):
-            qkv = F.linear(_rms_norm(h_BQE, ln1, self.eps), wqkv, bqkv)
-            q = qkv[..., :nq].view(B, Q, self.n_heads, self.head_dim).transpose(1, 2)
-            k = qkv[..., nq : nq + nk].view(B, Q, self.n_kv, self.head_dim).transpose(1, 2)
-            v = qkv[..., nq + nk :].view(B, Q, self.n_kv, self.head_dim).transpose(1, 2)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            K, V = write(l, k, v)
+            qkv = F.linear(_rms_norm(h_BQE, ln1, self.eps), wqkv, bqkv).view(B, Q, H + 2 * KV, D)
+            qk = _rotate(qkv[:, :, : H + KV], cos, sin)  # q and k heads rotated in one go
+            q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+            K, V = write(l, k, qkv[:, :, H + KV :].transpose(1, 2))
             h_BQE = h_BQE + F.linear(self._attend(q, K, V, bias_BQT), wo, bo)
             gate, up = F.linear(_rms_norm(h_BQE, ln2, self.eps), wgu, bgu).chunk(2, dim=-1)
-            h_BQE = h_BQE + F.linear(F.silu(gate) * up, wd, bd)
+            h_BQE += F.linear(F.silu(gate).mul_(up), wd, bd)
         return h_BQE
 
     def _logits(self, h_BE: torch.Tensor) -> torch.Tensor:

@@ -120,8 +120,7 @@ class SFTTrainer:
     def _batch_nll(self, batch):
         b = batch.to(self.device) if hasattr(batch, "to") else batch
         with autocast(self.precision, self.device):
-            out = self.model(input_ids=b.input_ids_BT, position_ids=b.position_ids_BT,
-                             attention_mask=b.attention_mask_BT)
+            out = self.model(**b.model_inputs())
         mask_BT = b.labels_BT != -100
         return sft_token_nll(out.logits.float(), b.labels_BT, mask_BT), mask_BT
 
@@ -155,10 +154,11 @@ class SFTTrainer:
 class BatchStream:
     """Micro-batch ``i`` of the run, across epochs, as a pure function of (seed, i)."""
 
-    def __init__(self, examples, *, pack: bool, tokens_per_batch: int, seq_len: int, seed: int):
+    def __init__(self, examples, *, pack: bool, tokens_per_batch: int, seq_len: int, seed: int, pad_id: int):
         from posttrain.data.packing import plan_batches
 
         self.examples, self.pack, self.seq_len, self.seed = examples, pack, seq_len, seed
+        self.pad_id = pad_id
         self.tokens_per_batch = tokens_per_batch
         self._plan = lambda epoch: plan_batches([len(e) for e in examples], tokens_per_batch=tokens_per_batch,
                                                 pack=pack, seed=seed, epoch=epoch)
@@ -176,12 +176,14 @@ class BatchStream:
         while i >= len(self._epoch(epoch)):
             i -= len(self._epoch(epoch))
             epoch += 1
-        return collate(self.examples, self._epoch(epoch)[i], pack=self.pack, seq_len=self.seq_len)
+        return collate(self.examples, self._epoch(epoch)[i], pack=self.pack, seq_len=self.seq_len,
+                       pad_id=self.pad_id)
 
     def all_batches(self):
         from posttrain.data.packing import collate
 
-        return [collate(self.examples, idx, pack=self.pack, seq_len=self.seq_len) for idx in self._epoch(0)]
+        return [collate(self.examples, idx, pack=self.pack, seq_len=self.seq_len, pad_id=self.pad_id)
+                for idx in self._epoch(0)]
 
 
 def load_sft_data(cfg: SFTDataConfig, tokenizer, path: str):
@@ -221,9 +223,9 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
                          grad_clip=cfg.optim.grad_clip, precision=cfg.precision)
     seq_len = cfg.data.max_len
     stream = BatchStream(train, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
-                         seq_len=seq_len, seed=cfg.seed)
+                         seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id)
     eval_batches = BatchStream(held_out, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
-                               seq_len=seq_len, seed=cfg.seed).all_batches() if held_out else []
+                               seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id).all_batches() if held_out else []
     run_dir = Path(cfg.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start = _maybe_resume(cfg, run_dir, trainer, printer)
