@@ -117,7 +117,8 @@ class SandboxPool:
 
     # -------------------------------------------------------------------------- public API
     def submit(self, job: Job) -> concurrent.futures.Future:
-        """Queue one job; blocks while the queue is full. The future's result is an Outcome."""
+        """Queue one job; blocks while the queue is full. The future's result is
+        ``(Outcome, time_s)``."""
         if self.tripped:
             raise CircuitOpen(self.tripped)
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -126,6 +127,10 @@ class SandboxPool:
 
     def run(self, jobs: list[Job]) -> list[Outcome]:
         """Judge a batch; outcomes in the order of ``jobs``. Raises CircuitOpen if it trips."""
+        return [outcome for outcome, _ in self.run_timed(jobs)]
+
+    def run_timed(self, jobs: list[Job]) -> list[tuple[Outcome, float]]:
+        """Like :meth:`run`, with each program's time inside the sandbox in seconds."""
         futures = []
         for job in jobs:
             futures.append(self.submit(job))
@@ -164,12 +169,13 @@ class SandboxPool:
                 fut.set_exception(e)
         self._drop(slot)
 
-    def _judge(self, slot: int, job: Job) -> Outcome:
+    def _judge(self, slot: int, job: Job) -> tuple[Outcome, float]:
         last = ""
         for attempt in range(self.cfg.max_retries + 1):
             try:
                 worker = self._ready_worker(slot)
-                outcome = job.outcome(worker.run(job.request(self.cfg)))
+                reply = worker.run(job.request(self.cfg))
+                outcome = job.outcome(reply)
             except WorkerError as e:
                 last = str(e)
                 self._drop(slot)
@@ -178,9 +184,9 @@ class SandboxPool:
                     self._count("retries")
                 continue
             self._record(failed=False, what="programs")
-            return self._note(outcome)
+            return self._note(outcome), float(reply["time_s"])
         self._count("infra_fail")
-        return self._note(Outcome.infra_fail("sandbox", f"after {self.cfg.max_retries + 1} tries: {last}"))
+        return self._note(Outcome.infra_fail("sandbox", f"after {self.cfg.max_retries + 1} tries: {last}")), 0.0
 
     def _note(self, outcome: Outcome) -> Outcome:
         """Every outcome names the isolation this machine lacks, so it is never silently weaker."""

@@ -601,6 +601,8 @@ def main(argv: list[str]) -> None:
     os.dup2(null, 0), os.dup2(null, 1)
     state = {"cand": _Cand(cfg)}
     while True:
+        while not select.select([inp], [], [], 0.05)[0]:
+            _reap()  # while idle, collect the last program's dying processes (off the critical path)
         req = read_frame(inp)
         if req is None:
             return
