@@ -8,13 +8,12 @@
 6. evaluate again, print a before/after table, write ``summary.json`` and ``report.html``.
 
 Everything lands in one run directory (``--out``): ``model/``, ``data/``, ``sft/``, ``rl/``,
-``evals/{before,after}.json``, ``summary.json``, ``report.html``.
+``evals/{before,after}/eval.json``, ``summary.json``, ``report.html``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -42,14 +41,14 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
-    p = PROFILES[args.profile]
+    p = PROFILES[args.profile] | {"progress": not args.no_progress}
     out = Path(args.out)
     t0 = time.perf_counter()
     paths = prepare(out, p, args.seed)
     sft_ckpt = stage_sft(out, p, paths, args)
-    before = evaluate_checkpoint(sft_ckpt, paths["prompts_eval"], p, args.seed)
+    before = evaluate_checkpoint(sft_ckpt, out, "before", p, args.seed)
     rl_ckpt = stage_rl(out, p, paths, sft_ckpt, args)
-    after = evaluate_checkpoint(rl_ckpt, paths["prompts_eval"], p, args.seed)
+    after = evaluate_checkpoint(rl_ckpt, out, "after", p, args.seed)
     summary = finish(out, before, after, time.perf_counter() - t0)
     print_table(summary)
     return 0
@@ -97,38 +96,26 @@ def stage_rl(out: Path, p: dict, paths: dict, sft_ckpt: str, args) -> str:
     return str(latest_checkpoint(out / "rl"))
 
 
-def evaluate_checkpoint(ckpt: str, prompts_path: str, p: dict, seed: int) -> dict:
-    """Held-out pass@k of a checkpoint: greedy (n=1) and sampled at T=1 (n=eval_samples)."""
-    from posttrain.models.hf import load_tokenizer
-    from posttrain.rl.evaluate import evaluate
-    from posttrain.rl.loop import encode_prompts, load_prompt_records
-    from posttrain.rollout import SamplingParams, TorchEngine
-    from posttrain.verifiers import build_reward
+def evaluate_checkpoint(ckpt: str, out: Path, label: str, p: dict, seed: int) -> dict:
+    """Held-out pass@k of a checkpoint with `posttrain eval`'s runner: greedy (n=1) and sampled at
+    T=1 (n=eval_samples). The same numbers come from ``posttrain eval`` with ``evals/LABEL/config.yaml``."""
+    from posttrain.config import save_config
+    from posttrain.eval.runner import BenchmarkConfig, DecodingProfile, EvalConfig, run_eval
 
-    tokenizer = load_tokenizer(ckpt)
-    engine = TorchEngine(ckpt, tokenizer=tokenizer)
-    examples = load_prompt_records(prompts_path)
-    prompts = encode_prompts(tokenizer, examples, True)
-    verifier = build_reward("arithmetic")
-    results = {}
-    for profile, temp, n in (("greedy", 0.0, 1), ("sampled", 1.0, p["eval_samples"])):
-        s = evaluate(engine, prompts, examples, verifier, profile=profile, n=n, seed=seed,
-                     sampling=SamplingParams(temperature=temp, max_new_tokens=64))
-        results[profile] = dataclasses.asdict(s)
-    return {"checkpoint": ckpt, "profiles": results}
+    print(f"[demo] held-out eval ({label}): {p['n_eval']} problems, greedy and {p['eval_samples']} samples at T=1")
+    cfg = EvalConfig(
+        model=ckpt, label=label, seed=seed, out_dir=str(out / "evals" / label),
+        benchmarks=[BenchmarkConfig(kind="arithmetic", num_problems=p["n_eval"], digits=p["digits"], ops=p["ops"])],
+        profiles=[DecodingProfile(name="greedy", max_new_tokens=64),
+                  DecodingProfile(name="sampled", temperature=1.0, n=p["eval_samples"], max_new_tokens=64)])
+    results = run_eval(cfg, show_progress=p.get("progress", True))
+    save_config(cfg, out / "evals" / label / "config.yaml")
+    return {r.profile: {f"pass@{x.k}": x.mean for x in r.pass_at_k} for r in results}
 
 
 def finish(out: Path, before: dict, after: dict, seconds: float) -> dict:
-    evals = out / "evals"
-    evals.mkdir(parents=True, exist_ok=True)
-    (evals / "before.json").write_text(json.dumps(before, indent=1))
-    (evals / "after.json").write_text(json.dumps(after, indent=1))
-    rows = []
-    for profile in ("greedy", "sampled"):
-        for k in before["profiles"][profile]["pass_at_k"]:
-            b = before["profiles"][profile]["pass_at_k"][k]
-            a = after["profiles"][profile]["pass_at_k"][k]
-            rows.append({"metric": f"{profile} pass@{k}", "before": b, "after": a})
+    rows = [{"metric": f"{profile} {k}", "before": before[profile][k], "after": after[profile][k]}
+            for profile in ("greedy", "sampled") for k in before[profile]]
     summary = {"out_dir": str(out), "seconds": seconds, "table": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     write_report(out)
@@ -136,10 +123,8 @@ def finish(out: Path, before: dict, after: dict, seconds: float) -> dict:
 
 
 def write_report(out: Path) -> None:
-    try:
-        from posttrain.eval.report import write_report as render
-    except ImportError:
-        return
+    from posttrain.eval.report import write_report as render
+
     render([out], out / "report.html")
     print(f"[demo] report: {out / 'report.html'}")
 
