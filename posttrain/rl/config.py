@@ -6,6 +6,8 @@ import dataclasses
 
 from posttrain.config import ConfigValueError
 from posttrain.models.hf import DTYPES, ModelConfig
+from posttrain.rl.async_.config import AsyncConfig
+from posttrain.rl.curriculum import CurriculumConfig
 from posttrain.tracking import LoggingConfig
 from posttrain.train.optim import OptimConfig
 
@@ -163,6 +165,16 @@ class RLConfig:
     """Run directory."""
     resume: bool = True
     """Continue from the last checkpoint in out_dir when there is one."""
+    mode: str = "sync"
+    """sync (generate, then train, in turn) or async (the engine generates ahead in its own process)."""
+    max_staleness: int = 1
+    """async: no trained sample is more than this many policy versions old (0 reproduces sync)."""
+    force_no_correction: bool = False
+    """async: allow correction.kind=none, i.e. train on stale samples without importance weights."""
+    asynchrony: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
+    """Engine process, timeouts, self-test and PPO anchoring of async mode."""
+    curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
+    """Pass-rate curriculum: favour prompts with intermediate pass rates, retire solved ones."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -178,6 +190,15 @@ class RLConfig:
                 raise ConfigValueError(key, "must be >= 1")
         if self.prompts_per_step * self.rollout.group_size % self.mini_batches:
             raise ConfigValueError("mini_batches", "must divide prompts_per_step * rollout.group_size")
+        if self.mode not in ("sync", "async"):
+            raise ConfigValueError("mode", "must be sync or async")
+        if self.max_staleness < 0:
+            raise ConfigValueError("max_staleness", "must be >= 0")
+        if self.mode == "async" and self.correction.kind == "none" and not self.force_no_correction:
+            raise ConfigValueError("correction.kind", "none is refused in async mode: samples up to "
+                                   "max_staleness versions old, from a sampler whose numerics differ from "
+                                   "the trainer's, need importance correction or runs silently diverge; "
+                                   "use truncated or masked, or set force_no_correction=true to accept that")
 
     @property
     def aggregation_mode(self) -> str:

@@ -1,0 +1,111 @@
+"""The messages between the trainer and a rollout-engine worker, and the interface a worker implements.
+
+Requests go trainer -> engine in one FIFO stream and are handled in order, so a generate request
+queued after the weights of version v is always served by version v or newer (the staleness bound
+rests on this). Replies go engine -> trainer; each names the request it answers.
+
+`EngineHandle` is the trainer's view of an engine: ``submit`` returns at once, ``poll`` collects
+finished generations, ``load_weights`` queues new weights and verifies their arrival when the
+engine acknowledges them. `posttrain.rl.async_.worker.ProcessEngine` implements it with a child
+process and pipes; `LocalEngine` in-process (tests, debugging); a Ray actor can implement the same
+five methods with ``actor.generate.remote`` and ``ray.wait``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import torch
+
+from posttrain.rollout.types import Rollouts, SamplingParams
+
+
+class EngineError(RuntimeError):
+    """The rollout engine failed in a way the run cannot hide (hang, death, refused weights)."""
+
+
+class EngineTimeout(EngineError):
+    """A wait on the engine process ran past ``asynchrony.timeout_s``."""
+
+
+class EngineDied(EngineError):
+    """The engine process died more often than ``asynchrony.max_engine_restarts`` allows."""
+
+
+# ------------------------------------------------------------------------------ trainer -> engine
+
+
+@dataclasses.dataclass
+class Generate:
+    rid: int
+    prompts: list[list[int]]
+    n: int
+    sampling: SamplingParams
+
+
+@dataclasses.dataclass
+class LoadWeights:
+    version: int
+    checksum: str
+    payload: bytes
+    """``torch.save`` of the state dict: a private copy, so the trainer may keep updating its own."""
+
+
+@dataclasses.dataclass
+class Shutdown:
+    pass
+
+
+# ------------------------------------------------------------------------------ engine -> trainer
+
+
+@dataclasses.dataclass
+class Ready:
+    version: int
+    pid: int
+
+
+@dataclasses.dataclass
+class Generated:
+    rid: int
+    rollouts: Rollouts
+    gen_s: float
+    """Seconds the engine spent generating this request."""
+    idle_s: float
+    """Engine seconds spent waiting for work, cumulative since it started."""
+
+
+@dataclasses.dataclass
+class WeightsLoaded:
+    version: int
+    engine_checksum: str
+    """Checksum of the engine's own tensors, read back after the copy (in the engine's dtype)."""
+
+
+@dataclasses.dataclass
+class Failed:
+    what: str
+    """"weights" or "generate"."""
+    message: str
+    rid: int = -1
+    version: int = -1
+
+
+class EngineHandle(Protocol):
+    """What the async controller needs from a rollout engine living elsewhere."""
+
+    version: int
+    """The newest weights version sent (what the next request will be served with, or newer)."""
+
+    def submit(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> int: ...
+
+    def poll(self, timeout: float) -> list[Generated]: ...
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None: ...
+
+    def wait_synced(self) -> None: ...
+
+    def close(self) -> None: ...
