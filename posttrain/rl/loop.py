@@ -28,7 +28,7 @@ from posttrain.rl.diagnostics import Watchdog, rollout_metrics
 from posttrain.rl.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import importance_weights, make_loss_fn
 from posttrain.rl.policy import Policy
-from posttrain.rl.prompts import PromptSource
+from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout import SamplingParams, TorchEngine, weights_checksum
 from posttrain.rollout.types import Rollouts
 from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
@@ -44,7 +44,7 @@ class RLRun:
     tokenizer: object
     policy: Policy
     engine: TorchEngine
-    source: PromptSource
+    source: CurriculumSource
     train_prompts: dict[int, list[int]]
     eval_examples: list[dict]
     eval_prompts: list[list[int]]
@@ -68,6 +68,7 @@ def generate_groups(run: RLRun, step: int, round_: int, k: int):
     seed = run.cfg.seed * 1_000_003 + step * 101 + round_
     ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
     outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx])
+    run.source.observe([i for i, _ in picked], outcomes, run.cfg.rollout.group_size)
     return ro, outcomes
 
 
@@ -136,9 +137,14 @@ def advantages(run: RLRun, batch: RLBatch) -> dict:
 
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
-    cfg = run.cfg
     with timer("rollout"):
         ro, outcomes, info = collect(run, step)
+    return learn(run, step, timer, ro, outcomes, info)
+
+
+def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
+    """Everything after generation, shared by sync and async: batch, log-probs, advantages, update, sync."""
+    cfg = run.cfg
     with timer("reward"):
         rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
         batch = build_batch(ro, rewards, [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
@@ -147,7 +153,9 @@ def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
     with timer("adv"):
         metrics |= advantages(run, batch)
         metrics |= importance_weights(batch, cfg.correction)
-    metrics |= rollout_metrics(ro, outcomes, info.pop("groups/zero_variance_frac")) | info
+        if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo:  # clip around the behaviour policy
+            batch.old_logp_BT, batch.is_weights_BT = batch.sampler_logp_BT, None
+    metrics |= rollout_metrics(ro, outcomes, info.pop("groups/zero_variance_frac")) | info | run.source.metrics()
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     if info.get("dynamic_sampling/starved"):
         return metrics | {"update/skipped": 1}
@@ -199,13 +207,15 @@ def setup(cfg: RLConfig) -> RLRun:
     policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),
                     temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
                     micro_batch_size=cfg.micro_batch_size, ref_model=ref)
-    engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=cfg.model.device,
-                         dtype=getattr(torch, cfg.rollout.engine_dtype))
-    if cfg.model.lora.enabled:
+    engine = None  # async: the engine runs in its own process, started by run_async
+    if cfg.mode == "sync":
+        engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=cfg.model.device,
+                             dtype=getattr(torch, cfg.rollout.engine_dtype))
+    if cfg.model.lora.enabled and engine is not None:
         sync_weights_to(engine, policy, version=0)
     train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
     return RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
-                 source=PromptSource(train_examples, cfg.seed), train_prompts=train_prompts,
+                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
                  eval_examples=eval_examples,
                  eval_prompts=encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
                  verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir))
@@ -216,10 +226,10 @@ def sync_weights_to(engine, policy: Policy, version: int) -> None:
     engine.load_weights(weights, version, weights_checksum(weights))
 
 
-def checkpoint(run: RLRun, step: int) -> Path:
+def checkpoint(run: RLRun, step: int, extra: dict | None = None) -> Path:
     state = {"step": step, "optimizer": run.policy.optimizer.state_dict(),
              "scheduler": run.policy.scheduler.state_dict(), "rng": rng_state(),
-             "prompts": run.source.state_dict(), "engine_version": run.engine.version}
+             "prompts": run.source.state_dict(), "engine_version": run.engine.version, **(extra or {})}
     return save_checkpoint(run.run_dir, step, run.policy.model, run.tokenizer, state, run.cfg.keep_last)
 
 
@@ -249,6 +259,10 @@ def held_out_eval(run: RLRun) -> dict:
 
 def run_rl(cfg: RLConfig, printer=print) -> dict:
     """Run (or resume) RL; returns the last step's metrics."""
+    if cfg.mode == "async":
+        from posttrain.rl.async_.run import run_async
+
+        return run_async(cfg, printer)
     run = setup(cfg)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     start = maybe_resume(run)

@@ -1,0 +1,155 @@
+"""Direct preference optimisation against a frozen reference (Rafailov et al. 2023).
+
+The loss is `posttrain.algos.dpo_loss` on summed reply log-probabilities: ``sigmoid`` (DPO),
+``sigmoid`` with ``label_smoothing`` > 0 (conservative DPO) or ``ipo``. With ``logp_mean`` the
+per-token mean replaces the sum (the IPO paper's length normalisation).
+
+The reference never changes, so its log-probabilities of every training and held-out pair are
+computed **once**, before the first step, in one pass without gradients, and kept as a (N, 2)
+tensor; training then runs only the policy. When ``ref_path`` is empty the reference is the
+starting policy itself (read before any update: a LoRA policy equals its base at init), so no
+second model is ever held in memory; otherwise the reference is loaded, scored and freed.
+A resumed run recomputes them from the reference (the policy's weights are restored afterwards).
+
+Metrics per step: ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margin``,
+``rewards/accuracy`` (implicit rewards β·(log π − log π_ref)), ``logps/chosen``,
+``logps/rejected``; the same under ``eval/`` on held-out pairs. At step 0 the policy is the
+reference, so every implicit reward is 0 and the loss is exactly log 2 (sigmoid, no smoothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from posttrain.algos import dpo_loss, token_logprobs
+from posttrain.config import ConfigValueError
+from posttrain.data.preference import PairBatch, PreferenceDataConfig, load_tokenized_pairs
+from posttrain.models.hf import ModelConfig, check_model_path, load_model, load_tokenizer, quiet_transformers
+from posttrain.tracking import LoggingConfig
+from posttrain.train.optim import OptimConfig, seed_everything
+from posttrain.train.pairwise import PairwiseRun, eval_in_batches, run_pairwise
+
+DPO_LOSSES = ("sigmoid", "ipo")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DPOConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy to train (LoRA or full); usually an SFT checkpoint."""
+    data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
+    """Training and held-out pairs."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=5))
+    """Optimizer and schedule."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Mirrors of metrics.jsonl."""
+    beta: float = 0.1
+    """Strength of the tie to the reference (higher = stay closer)."""
+    loss: str = "sigmoid"
+    """sigmoid (DPO; with label_smoothing > 0: conservative DPO) or ipo."""
+    label_smoothing: float = 0.0
+    """Assumed probability that a label is flipped, in [0, 0.5) (sigmoid only)."""
+    logp_mean: bool = False
+    """Use the per-token mean log-prob of each reply instead of the sum (IPO's length normalisation)."""
+    ref_path: str = ""
+    """Reference model folder; empty = the starting policy (model.path)."""
+    num_steps: int = 200
+    """Optimizer steps."""
+    batch_pairs: int = 16
+    """Pairs per optimizer step."""
+    micro_batch_pairs: int = 16
+    """Pairs per forward/backward (memory knob; does not change the math)."""
+    eval_every: int = 50
+    """Held-out preference metrics every N steps (and at step 0 and the end); 0 = start and end only."""
+    save_every: int = 100
+    """Checkpoint every N steps (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Checkpoints to keep."""
+    seed: int = 0
+    """Seed of the pair order."""
+    out_dir: str = "runs/dpo"
+    """Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/."""
+    resume: bool = True
+    """Continue from the last checkpoint in out_dir when there is one."""
+
+    def __post_init__(self):
+        for key in ("num_steps", "batch_pairs", "micro_batch_pairs"):
+            if getattr(self, key) < 1:
+                raise ConfigValueError(key, "must be >= 1")
+        if self.beta <= 0:
+            raise ConfigValueError("beta", "must be > 0")
+        if self.loss not in DPO_LOSSES:
+            raise ConfigValueError("loss", f"must be one of {', '.join(DPO_LOSSES)}")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ConfigValueError("label_smoothing", "must be in [0, 0.5)")
+        if self.loss == "ipo" and self.label_smoothing:
+            raise ConfigValueError("label_smoothing", "applies to loss=sigmoid only")
+
+
+def sequence_logps(model, batch: PairBatch, *, mean: bool = False) -> torch.Tensor:
+    """(2B,) log-probability of each row's reply (sum over reply tokens, or their mean)."""
+    device = next(model.parameters()).device
+    ids = batch.input_ids_BT.to(device)
+    logits = model(input_ids=ids, attention_mask=batch.attention_mask_BT.to(device), use_cache=False).logits
+    logp_BT = token_logprobs(logits[:, :-1], ids[:, 1:]).cpu()
+    mask = batch.mask_BT.float()
+    total = (logp_BT * mask).sum(1)
+    return total / mask.sum(1).clamp_min(1) if mean else total
+
+
+def reference_logps(model, pairs, *, batch_pairs: int, pad_id: int, mean: bool) -> torch.Tensor:
+    """(N, 2) reference log-probs [chosen, rejected] of every pair, in one pass without gradients."""
+    if not pairs:
+        return torch.zeros(0, 2)
+    model.eval()
+    parts = eval_in_batches(pairs, batch_pairs, pad_id, lambda b: sequence_logps(model, b, mean=mean).view(2, -1).T)
+    return torch.cat(parts)
+
+
+def pair_loss(cfg: DPOConfig, model, batch: PairBatch, ref_N2: torch.Tensor):
+    """Per-pair DPO loss and metrics of one batch (``ref_N2`` is indexed by the batch's pair ids)."""
+    logps = sequence_logps(model, batch, mean=cfg.logp_mean)
+    chosen_B, rejected_B = logps[: batch.num_pairs], logps[batch.num_pairs:]
+    ref_B2 = ref_N2[batch.pair_idx_B]
+    loss_B, metrics = dpo_loss(chosen_B, rejected_B, ref_B2[:, 0], ref_B2[:, 1], beta=cfg.beta,
+                               label_smoothing=cfg.label_smoothing, kind=cfg.loss)
+    metrics |= {"logps/chosen": chosen_B.detach().mean(), "logps/rejected": rejected_B.detach().mean()}
+    return loss_B, metrics
+
+
+def evaluate_dpo(cfg: DPOConfig, model, pairs, ref_N2: torch.Tensor, pad_id: int) -> dict:
+    """Held-out loss, implicit-reward accuracy and margin, and mean log-probs (pair-weighted)."""
+    if not pairs:
+        return {}
+    model.eval()
+    parts = eval_in_batches(pairs, cfg.micro_batch_pairs, pad_id,
+                            lambda b: (b.num_pairs, *pair_loss(cfg, model, b, ref_N2)))
+    n = sum(k for k, _, _ in parts)
+    out = {"eval/loss": sum(float(loss_B.sum()) for _, loss_B, _ in parts) / n}
+    for key in parts[0][2]:
+        out[f"eval/{key}"] = sum(float(m[key]) * k for k, _, m in parts) / n
+    return out
+
+
+def run_dpo(cfg: DPOConfig, printer=print) -> dict:
+    """Train (or resume) DPO; everything is checked before the run directory is made."""
+    quiet_transformers()
+    seed_everything(cfg.seed)
+    check_model_path(cfg.model.path)
+    if cfg.ref_path:
+        check_model_path(cfg.ref_path, "ref_path")
+    tokenizer = load_tokenizer(cfg.model.path)
+    pad = tokenizer.pad_token_id
+    train = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.path)
+    held_out = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_pairs] \
+        if cfg.data.eval_path else []
+    model = load_model(cfg.model)
+    ref = load_model(dataclasses.replace(cfg.model, path=cfg.ref_path), trainable=False) if cfg.ref_path else model
+    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.logp_mean)
+    ref_train, ref_eval = reference_logps(ref, train, **score), reference_logps(ref, held_out, **score)
+    del ref  # the reference is not needed again
+    run = PairwiseRun(cfg=cfg, model=model, tokenizer=tokenizer, train=train,
+                      loss_fn=lambda b: pair_loss(cfg, model, b, ref_train),
+                      eval_fn=lambda: evaluate_dpo(cfg, model, held_out, ref_eval, pad), name="dpo")
+    return run_pairwise(run, printer)
