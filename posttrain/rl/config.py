@@ -11,10 +11,10 @@ from posttrain.rl.curriculum import CurriculumConfig
 from posttrain.tracking import LoggingConfig
 from posttrain.train.optim import OptimConfig
 
-ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 # Each algorithm's default way of turning per-token losses into a scalar.
 DEFAULT_AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "seq_mean_token_sum_norm",
-                       "rloo": "token_mean", "reinforce_pp": "token_mean"}
+                       "rloo": "token_mean", "reinforce_pp": "token_mean", "ppo": "token_mean"}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -109,6 +109,41 @@ class DynamicSamplingConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class CriticConfig:
+    path: str = ""
+    """algorithm=ppo: value model folder (a causal LM, or a reward-model checkpoint whose head is
+    reused); empty = a copy of the starting policy with a fresh value head."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=0,
+                                                                               schedule="constant"))
+    """Optimizer of the critic."""
+    value_clip: float = 0.2
+    """Clip of the value update around the values at sampling time; 0 = no clipping."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE lambda (1 = Monte Carlo returns, 0 = one-step TD)."""
+    whiten_advantages: bool = True
+    """Normalise advantages to mean 0, std 1 over the step's tokens."""
+
+    def __post_init__(self):
+        for key in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigValueError(key, "must be in [0, 1]")
+        if self.value_clip < 0:
+            raise ConfigValueError("value_clip", "must be >= 0")
+
+
+@dataclasses.dataclass(kw_only=True)
+class RewardModelConfig:
+    path: str = ""
+    """algorithm=ppo: a `posttrain rm` checkpoint scoring each rollout; empty = the verifier is the reward."""
+    weight: float = 1.0
+    """Weight of the reward model's score in the training reward."""
+    verifier_weight: float = 0.0
+    """Weight of the verifier's reward next to the reward model's (it is logged as reward/gold either way)."""
+
+
+@dataclasses.dataclass(kw_only=True)
 class RLConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The policy to train (LoRA or full)."""
@@ -127,8 +162,12 @@ class RLConfig:
     """Skip zero-variance groups by over-sampling."""
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     """Mirrors of metrics.jsonl."""
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    """The learned value model of algorithm=ppo."""
+    reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)
+    """A learned reward model combined with the verifier (algorithm=ppo)."""
     algorithm: str = "grpo"
-    """Advantage estimator: grpo, dr_grpo, rloo or reinforce_pp."""
+    """Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, or ppo (GAE with a learned critic)."""
     policy_loss: str = "ppo_clip"
     """ppo_clip (clipped surrogate) or pg (plain policy gradient)."""
     aggregation: str = ""
@@ -178,8 +217,9 @@ class RLConfig:
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
-            raise ConfigValueError("algorithm", f"must be one of {', '.join(ALGORITHMS)} "
-                                   "(ppo with a critic is not available yet)")
+            raise ConfigValueError("algorithm", f"must be one of {', '.join(ALGORITHMS)}")
+        if self.reward_model.path and self.algorithm != "ppo":
+            raise ConfigValueError("reward_model.path", "a reward model is used by algorithm=ppo only")
         if self.policy_loss not in ("ppo_clip", "pg"):
             raise ConfigValueError("policy_loss", "must be ppo_clip or pg")
         if self.aggregation and self.aggregation not in DEFAULT_AGGREGATION.values():

@@ -52,6 +52,7 @@ class RLRun:
     loss_fn: object
     run_dir: Path
     start_step: int = 0
+    ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
 
 
 def sampling_params(cfg: RLConfig, seed: int) -> SamplingParams:
@@ -78,13 +79,18 @@ def group_rewards(outcomes: list[Outcome], num_prompts: int, group_size: int):
     return rewards, valid
 
 
+def zero_variance_groups(cfg: RLConfig, rewards, valid) -> torch.Tensor:
+    # Every group estimator flags equal-reward groups alike; ppo has no group estimator of its own.
+    return ADVANTAGES.get(cfg.algorithm, ADVANTAGES["grpo"])(rewards, valid)[1]["zero_variance_P"]
+
+
 def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
     """One generation round, or with dynamic sampling several, keeping informative groups only."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     want = cfg.prompts_per_step
     ro, outcomes = generate_groups(run, step, 0, want)
     rewards, valid = group_rewards(outcomes, want, G)
-    zv = ADVANTAGES[cfg.algorithm](rewards, valid)[1]["zero_variance_P"]
+    zv = zero_variance_groups(cfg, rewards, valid)
     info = {"groups/zero_variance_frac": float(zv.float().mean()), "dynamic_sampling/rounds": 1}
     if not cfg.dynamic_sampling.enabled:
         return ro, outcomes, info
@@ -93,7 +99,7 @@ def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
         if round_ > 0:
             ro, outcomes = generate_groups(run, step, round_, want)
             rewards, valid = group_rewards(outcomes, want, G)
-            zv = ADVANTAGES[cfg.algorithm](rewards, valid)[1]["zero_variance_P"]
+            zv = zero_variance_groups(cfg, rewards, valid)
         for p in torch.nonzero(~zv).flatten().tolist():
             if len(kept_ro) < want:
                 rows = list(range(p * G, (p + 1) * G))
@@ -144,6 +150,8 @@ def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
 
 def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
     """Everything after generation, shared by sync and async: batch, log-probs, advantages, update, sync."""
+    if run.ppo is not None:  # algorithm=ppo: token rewards, GAE with a learned critic
+        return run.ppo.learn(run, step, timer, ro, outcomes, info)
     cfg = run.cfg
     with timer("reward"):
         rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
@@ -214,11 +222,16 @@ def setup(cfg: RLConfig) -> RLRun:
     if cfg.model.lora.enabled and engine is not None:
         sync_weights_to(engine, policy, version=0)
     train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
-    return RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
-                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
-                 eval_examples=eval_examples,
-                 eval_prompts=encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
-                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir))
+    run = RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
+                source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
+                eval_examples=eval_examples,
+                eval_prompts=encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
+                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir))
+    if cfg.algorithm == "ppo":
+        from posttrain.rl.ppo import setup_ppo
+
+        run.ppo = setup_ppo(run)
+    return run
 
 
 def sync_weights_to(engine, policy: Policy, version: int) -> None:
@@ -230,7 +243,10 @@ def checkpoint(run: RLRun, step: int, extra: dict | None = None) -> Path:
     state = {"step": step, "optimizer": run.policy.optimizer.state_dict(),
              "scheduler": run.policy.scheduler.state_dict(), "rng": rng_state(),
              "prompts": run.source.state_dict(), "engine_version": run.engine.version, **(extra or {})}
-    return save_checkpoint(run.run_dir, step, run.policy.model, run.tokenizer, state, run.cfg.keep_last)
+    path = save_checkpoint(run.run_dir, step, run.policy.model, run.tokenizer, state, run.cfg.keep_last)
+    if run.ppo is not None:
+        run.ppo.save(path)
+    return path
 
 
 def maybe_resume(run: RLRun) -> int:
@@ -239,6 +255,8 @@ def maybe_resume(run: RLRun) -> int:
         return 0
     state = load_trainer_state(ckpt)
     restore_weights(run.policy.model, ckpt)
+    if run.ppo is not None:
+        run.ppo.load(ckpt)
     run.policy.optimizer.load_state_dict(state["optimizer"])
     run.policy.scheduler.load_state_dict(state["scheduler"])
     run.source.load_state_dict(state["prompts"])

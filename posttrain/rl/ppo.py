@@ -1,0 +1,267 @@
+"""PPO with a learned critic (RLHF; Ouyang et al. 2022, Stiennon et al. 2020), ``algorithm: ppo``.
+
+Four roles:
+
+- the **policy** (trainable; `posttrain.rl.policy.Policy`, as for the GRPO family);
+- the **critic** (trainable): a value per token from a token-classification head
+  (`posttrain.models.heads.load_value_model`), either on its own model (``critic.path``: any causal
+  LM, or a reward-model checkpoint whose head it reuses) or on a copy of the starting policy
+  (``critic.path`` empty). It has its own optimizer (``critic.optim``);
+- the **reward model** (frozen, optional): a `posttrain rm` checkpoint scoring each finished
+  rollout. It is combined with the verifier by weight:
+  ``reward = reward_model.weight · score + reward_model.verifier_weight · verifier``;
+- the **reference** (frozen): the `kl` section's reference, loaded by the loop.
+
+Frozen models run under ``no_grad`` with ``requires_grad`` off and own no optimizer state.
+
+One step: sample → verifier (gold) and reward model (proxy) → trainer and reference log-probs →
+critic values → token rewards ``r_t = -β·KL_t`` with the sequence reward added at the last token
+(``kl.mode=reward``, the classic form; ``kl.mode=loss`` puts the KL in the policy loss instead) →
+GAE (`posttrain.algos.gae`) → advantages whitened over the batch's tokens → ``ppo_epochs`` ×
+``mini_batches`` updates of both policy (clipped surrogate) and critic (clipped value loss).
+
+Over-optimisation: when a reward model is used, ``reward/proxy`` (its mean score) and
+``reward/gold`` (the verifier's mean reward) are logged every step next to ``kl/from_start``, the
+mean summed log-ratio of a rollout under the current policy vs the reference — KL from the start
+when the reference is the starting policy (``kl.ref_path`` empty), the x axis of Gao et al.
+2022's reward-model over-optimisation curves; the report plots gold and proxy against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from posttrain.algos import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, explained_variance, gae, value_loss
+from posttrain.algos._masked import masked_mean
+from posttrain.errors import UserError
+from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
+from posttrain.models.hf import save_pretrained
+from posttrain.outcome import Outcome
+from posttrain.rl.batch import RLBatch, build_batch
+from posttrain.rl.config import RLConfig
+from posttrain.rl.diagnostics import rollout_metrics
+from posttrain.rl.losses import importance_weights
+from posttrain.rl.loop import RLRun, sync_weights
+from posttrain.rollout.types import Rollouts
+from posttrain.train.checkpoint import restore_weights
+from posttrain.train.optim import build_optimizer, build_scheduler, clip_gradients
+
+
+@dataclasses.dataclass
+class PPOTargets:
+    """Per-token training targets of one step, all (N, L-1) and 0 off ``train_mask_BT``."""
+
+    adv_BT: torch.Tensor
+    returns_BT: torch.Tensor
+    old_values_BT: torch.Tensor
+
+
+class Critic:
+    """The value model, its optimizer and schedule; ``values`` is target-aligned like RLBatch."""
+
+    def __init__(self, model, optimizer, scheduler, grad_clip: float):
+        self.model, self.optimizer, self.scheduler, self.grad_clip = model, optimizer, scheduler, grad_clip
+
+    def forward(self, mb: RLBatch) -> torch.Tensor:
+        return token_values(self.model, mb.input_ids_BT, mb.attention_mask_BT, mb.position_ids_BT()).cpu()
+
+    @torch.no_grad()
+    def values(self, batch: RLBatch, micro_batch_size: int) -> torch.Tensor:
+        self.model.eval()
+        out = torch.zeros(batch.mask_BT.shape)
+        for start in range(0, len(batch), micro_batch_size):
+            idx = torch.arange(start, min(start + micro_batch_size, len(batch)))
+            v = self.forward(batch.select(idx))
+            out[idx, : v.shape[1]] = v
+        return out * batch.train_mask_BT
+
+    def step(self) -> float:
+        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+
+@dataclasses.dataclass
+class PPOState:
+    """What PPO adds to an `RLRun`; the loop calls ``learn`` (after generation), ``save`` and ``load``."""
+
+    critic: Critic
+    reward_model: torch.nn.Module | None
+
+    def learn(self, run: RLRun, step: int, timer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
+        return ppo_learn(run, step, timer, ro, outcomes, info)
+
+    def save(self, ckpt: Path) -> None:
+        save_pretrained(self.critic.model, None, ckpt / "critic")
+        torch.save({"optimizer": self.critic.optimizer.state_dict(), "scheduler": self.critic.scheduler.state_dict()},
+                   ckpt / "critic" / "critic_state.pt")
+
+    def load(self, ckpt: Path) -> None:
+        if not (ckpt / "critic" / "critic_state.pt").is_file():
+            raise UserError(f"{ckpt}: checkpoint has no critic/ (not a PPO run, or a save was cut short)")
+        restore_weights(self.critic.model, ckpt / "critic")
+        state = torch.load(ckpt / "critic" / "critic_state.pt", weights_only=False)
+        self.critic.optimizer.load_state_dict(state["optimizer"])
+        self.critic.scheduler.load_state_dict(state["scheduler"])
+
+
+def setup_ppo(run: RLRun) -> PPOState:
+    """Load the critic and the (frozen) reward model; the policy and reference are the loop's."""
+    cfg, pad = run.cfg, run.tokenizer.pad_token_id
+    critic_model_cfg = dataclasses.replace(cfg.model, path=cfg.critic.path or cfg.model.path)
+    critic_model = load_value_model(critic_model_cfg, pad_token_id=pad)
+    optimizer = build_optimizer(critic_model.parameters(), cfg.critic.optim)
+    updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
+    critic = Critic(critic_model, optimizer, build_scheduler(optimizer, cfg.critic.optim, updates),
+                    cfg.critic.optim.grad_clip)
+    reward_model = None
+    if cfg.reward_model.path:
+        rm_cfg = dataclasses.replace(cfg.model, path=cfg.reward_model.path)
+        reward_model = load_reward_model(rm_cfg, trainable=False, pad_token_id=pad, key="reward_model.path")
+        if reward_model.config.vocab_size != run.policy.model.config.vocab_size:
+            raise UserError(f"reward_model.path={cfg.reward_model.path}: vocabulary size "
+                            f"{reward_model.config.vocab_size} differs from the policy's; it must share its tokenizer")
+    return PPOState(critic=critic, reward_model=reward_model)
+
+
+@torch.no_grad()
+def reward_model_scores(model, batch: RLBatch, micro_batch_size: int) -> torch.Tensor:
+    """(N,) scores of every rollout (prompt + completion) by the frozen reward model."""
+    out = []
+    for start in range(0, len(batch), micro_batch_size):
+        mb = batch.select(torch.arange(start, min(start + micro_batch_size, len(batch))))
+        out.append(sequence_scores(model, mb.input_ids_BT, mb.attention_mask_BT).cpu())
+    return torch.cat(out)
+
+
+def combine_rewards(run: RLRun, batch: RLBatch) -> dict:
+    """Set ``batch.rewards_B`` to the weighted reward; log gold (verifier) and proxy (reward model)."""
+    rm, cfg = run.ppo.reward_model, run.cfg.reward_model
+    valid = batch.valid_B
+    gold_B = batch.rewards_B.clone()
+    metrics = {"reward/gold": float(gold_B[valid].mean()) if valid.any() else 0.0}
+    if rm is None:
+        return metrics
+    proxy_B = reward_model_scores(rm, batch, run.cfg.micro_batch_size)
+    batch.rewards_B = torch.where(valid, cfg.weight * proxy_B + cfg.verifier_weight * gold_B, 0.0)
+    metrics["reward/proxy"] = float(proxy_B[valid].mean()) if valid.any() else 0.0
+    metrics["reward/train"] = float(batch.rewards_B[valid].mean()) if valid.any() else 0.0
+    return metrics
+
+
+def token_rewards(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
+    """(N, L-1) rewards: ``-β·KL_t`` per token (kl.mode=reward) plus the sequence reward at the last token."""
+    mask = batch.train_mask_BT
+    rewards_BT = torch.zeros(mask.shape)
+    metrics = {}
+    if batch.ref_logp_BT is not None:
+        kl_BT = KL_ESTIMATORS[cfg.kl.estimator](batch.old_logp_BT, batch.ref_logp_BT) * mask
+        metrics["kl/ref"] = float(kl_BT.sum() / mask.sum().clamp_min(1))
+        metrics["kl/ref_seq_mean"] = float(kl_BT.sum(1)[batch.valid_B].mean()) if batch.valid_B.any() else 0.0
+        log_ratio_B = ((batch.old_logp_BT - batch.ref_logp_BT) * mask).sum(1)
+        metrics["kl/from_start"] = float(log_ratio_B[batch.valid_B].mean()) if batch.valid_B.any() else 0.0
+        if cfg.kl.mode == "reward":
+            rewards_BT = rewards_BT - cfg.kl.coef * kl_BT
+    last_B = (mask * torch.arange(mask.shape[1])).argmax(1)
+    has_tokens = mask.any(1)
+    rows = torch.nonzero(has_tokens).flatten()
+    rewards_BT[rows, last_B[rows]] += batch.rewards_B[rows]
+    return rewards_BT, metrics
+
+
+def ppo_targets(cfg: RLConfig, batch: RLBatch, old_values_BT: torch.Tensor) -> tuple[PPOTargets, dict]:
+    """GAE advantages and returns from token rewards and the critic's values before the update."""
+    mask = batch.train_mask_BT
+    rewards_BT, metrics = token_rewards(cfg, batch)
+    adv_BT, returns_BT = gae(rewards_BT, old_values_BT, mask, gamma=cfg.critic.gamma, lam=cfg.critic.lam)
+    metrics["critic/explained_variance"] = float(explained_variance(old_values_BT, returns_BT, mask))
+    metrics["adv/abs_mean"] = float(masked_mean(adv_BT.abs(), mask))
+    if cfg.critic.whiten_advantages and mask.sum() > 1:
+        mean = masked_mean(adv_BT, mask)
+        std = masked_mean((adv_BT - mean) ** 2, mask).sqrt()
+        adv_BT = torch.where(mask, (adv_BT - mean) / (std + 1e-8), 0.0)
+    return PPOTargets(adv_BT, returns_BT, old_values_BT), metrics
+
+
+def ppo_learn(run: RLRun, step: int, timer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
+    """Everything after generation for PPO, top to bottom (stages timed like the loop's)."""
+    cfg, state = run.cfg, run.ppo
+    with timer("reward"):
+        rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
+        batch = build_batch(ro, rewards, [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
+        metrics = combine_rewards(run, batch)
+    with timer("logprobs"):
+        metrics |= run.policy.score(batch)
+    with timer("values"):
+        old_values_BT = state.critic.values(batch, cfg.micro_batch_size)
+    with timer("adv"):
+        targets, m = ppo_targets(cfg, batch, old_values_BT)
+        metrics |= m | importance_weights(batch, cfg.correction)
+    metrics |= rollout_metrics(ro, outcomes, info.pop("groups/zero_variance_frac")) | info | run.source.metrics()
+    metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
+    if info.get("dynamic_sampling/starved"):
+        return metrics | {"update/skipped": 1}
+    with timer("update"):
+        metrics |= ppo_update(run, batch, targets, seed=cfg.seed + step)
+    with timer("sync"):
+        sync_weights(run)
+    return metrics
+
+
+def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> dict:
+    """``ppo_epochs`` passes; each shuffles the rows into ``mini_batches`` steps of policy and critic."""
+    cfg = run.cfg
+    run.policy.model.train()
+    run.ppo.critic.model.train()
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, float] = {}
+    n_updates = 0
+    for _ in range(cfg.ppo_epochs):
+        for rows in torch.randperm(len(batch), generator=gen).chunk(cfg.mini_batches):
+            for k, v in ppo_minibatch(run, batch, targets, rows).items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_updates += 1
+    return {k: v / n_updates for k, v in sums.items()}
+
+
+def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.Tensor) -> dict:
+    """One optimizer step of policy and critic; token denominators span the whole mini-batch."""
+    cfg, policy, critic = run.cfg, run.policy, run.ppo.critic
+    tokens = batch.train_mask_BT[rows].sum().clamp_min(1)
+    seqs = max(int(batch.valid_B[rows].sum()), 1)
+    agg = AGGREGATIONS[cfg.aggregation_mode]
+    sums: dict[str, float] = {"loss": 0.0, "critic/loss": 0.0}
+    for idx in policy._micro_batches(rows):
+        mb = batch.select(idx)
+        mask, width = mb.train_mask_BT, mb.mask_BT.shape[1]
+        logp_BT, _ = policy._forward_grad(mb)
+        loss_BT, pm = POLICY_LOSSES[cfg.policy_loss](
+            logp_BT, mb.old_logp_BT, targets.adv_BT[idx, :width], mask, clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip or None, is_weights_BT=mb.is_weights_BT)
+        if cfg.kl.mode == "loss" and cfg.kl.coef > 0:
+            loss_BT = loss_BT + cfg.kl.coef * KL_ESTIMATORS[cfg.kl.estimator](logp_BT, mb.ref_logp_BT)
+        loss = agg(loss_BT, mask, global_num_tokens=tokens, global_num_seqs=seqs,
+                   norm_constant=float(cfg.rollout.max_new_tokens))
+        loss.backward()
+        vloss_BT, vm = value_loss(critic.forward(mb), targets.old_values_BT[idx, :width],
+                                  targets.returns_BT[idx, :width], mask, clip=cfg.critic.value_clip or None)
+        vloss = AGGREGATIONS["token_mean"](vloss_BT, mask, global_num_tokens=tokens)
+        vloss.backward()
+        share = float(mask.sum()) / float(tokens)
+        sums["loss"] += float(loss.detach())
+        sums["critic/loss"] += float(vloss.detach())
+        for k, v in {**{f"policy/{k}": v for k, v in pm.items()},
+                     **{f"critic/{k}": v for k, v in vm.items() if k != "explained_variance"}}.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * share
+    sums["grad_norm"] = float(clip_gradients(policy.model.parameters(), policy.grad_clip))
+    sums["lr"] = policy.optimizer.param_groups[0]["lr"]
+    policy.optimizer.step()
+    policy.scheduler.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    sums["critic/grad_norm"] = critic.step()
+    return sums
