@@ -232,6 +232,7 @@ def _child_io(msg: dict) -> None:
         exec(compile(msg["program"], "<program>", "exec"), {"__name__": "__main__"})
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = 1 if code == EXIT_MEMORY else code  # the program's own exit(3) is not a memory verdict
     except MemoryError:
         code = EXIT_MEMORY
     except BaseException:
