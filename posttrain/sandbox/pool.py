@@ -31,9 +31,13 @@ from posttrain.sandbox.worker import SandboxConfig, Worker, WorkerError, probe
 class SandboxUnavailable(RuntimeError):
     """This machine cannot run the sandbox (no bubblewrap, not root)."""
 
+    stops_run = True  # verifier wrappers re-raise it instead of scoring INFRA_FAIL
+
 
 class CircuitOpen(RuntimeError):
     """Too many infrastructure failures: the run must stop."""
+
+    stops_run = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,11 @@ so user-written rewards need no registration.
 ("verifier_error"), which the RL loop masks from the gradient — a crashing verifier must never
 read as "the model was wrong" (reward 0).
 
+A verifier may carry a ``batch`` attribute, ``(completions, examples) -> list[Outcome]``, that
+`score_batch` uses to judge a whole batch at once (the code verifier runs it on parallel
+sandboxes). An exception with ``stops_run = True`` (the sandbox's circuit breaker) is re-raised:
+a broken host must stop the run rather than mask every sample.
+
 `combine` adds rewards (correctness 1.0 + format 0.05 in the seed recipes) but keeps the
 correctness verifier's class, so a small format bonus cannot turn a wrong answer into a PASS.
 """
@@ -37,6 +42,12 @@ def code(completion: str, example: dict) -> Outcome:
             return fn(completion, example)
     raise RuntimeError(f"posttrain.verifiers.code defines none of {', '.join(_CODE_FUNCTION_NAMES)}")
 
+
+def _code_batch(completions: list[str], examples: list[dict]) -> list[Outcome]:
+    return importlib.import_module("posttrain.verifiers.code").verify_batch(completions, examples)
+
+
+code.batch = _code_batch  # score_batch judges a whole batch in parallel sandboxes
 
 VERIFIERS: dict[str, Verifier] = {
     "arithmetic": basic.arithmetic,
@@ -69,6 +80,8 @@ def safe_verify(fn: Verifier, completion: str, example: dict) -> Outcome:
     try:
         outcome = fn(completion, example)
     except Exception as e:
+        if getattr(e, "stops_run", False):  # e.g. the sandbox's circuit breaker: the host is broken
+            raise
         return Outcome.infra_fail("verifier_error", f"{type(e).__name__}: {e}")
     if not isinstance(outcome, Outcome):
         return Outcome.infra_fail("verifier_error", f"verifier returned {type(outcome).__name__}, not Outcome")
@@ -79,7 +92,23 @@ def score_batch(fn: Verifier, completions: list[str], examples: list[dict]) -> l
     """`safe_verify` over aligned lists of completions and examples."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
+    batch = getattr(fn, "batch", None)
+    if batch is not None:
+        return _safe_batch(batch, completions, examples)
     return [safe_verify(fn, c, e) for c, e in zip(completions, examples)]
+
+
+def _safe_batch(batch, completions: list[str], examples: list[dict]) -> list[Outcome]:
+    """`safe_verify` for a verifier's batch form: a failure of the whole batch is INFRA_FAIL for each."""
+    try:
+        outcomes = batch(completions, examples)
+    except Exception as e:
+        if getattr(e, "stops_run", False):
+            raise
+        return [Outcome.infra_fail("verifier_error", f"{type(e).__name__}: {e}")] * len(completions)
+    if len(outcomes) != len(completions) or not all(isinstance(o, Outcome) for o in outcomes):
+        return [Outcome.infra_fail("verifier_error", "batch verifier returned a malformed list")] * len(completions)
+    return outcomes
 
 
 def combine(verifiers_with_weights: list[tuple[Verifier, float]]) -> Verifier:

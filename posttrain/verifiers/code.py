@@ -1,0 +1,101 @@
+"""Code-test verifier: reward 1 iff every test passes in the sandbox (`posttrain.sandbox`).
+
+An example carries its tests next to the prompt, in either sandbox form:
+
+- function-call: ``tests`` (defining ``check(candidate)``), ``entry_point`` and an optional trusted
+  ``prelude`` (helpers the tests call, imports the prompt shows; run on the verdict side too);
+- stdin/stdout: ``io``, a list of ``{"stdin", "stdout"}``.
+
+The program is taken from the completion: the last fenced code block if there is one, else the
+whole completion. For function-call tasks a program that defines ``entry_point`` is put after the
+prelude; one that does not is read as the continuation of the prelude (HumanEval style, where
+the prompt ends inside the function and the model writes its body).
+
+Outcomes: the sandbox's classes pass through unchanged, so INFRA_FAIL (a worker died and retries
+ran out) is masked from the gradient by the RL loop, never scored 0. An example without tests is
+TASK_FAIL; a completion with no code is MODEL_FAIL/format.
+
+All callers in a process share one pool, started on first use (``configure`` sets its limits
+before that) and closed at exit. If the machine cannot run the sandbox, or its circuit breaker
+trips, the exception propagates and stops the run: there is no weaker fallback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import threading
+
+from posttrain.outcome import Outcome
+from posttrain.sandbox.pool import Job, SandboxPool
+from posttrain.sandbox.worker import SandboxConfig
+
+_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
+_LOCK = threading.Lock()
+_STATE: dict = {"pool": None, "config": None}
+
+
+def configure(cfg: SandboxConfig) -> None:
+    """Limits for the shared pool; must be called before its first use."""
+    with _LOCK:
+        if _STATE["pool"] is not None:
+            raise RuntimeError("the code verifier's sandbox pool is already running")
+        _STATE["config"] = cfg
+
+
+def shared_pool() -> SandboxPool:
+    with _LOCK:
+        if _STATE["pool"] is None:
+            _STATE["pool"] = SandboxPool(_STATE["config"] or SandboxConfig())
+            atexit.register(close)
+        return _STATE["pool"]
+
+
+def close() -> None:
+    with _LOCK:
+        pool, _STATE["pool"] = _STATE["pool"], None
+    if pool is not None:
+        pool.close()
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced block's body, or the completion itself when it has no fence."""
+    blocks = _FENCE_RE.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def build_job(completion: str, example: dict) -> Job | Outcome:
+    """The sandbox job for one completion, or the Outcome when there is nothing to run."""
+    code = extract_code(completion)
+    if "io" in example:
+        io = example["io"]
+        if not isinstance(io, list) or not io or not all(isinstance(c, dict) and "stdin" in c and "stdout" in c
+                                                        for c in io):
+            return Outcome.task_fail("bad_test", "'io' must be a non-empty list of {stdin, stdout}")
+        if not code.strip():
+            return Outcome.model_fail("format", detail="no code in the completion")
+        return Job(code, io=tuple((str(c["stdin"]), str(c["stdout"])) for c in io))
+    tests, entry = example.get("tests"), example.get("entry_point")  # data fields, not config
+    if not isinstance(tests, str) or not isinstance(entry, str) or not tests.strip() or not entry:
+        return Outcome.task_fail("no_tests", "the example needs 'tests' and 'entry_point' (or 'io')")
+    if not code.strip():
+        return Outcome.model_fail("format", detail="no code in the completion")
+    prelude = example.get("prelude") or ""
+    if re.search(rf"^\s*(async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
+        program = f"{prelude}\n\n{code}\n" if prelude else code
+    else:
+        program = prelude + completion  # the body of the function the prelude opens
+    return Job(program, entry, tests, prelude)
+
+
+def verify_batch(completions: list[str], examples: list[dict]) -> list[Outcome]:
+    """Judge many completions at once (in parallel on the shared pool)."""
+    built = [build_job(c, e) for c, e in zip(completions, examples, strict=True)]
+    jobs = [b for b in built if isinstance(b, Job)]
+    judged = iter(shared_pool().run(jobs) if jobs else [])
+    return [next(judged) if isinstance(b, Job) else b for b in built]
+
+
+def verify(completion: str, example: dict) -> Outcome:
+    """Reward 1.0 iff every test passes."""
+    return verify_batch([completion], [example])[0]
