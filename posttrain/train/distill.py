@@ -1,0 +1,380 @@
+"""On-policy distillation: the student samples, a frozen teacher grades every token it chose.
+
+Who generates the trajectory: the student, with the rollout engine, exactly as in RL. Where the
+signal comes from: the teacher's distribution at every state the student visited, compared by
+the per-token reverse KL ``KL(π_s‖π_t)`` (``posttrain.algos.distill``). This is RL with a dense
+teacher signal instead of a sparse verifier reward, so the run *is* an RL run: ``setup`` builds
+the same `RLRun` as ``posttrain rl`` (policy, engine, prompts, verifier, checkpoint/resume,
+weight sync after each update) and adds a teacher.
+
+One step, top to bottom:
+
+    prompts ─▶ engine.generate(n=G) ─▶ verifier (logged; optional reward term)
+            ─▶ student log-probs (no grad) ─▶ teacher scores the student's exact tokens (no grad)
+            ─▶ loss = reverse KL per token [+ reward_coef · GRPO policy gradient] ─▶ one update
+            ─▶ engine.load_weights(version+1, checksum)
+
+Design choices:
+- Two estimators, chosen by name (``LOSSES``): ``full`` is the exact KL over the vocabulary (needs
+  the teacher's logits and the student's; lowest variance); ``sampled`` is the one-sample estimate
+  ``log p_s(x) - log p_t(x)`` used as a detached per-token reward with a policy-gradient loss
+  (needs only the teacher's log-prob of each sampled token: the cheapest signal to ship).
+- ``teacher.top_k`` keeps only the teacher's k largest logits per position (values and ids), so the
+  teacher signal held between the teacher stage and the update is (N, T, k), not (N, T, V); the KL
+  is then taken over those k tokens, both distributions renormalised there (see algos).
+- The teacher is loaded frozen (``requires_grad_(False)``), runs under ``no_grad`` on its own device
+  (``teacher.device``) and only its outputs travel back to the student's device.
+- Teacher and student must share one tokenizer: per-token distributions are compared id by id, so
+  a different vocabulary is refused before anything is written.
+- ``max_tokens`` stops the run once the student has generated that many completion tokens (the
+  budget the study uses to compare methods fairly); `drive` serves RL runs too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from posttrain.algos import (ADVANTAGES, AGGREGATIONS, distill_reward, pg_loss, reverse_kl_full,
+                             reverse_kl_sampled, token_logprobs)
+from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.errors import UserError
+from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_model, load_tokenizer
+from posttrain.rl.batch import RLBatch, build_batch
+from posttrain.rl.config import CorrectionConfig, RLConfig, RLDataConfig, RolloutConfig
+from posttrain.rl.diagnostics import Watchdog, rollout_metrics
+from posttrain.rl.loop import RLRun, checkpoint, generate_groups, group_rewards, held_out_eval, maybe_resume
+from posttrain.rl.loop import setup as rl_setup
+from posttrain.rl.loop import sync_weights
+from posttrain.rl.losses import importance_weights
+from posttrain.tracking import LoggingConfig, MetricsLogger, StageTimer, progress_bar, read_metrics
+from posttrain.train.optim import OptimConfig, clip_gradients
+
+
+@dataclasses.dataclass(kw_only=True)
+class TeacherConfig:
+    path: str = ""
+    """Teacher model folder (any causal LM with the student's tokenizer). Required."""
+    device: str = "cpu"
+    """Device of the teacher (e.g. cuda:1 while the student trains on cuda:0)."""
+    dtype: str = "float32"
+    """Teacher dtype: float32, bfloat16 or float16 (it only runs forward passes)."""
+    top_k: int = 0
+    """Keep only the teacher's top-k logits per position (bounds memory to N x T x k); 0 = all."""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigValueError("dtype", f"must be one of {', '.join(DTYPES)}")
+        if self.top_k < 0:
+            raise ConfigValueError("top_k", "must be >= 0 (0 = the whole vocabulary)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DistillConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The student (trained; LoRA or full)."""
+    teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
+    """The frozen teacher."""
+    data: RLDataConfig = dataclasses.field(default_factory=RLDataConfig)
+    """Prompts (records {"prompt", "answer"}; the answer feeds the logged verifier reward)."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(group_size=4))
+    """Student sampling (group_size samples per prompt)."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=0,
+                                                                               schedule="constant"))
+    """Optimizer of the student."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Mirrors of metrics.jsonl."""
+    loss: str = "full"
+    """Reverse-KL estimator: full (exact over the vocabulary or the teacher's top-k) or sampled
+    (one-sample estimate as a per-token reward with a policy-gradient loss)."""
+    reward_coef: float = 0.0
+    """Weight of a GRPO policy-gradient term on the verifier reward mixed into the loss; 0 = pure distillation."""
+    verifier: str = "arithmetic"
+    """Verifier scoring the student's samples (always logged as reward/mean; trained on when reward_coef > 0)."""
+    prompts_per_step: int = 8
+    """Prompts per step (each sampled rollout.group_size times)."""
+    num_steps: int = 50
+    """Steps (one generation round, one update, one weight sync each)."""
+    max_tokens: int = 0
+    """Stop once the student has generated this many completion tokens in total; 0 = no budget."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward (memory knob; does not change the math)."""
+    eval_every: int = 10
+    """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
+    save_every: int = 25
+    """Checkpoint every N steps (and at the end); 0 = end only."""
+    keep_last: int = 2
+    """Checkpoints to keep (0 = all)."""
+    seed: int = 0
+    """Seed for prompt order, sampling and init."""
+    out_dir: str = "runs/distill"
+    """Run directory."""
+    resume: bool = True
+    """Continue from the last checkpoint in out_dir when there is one."""
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ConfigValueError("loss", f"must be one of {', '.join(LOSSES)}")
+        if self.reward_coef < 0:
+            raise ConfigValueError("reward_coef", "must be >= 0")
+        if self.max_tokens < 0:
+            raise ConfigValueError("max_tokens", "must be >= 0 (0 = no budget)")
+        for key in ("prompts_per_step", "num_steps", "micro_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigValueError(key, "must be >= 1")
+
+    def rl_config(self) -> RLConfig:
+        """The RL run this distillation rides on (no reference model, one update per step)."""
+        return RLConfig(model=self.model, data=self.data, rollout=self.rollout, optim=self.optim,
+                        logging=self.logging, verifier=self.verifier, prompts_per_step=self.prompts_per_step,
+                        num_steps=self.num_steps, micro_batch_size=self.micro_batch_size,
+                        eval_every=self.eval_every, save_every=self.save_every, keep_last=self.keep_last,
+                        seed=self.seed, out_dir=self.out_dir, resume=self.resume)
+
+
+@dataclasses.dataclass
+class TeacherChunk:
+    """The teacher's signal on one micro-batch of rows (widths as ``RLBatch.select`` trims them)."""
+
+    logp_BT: torch.Tensor                # (b, w-1) teacher log-prob of each student token
+    logits_BTK: torch.Tensor | None      # (b, w-1, K) teacher logits: all V, or the top-k values
+    index_BTK: torch.Tensor | None       # (b, w-1, K) vocabulary ids of the top-k; None when K = V
+    rows: torch.Tensor                   # (b,) rows of the step's batch
+
+
+@dataclasses.dataclass
+class DistillRun:
+    rl: RLRun
+    cfg: DistillConfig
+    teacher: torch.nn.Module
+
+
+# ------------------------------------------------------------------------------------ losses
+
+def _full_kl(logits_BTV, logp_BT, mb: RLBatch, t: TeacherChunk):
+    """Exact reverse KL per token; with top-k, over the teacher's k tokens (renormalised)."""
+    student = logits_BTV if t.index_BTK is None else logits_BTV.gather(-1, t.index_BTK)
+    kl_BT = reverse_kl_full(student, t.logits_BTK, mb.train_mask_BT)
+    return kl_BT, kl_BT
+
+
+def _sampled_kl(logits_BTV, logp_BT, mb: RLBatch, t: TeacherChunk):
+    """Score-function form: reward -(log p_s - log p_t) per token, gradient -r · ∇log p_s."""
+    mask = mb.train_mask_BT
+    loss_BT, _ = pg_loss(logp_BT, distill_reward(mb.old_logp_BT, t.logp_BT, mask), mask)
+    return loss_BT, reverse_kl_sampled(logp_BT.detach(), t.logp_BT) * mask
+
+
+# name -> fn(student logits (b, w-1, V), student logp (b, w-1), micro-batch, teacher chunk)
+#         -> (loss_BT, reverse KL per token for the logs)
+LOSSES: dict[str, Callable] = {"full": _full_kl, "sampled": _sampled_kl}
+
+
+# ------------------------------------------------------------------------------------- setup
+
+def check_same_vocabulary(student_path: str, teacher_path: str) -> None:
+    """Refuse a teacher whose token ids mean something else than the student's."""
+    s_vocab, t_vocab = load_tokenizer(student_path).get_vocab(), load_tokenizer(teacher_path).get_vocab()
+    if s_vocab == t_vocab:
+        return
+    diff = sorted(set(s_vocab.items()) ^ set(t_vocab.items()))[:1]
+    example = ""
+    if diff:
+        tok = diff[0][0]
+        example = f"; e.g. {tok!r} is id {s_vocab.get(tok)} for the student and {t_vocab.get(tok)} for the teacher"
+    raise UserError(f"teacher.path={teacher_path}: the teacher's vocabulary differs from the student's "
+                    f"({len(t_vocab)} vs {len(s_vocab)} tokens{example}); distillation compares "
+                    "distributions token id by token id, so both must share one tokenizer")
+
+
+def _output_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def setup(cfg: DistillConfig) -> DistillRun:
+    """Check and load everything before the run directory is touched (bad input writes nothing)."""
+    check_model_path(cfg.model.path)
+    check_model_path(cfg.teacher.path, "teacher.path")
+    check_same_vocabulary(cfg.model.path, cfg.teacher.path)
+    rl = rl_setup(cfg.rl_config())
+    t = cfg.teacher
+    teacher = load_model(ModelConfig(path=t.path, device=t.device, dtype=t.dtype), trainable=False)
+    if _output_size(teacher) != _output_size(rl.policy.model):
+        raise UserError(f"teacher.path={t.path}: the teacher has {_output_size(teacher)} output logits, "
+                        f"the student {_output_size(rl.policy.model)}; they must match to compare distributions")
+    if t.top_k > _output_size(teacher):
+        raise UserError(f"teacher.top_k={t.top_k}: larger than the vocabulary ({_output_size(teacher)})")
+    return DistillRun(rl=rl, cfg=cfg, teacher=teacher)
+
+
+# ------------------------------------------------------------------------------- one step
+
+def _logits(model, mb: RLBatch, temperature: float) -> torch.Tensor:
+    """(b, w-1, V) fp32 logits at the targets' positions, scaled by the sampling temperature."""
+    dev = next(model.parameters()).device
+    out = model(input_ids=mb.input_ids_BT.to(dev), attention_mask=mb.attention_mask_BT.to(dev),
+                position_ids=mb.position_ids_BT().to(dev))
+    return out.logits[:, :-1].float() / temperature
+
+
+def row_chunks(n: int, micro_batch_size: int) -> list[torch.Tensor]:
+    return list(torch.arange(n).split(micro_batch_size))
+
+
+@torch.no_grad()
+def score_teacher(teacher, batch: RLBatch, chunks: list[torch.Tensor], *, temperature: float,
+                  top_k: int, keep_logits: bool) -> list[TeacherChunk]:
+    """The teacher's log-prob of every student token, plus its logits (all, or top-k) when needed."""
+    out = []
+    for rows in chunks:
+        mb = batch.select(rows)
+        logits = _logits(teacher, mb, temperature)
+        logp = token_logprobs(logits, mb.input_ids_BT[:, 1:].to(logits.device)).cpu()
+        values = index = None
+        if keep_logits and top_k:
+            values, index = (x.cpu() for x in logits.topk(top_k, dim=-1))
+        elif keep_logits:
+            values = logits.cpu()
+        out.append(TeacherChunk(logp_BT=logp, logits_BTK=values, index_BTK=index, rows=rows))
+    return out
+
+
+def update(run: DistillRun, batch: RLBatch, teacher: list[TeacherChunk]) -> tuple[dict, torch.Tensor]:
+    """One optimizer step on the token-mean loss over the whole step; returns metrics and KL per token."""
+    policy, cfg = run.rl.policy, run.cfg
+    policy.model.train()
+    total_tokens = batch.train_mask_BT.sum().clamp_min(1)
+    kl_BT = torch.zeros_like(batch.mask_BT, dtype=torch.float32)
+    loss_total = 0.0
+    for t in teacher:
+        mb = batch.select(t.rows)
+        logits = _logits(policy.model, mb, cfg.rollout.temperature).cpu()
+        logp = token_logprobs(logits, mb.input_ids_BT[:, 1:])
+        loss_BT, kl_mb = LOSSES[cfg.loss](logits, logp, mb, t)
+        if cfg.reward_coef:
+            adv_BT = mb.adv_B[:, None].expand_as(logp)
+            loss_BT = loss_BT + cfg.reward_coef * pg_loss(logp, adv_BT, mb.train_mask_BT)[0]
+        loss = AGGREGATIONS["token_mean"](loss_BT, mb.train_mask_BT, global_num_tokens=total_tokens)
+        loss.backward()
+        loss_total += float(loss.detach())
+        kl_BT[t.rows, : kl_mb.shape[1]] = kl_mb.detach()
+    grad_norm = clip_gradients(policy.model.parameters(), policy.grad_clip)
+    lr = policy.optimizer.param_groups[0]["lr"]
+    policy.optimizer.step()
+    policy.scheduler.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss_total, "grad_norm": float(grad_norm), "lr": lr}, kl_BT
+
+
+def position_profile(kl_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
+    """Mean reverse KL by completion position, in buckets 0, 1, 2-3, 4-7, 8-15, ..."""
+    pos_BT = mask_BT.long().cumsum(1) - 1
+    out, lo = {}, 0
+    last = int(pos_BT[mask_BT].max()) if mask_BT.any() else -1
+    while lo <= last:
+        hi = max(lo, 2 * lo - 1)
+        sel = mask_BT & (pos_BT >= lo) & (pos_BT <= hi)
+        out[f"distill/kl_pos/{lo}" if lo == hi else f"distill/kl_pos/{lo}-{hi}"] = float(kl_BT[sel].mean())
+        lo = hi + 1
+    return out
+
+
+def _masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    return float((x_BT * mask_BT).sum() / mask_BT.sum().clamp_min(1))
+
+
+def teacher_metrics(batch: RLBatch, teacher: list[TeacherChunk]) -> dict:
+    t_logp = torch.zeros_like(batch.old_logp_BT)
+    for t in teacher:
+        t_logp[t.rows, : t.logp_BT.shape[1]] = t.logp_BT
+    mask = batch.train_mask_BT
+    return {"distill/teacher_logp": _masked_mean(t_logp, mask),
+            "distill/reverse_kl_sampled": _masked_mean(batch.old_logp_BT - t_logp, mask)}
+
+
+def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
+    cfg, rl = run.cfg, run.rl
+    G = cfg.rollout.group_size
+    with timer("rollout"):
+        ro, outcomes = generate_groups(rl, step, 0, cfg.prompts_per_step)
+    with timer("reward"):
+        rewards, valid = group_rewards(outcomes, cfg.prompts_per_step, G)
+        batch = build_batch(ro, rewards.flatten().tolist(), valid.flatten().tolist(), rl.tokenizer.pad_token_id)
+        adv_PG, adv_info = ADVANTAGES["grpo"](rewards, valid)
+        batch.adv_B = adv_PG.flatten().float()
+    with timer("logprobs"):
+        metrics = rl.policy.score(batch)
+        metrics |= importance_weights(batch, CorrectionConfig(kind="none"))
+    with timer("teacher"):
+        chunks = row_chunks(len(batch), cfg.micro_batch_size)
+        teacher = score_teacher(run.teacher, batch, chunks, temperature=cfg.rollout.temperature,
+                                top_k=cfg.teacher.top_k, keep_logits=cfg.loss == "full")
+    with timer("update"):
+        upd, kl_BT = update(run, batch, teacher)
+    with timer("sync"):
+        sync_weights(rl)
+    zero_var = float(adv_info["zero_variance_P"].float().mean())
+    metrics |= upd | rollout_metrics(ro, outcomes, zero_var) | teacher_metrics(batch, teacher)
+    if not cfg.reward_coef:  # equal rewards only starve the gradient when the reward is trained on
+        metrics.pop("groups/zero_variance_frac")
+    metrics["distill/reverse_kl"] = _masked_mean(kl_BT, batch.train_mask_BT)
+    metrics |= position_profile(kl_BT, batch.train_mask_BT)
+    metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
+    return metrics
+
+
+# ------------------------------------------------------------------------------------ driver
+
+def drive(run: RLRun, step_fn: Callable[[int, StageTimer], dict], *, config, max_tokens: int = 0,
+          name: str = "distill", printer=print) -> dict:
+    """Run (or resume) ``step_fn`` until ``run.cfg.num_steps`` steps or ``max_tokens`` generated tokens.
+
+    Logs every step to metrics.jsonl with ``tokens/total`` (generated tokens so far), evaluates on
+    the held-out prompts (when the run has them) at the start, every ``eval_every`` steps and at the
+    end, and checkpoints every ``save_every`` steps and at the end. ``config`` is what config.yaml holds.
+    """
+    cfg = run.cfg
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    start = maybe_resume(run)
+    save_config(config, run.run_dir / "config.yaml")
+    logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(config))
+    tokens = sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir))
+    watchdog, timer = Watchdog(printer), StageTimer()
+    last: dict = held_out_eval(run) if start == 0 else {}
+    if last:
+        logger.log({"step": 0, "tokens/total": 0, **last})
+    with progress_bar(cfg.logging.progress) as bar:
+        task = bar.add_task(name, total=cfg.num_steps, completed=start, info="")
+        for step in range(start + 1, cfg.num_steps + 1):
+            if max_tokens and tokens >= max_tokens:
+                break
+            t0 = time.perf_counter()
+            metrics = step_fn(step, timer)
+            tokens += metrics["tokens/generated"]
+            done = step == cfg.num_steps or 0 < max_tokens <= tokens
+            if cfg.eval_every and step % cfg.eval_every == 0 or done:
+                with timer("eval"):
+                    metrics |= held_out_eval(run)
+            metrics |= timer.pop()
+            metrics |= {"time/step_s": time.perf_counter() - t0, "tokens/total": tokens,
+                        "policy_version": run.engine.version}
+            metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
+            logger.log({"step": step, **metrics})
+            watchdog.check(step, metrics)
+            if cfg.save_every and step % cfg.save_every == 0 or done:
+                checkpoint(run, step)
+            bar.update(task, advance=1, info=f"reward {metrics['reward/mean']:.3f} {tokens} tok")
+            last = metrics
+    logger.close()
+    return last
+
+
+def run_distill(cfg: DistillConfig, printer=print) -> dict:
+    """Run (or resume) on-policy distillation; returns the last step's metrics."""
+    run = setup(cfg)
+    return drive(run.rl, lambda step, timer: distill_step(run, step, timer), config=cfg,
+                 max_tokens=cfg.max_tokens, name="distill", printer=printer)
