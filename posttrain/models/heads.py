@@ -50,7 +50,7 @@ def load_reward_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id:
 
 
 def load_value_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id: int | None = None,
-                     key: str = "critic.model.path"):
+                     key: str = "critic.path"):
     """A token-classification model with one output per token and no dropout (the critic)."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
