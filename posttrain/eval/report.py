@@ -48,6 +48,10 @@ class Panel:
 
 PANELS = (
     Panel("Reward", r"^(?P<plot>reward/mean)$", "mean verifier reward of the training rollouts"),
+    Panel("Gold and proxy reward", r"^(?P<series>reward/(?:gold|proxy))$",
+          "verifier (gold) and reward-model (proxy) scores of the same rollouts"),
+    Panel("Preference accuracy", r"^(?P<series>(?:eval/)?(?:rewards/)?accuracy)$",
+          "reward model: chosen scored above rejected; DPO: implicit reward of chosen above rejected"),
     Panel("Held-out accuracy", r"^(?P<plot>eval/.+?)/(?P<series>pass@\d+)$", "eval/<bench>[/<profile>]/pass@k"),
     Panel("KL to the reference", r"^(?P<plot>kl/ref)$"),
     Panel("Entropy", r"^(?P<plot>entropy)$", "mean per-token entropy of the policy on its rollouts"),
@@ -213,6 +217,32 @@ def stage_times(run: Run) -> dict[str, float]:
     return {stage: sum(v) / len(v) for stage, v in sums.items()}
 
 
+def plot_overoptimisation(runs: Sequence[Run]) -> str | None:
+    """Gold and proxy reward against ``kl/from_start`` (Gao et al. 2022), one pair of lines per run."""
+    points = [(run.name, [(r["kl/from_start"], r["reward/gold"], r["reward/proxy"]) for r in run.metrics
+                          if all(_is_number(r.get(k)) for k in ("kl/from_start", "reward/gold", "reward/proxy"))])
+              for run in runs]
+    points = [(name, pts) for name, pts in points if pts]
+    if not points:
+        return None
+    fig, axes = _figure(1, width=6.4, height=3.8)
+    ax, ax2 = axes[0], axes[0].twinx()  # proxy and gold live on different scales
+    for i, (name, pts) in enumerate(points):
+        pts = sorted(pts)
+        label = f"{name} · " if len(points) > 1 else ""
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{2 * i}", markersize=3, label=label + "gold")
+        ax2.plot([p[0] for p in pts], [p[2] for p in pts], "s--", color=f"C{2 * i + 1}", markersize=3,
+                 label=label + "proxy")
+    ax.set_xlabel("KL from the start (nats per completion)")
+    ax.set_ylabel("gold reward")
+    ax2.set_ylabel("proxy reward")
+    ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7)
+    return _png(fig)
+
+
 def plot_timing(runs: Sequence[Run]) -> str | None:
     """One horizontal stacked bar per run: mean seconds per step spent in each stage."""
     timed = [(run.name, stage_times(run)) for run in runs]
@@ -338,6 +368,10 @@ def render_html(runs: Sequence[Run]) -> str:
             missing.append(panel)
             continue
         panels_html.append(_panel_div(panel.title, panel.note, png))
+    overopt = plot_overoptimisation(runs)
+    if overopt is not None:
+        panels_html.append(_panel_div("Gold and proxy vs KL", "reward over-optimisation: the proxy (reward model) "
+                                      "keeps rising with KL from the start; watch whether the gold reward follows", overopt))
     timing = plot_timing(runs)
     if timing is not None:
         panels_html.append(_panel_div("Stage timing", "mean seconds per step in each time/<stage>_s", timing))
