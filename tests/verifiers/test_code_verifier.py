@@ -54,13 +54,13 @@ def test_registered_with_a_batch_form():
 @needs_sandbox
 def test_reward_is_one_iff_all_tests_pass():
     completions = ["```python\ndef f(x):\n    return x * x\n```", "def f(x):\n    return x * 3\n",
-                   "    return x ** 2\n", "no code at all, just words", "def f(x):\n    while True: pass\n"]
+                   "    return x ** 2\n", "no code at all, just words", "def f(x):\n    return 1 // 0\n"]
     examples = [EX, EX, HE, EX, EX]
     got = score_batch(VERIFIERS["code"], completions, examples)
     assert [(o.cls.value, o.reason, o.reward) for o in got[:3]] == [
         ("PASS", "", 1.0), ("MODEL_FAIL", "wrong_answer", 0.0), ("PASS", "", 1.0)]
     assert got[3].cls is OutcomeClass.MODEL_FAIL and got[3].reward == 0.0
-    assert (got[4].reason, got[4].reward) == ("timeout", 0.0)
+    assert (got[4].reason, got[4].reward) == ("runtime_error", 0.0)
     assert code_verifier.verify("def f(x):\n    return x * x\n", EX).reward == 1.0
 
 
