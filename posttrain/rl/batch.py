@@ -56,21 +56,15 @@ class RLBatch:
 
 
 def build_batch(rollouts, rewards: list[float], valid: list[bool], pad_id: int) -> RLBatch:
-    """Right-pad prompt+completion rows and align the sampler log-probs with the targets."""
-    rows = [list(p) + list(c) for p, c in zip(rollouts.prompt_ids, rollouts.completion_ids)]
-    n, length = len(rows), max(len(r) for r in rows)
-    ids = torch.full((n, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, length), dtype=torch.long)
-    mask = torch.zeros((n, length - 1), dtype=torch.bool)
-    sampler = torch.zeros((n, length - 1), dtype=torch.float32)
-    for i, (p, c, lp) in enumerate(zip(rollouts.prompt_ids, rollouts.completion_ids, rollouts.logprobs)):
-        ids[i, : len(p) + len(c)] = torch.tensor(list(p) + list(c), dtype=torch.long)
-        attn[i, : len(p) + len(c)] = 1
-        # Completion token j sits at input position len(p)+j and is scored by column len(p)+j-1.
-        mask[i, len(p) - 1: len(p) - 1 + len(c)] = True
-        sampler[i, len(p) - 1: len(p) - 1 + len(c)] = torch.tensor(list(lp), dtype=torch.float32)
+    """Right-pad prompt+completion rows and shift the sampler log-probs onto the targets.
+
+    `Rollouts.to_padded` stores token t's sampler log-prob at input position t; the trainer's
+    column t scores token t + 1, hence the ``[:, 1:]``.
+    """
+    padded = rollouts.to_padded(pad_id)
     return RLBatch(
-        input_ids_BT=ids, attention_mask_BT=attn, mask_BT=mask, sampler_logp_BT=sampler,
+        input_ids_BT=padded.input_ids_BT, attention_mask_BT=padded.attention_mask_BT,
+        mask_BT=padded.completion_mask_BT[:, 1:].bool(), sampler_logp_BT=padded.sampler_logp_BT[:, 1:],
         prompt_idx_B=torch.tensor(list(rollouts.prompt_idx), dtype=torch.long),
         rewards_B=torch.tensor(rewards, dtype=torch.float32),
         valid_B=torch.tensor(valid, dtype=torch.bool),

@@ -67,6 +67,9 @@ class KLConfig:
     """loss (a KL term added to the policy loss) or reward (subtracted from the reward per token)."""
     ref_path: str = ""
     """Reference model folder; empty = the starting policy (model.path)."""
+    track: bool = True
+    """With coef=0, still load the frozen reference to log `kl/ref` (drift from the start) every
+    step: one extra no-grad forward per step. Turn off to save the memory of a second model."""
 
     def __post_init__(self):
         if self.coef < 0:

@@ -207,7 +207,7 @@ def setup(cfg: RLConfig) -> RLRun:
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model)
     ref = None
-    if cfg.kl.coef > 0:
+    if cfg.kl.coef > 0 or cfg.kl.track:
         ref_cfg = dataclasses.replace(cfg.model, path=cfg.kl.ref_path or cfg.model.path)
         ref = load_model(ref_cfg, trainable=False)
     optimizer = build_optimizer(model.parameters(), cfg.optim)

@@ -1,0 +1,45 @@
+"""RL test fixtures: a user's reward plugin module importable by path, and a config builder."""
+
+import textwrap
+
+import pytest
+
+PLUGIN = textwrap.dedent('''
+    from posttrain.outcome import Outcome
+
+    def letters(completion, example):
+        """Fraction of letters: a dense reward a random policy can climb quickly."""
+        if not completion:
+            return Outcome.model_fail("empty", reward=0.0)
+        frac = sum(c.isalpha() for c in completion) / len(completion)
+        return Outcome.passed(reward=frac) if frac > 0.99 else Outcome.model_fail(reward=frac)
+
+    def constant(completion, example):
+        return Outcome.model_fail(reward=0.5)
+
+    def flaky(completion, example):
+        if len(completion) % 2:
+            raise RuntimeError("verifier crashed")
+        return Outcome.model_fail(reward=float(len(completion) % 3))
+''')
+
+
+@pytest.fixture
+def reward_plugin(tmp_path, monkeypatch):
+    """A module ``rl_test_rewards`` on sys.path, as a user's own reward file would be."""
+    (tmp_path / "rl_test_rewards.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "rl_test_rewards"
+
+
+@pytest.fixture
+def rl_overrides(nano_model_dir, arith_data_dir, tmp_path):
+    """Dotted overrides for a small, fast RL run on the nano model."""
+    def make(**extra):
+        base = {"model.path": nano_model_dir, "data.path": arith_data_dir / "prompts_train.jsonl",
+                "rollout.group_size": 4, "rollout.max_new_tokens": 8, "prompts_per_step": 4,
+                "num_steps": 2, "eval_every": 0, "save_every": 0, "logging.progress": False,
+                "out_dir": tmp_path / "run", "optim.lr": 1e-3}
+        base.update(extra)
+        return [f"{k}={v}" for k, v in base.items()]
+    return make

@@ -1,0 +1,147 @@
+"""The sync RL loop on the nano model: gradients, learning, masking, metrics, resume, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from posttrain.config import load_config
+from posttrain.rl.config import RLConfig
+from posttrain.rl.loop import rl_step, run_rl, setup
+from posttrain.tracking import StageTimer
+
+DESIGN_METRICS = ("step", "time/step_s", "time/rollout_s", "time/update_s", "reward/mean", "kl/ref", "entropy",
+                  "response_length/mean", "groups/zero_variance_frac", "mismatch/kl",
+                  "mismatch/logprob_abs_diff_max", "outcomes/PASS_frac", "outcomes/MODEL_FAIL_frac",
+                  "outcomes/INFRA_FAIL_frac", "outcomes/TASK_FAIL_frac")
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_zero_variance_groups_produce_no_gradient(rl_overrides, reward_plugin):
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:constant", **{"optim.lr": 0.1,
+                                                   "optim.weight_decay": 0.0}))
+    run = setup(cfg)
+    before = _params(run.policy.model)
+    m = rl_step(run, 1, StageTimer())
+    assert m["groups/zero_variance_frac"] == 1.0 and m["adv/abs_mean"] == 0.0
+    assert m["grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, run.policy.model.parameters()))
+
+
+def test_informative_groups_do_move_the_weights(rl_overrides, reward_plugin):
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters"))
+    run = setup(cfg)
+    before = _params(run.policy.model)
+    m = rl_step(run, 1, StageTimer())
+    assert m["groups/zero_variance_frac"] < 1.0 and m["grad_norm"] > 0
+    assert not all(torch.equal(a, b) for a, b in zip(before, run.policy.model.parameters()))
+    assert run.engine.version == 1  # the update reached the engine
+
+
+def test_sampler_and_trainer_agree_in_fp32(rl_overrides, reward_plugin):
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters"))
+    m = rl_step(setup(cfg), 1, StageTimer())
+    assert m["mismatch/logprob_abs_diff_max"] < 1e-4
+    assert abs(m["mismatch/kl"]) < 1e-6
+
+
+def test_crashing_verifier_is_masked_and_counted_not_scored_zero(rl_overrides, reward_plugin):
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:flaky"))
+    run = setup(cfg)
+    m = rl_step(run, 1, StageTimer())
+    assert 0 < m["outcomes/INFRA_FAIL_frac"] < 1
+    assert m["outcomes/INFRA_FAIL_frac"] + m["outcomes/MODEL_FAIL_frac"] == pytest.approx(1.0)
+
+
+def test_dynamic_sampling_gives_up_with_a_reason_when_no_group_is_informative(rl_overrides, reward_plugin):
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:constant", **{
+        "dynamic_sampling.enabled": True, "dynamic_sampling.max_rounds": 2}))
+    m = rl_step(setup(cfg), 1, StageTimer())
+    assert m["dynamic_sampling/rounds"] == 2 and m["dynamic_sampling/starved"] == 1
+    assert m["update/skipped"] == 1
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", *(pytest.param(a, marks=pytest.mark.slow)
+                                                for a in ("dr_grpo", "rloo", "reinforce_pp"))])
+def test_grpo_family_improves_reward_on_an_easy_task(rl_overrides, reward_plugin, algorithm, tmp_path):
+    cfg = load_config(RLConfig, None, rl_overrides(
+        verifier=f"{reward_plugin}:letters", algorithm=algorithm, num_steps=10, mini_batches=2, **{
+            "optim.lr": 2e-2, "rollout.group_size": 8, "prompts_per_step": 4, "kl.track": False}))
+    run_rl(cfg)
+    rewards = [m["reward/mean"] for m in _metrics(tmp_path / "run")]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.1, rewards
+
+
+def test_metrics_carry_the_contract_names_and_resume_continues(rl_overrides, reward_plugin, tmp_path):
+    over = rl_overrides(verifier=f"{reward_plugin}:letters", save_every=1)
+    run_rl(load_config(RLConfig, None, over))
+    first = _metrics(tmp_path / "run")
+    assert [m["step"] for m in first] == [1, 2]
+    for name in DESIGN_METRICS:
+        assert name in first[-1], name
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    run_rl(load_config(RLConfig, None, over + ["num_steps=3"]))
+    resumed = _metrics(tmp_path / "run")
+    assert [m["step"] for m in resumed] == [1, 2, 3]
+    assert resumed[2]["policy_version"] == 3
+    assert (tmp_path / "run" / "checkpoints" / "step-3" / "config.json").is_file()
+
+
+def test_lora_policy_trains_and_syncs_merged_weights(rl_overrides, reward_plugin):
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", **{
+        "model.lora.enabled": True, "model.lora.r": 4, "optim.lr": 1e-2}))
+    run = setup(cfg)
+    m = rl_step(run, 1, StageTimer())
+    assert m["grad_norm"] > 0 and run.engine.version == 1
+    # engine now holds the merged weights: sampler and trainer still agree
+    m2 = rl_step(run, 2, StageTimer())
+    assert m2["mismatch/logprob_abs_diff_max"] < 1e-4
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "posttrain.cli", "rl", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def test_example_recipe_with_user_prompts_and_math_verifier(nano_model_dir, tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a}+{a}?", "answer": str(2 * a)}) + "\n"
+                            for a in range(6)))
+    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={data}", "data.eval_path=",
+             "verifier=math", "rollout.group_size=2", "rollout.max_new_tokens=4", "rollout.temperature=1.0",
+             "prompts_per_step=2", "num_steps=1", f"out_dir={tmp_path / 'out'}", "logging.progress=false")
+    assert r.returncode == 0, r.stderr
+    m = _metrics(tmp_path / "out")
+    assert m[-1]["step"] == 1 and "time/step_s" in m[-1]
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("rollout.group_sise=4", "group_sise"),
+    ("rollout.group_size=four", "rollout.group_size"),
+    ("algorithm=ppo2", "algorithm"),
+    ("data.path=/nonexistent/p.jsonl", "/nonexistent/p.jsonl"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_data_dir, tmp_path, override, needle):
+    out = tmp_path / "never"
+    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
+             f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=", f"out_dir={out}", override)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_malformed_prompt_row_names_file_and_line(nano_model_dir, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": \n')
+    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={data}", "data.eval_path=",
+             f"out_dir={tmp_path / 'never'}")
+    assert r.returncode == 2 and f"{data}:2" in r.stderr
