@@ -1,7 +1,6 @@
 """posttrain eval on the nano model: results written, resume skips finished problems, bad input named."""
 
 import argparse
-import importlib.util
 import json
 
 import pytest
@@ -114,13 +113,3 @@ def test_run_directory_resolves_to_newest_checkpoint(nano, tmp_path):
         shutil.copytree(nano, tmp_path / "run" / "checkpoints" / f"step-{step}")
     path, step = resolve_model(str(tmp_path / "run"))
     assert step == 10 and path.endswith("step-10")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("posttrain.verifiers.code") is not None,
-                    reason="the code verifier is installed")
-def test_code_benchmark_needs_the_sandbox(nano, tmp_path):
-    data = tmp_path / "code.jsonl"
-    data.write_text(json.dumps({"prompt": "def f():", "test": "assert f() == 1"}) + "\n")
-    cfg = config(nano, tmp_path, f'benchmarks=[{{"kind": "code", "path": "{data}"}}]')
-    with pytest.raises(UserError, match="benchmark kind 'code' needs the sandbox module"):
-        load_problems(cfg.benchmarks[0], 0)
