@@ -27,6 +27,7 @@ import torch
 
 from posttrain.algos import AGGREGATIONS, sft_token_nll
 from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.errors import UserError
 from posttrain.models.hf import ModelConfig, load_model, load_tokenizer, quiet_transformers
 from posttrain.tracking import LoggingConfig, MetricsLogger, latest_checkpoint, progress_bar
 from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
@@ -84,7 +85,10 @@ class SFTConfig:
     eval_every: int = 50
     """Eval loss every N steps (and at the end); 0 = only at the end."""
     eval_generate: int = 0
-    """Also greedy-decode this many held-out prompts and report exact-match accuracy (records need `answer`)."""
+    """At each eval, also greedy-decode this many held-out prompts and log `eval/accuracy` as judged by
+    `eval_verifier` (records need `prompt` and what the verifier reads, e.g. `answer`)."""
+    eval_verifier: str = "arithmetic"
+    """Verifier for eval_generate: a registered name (arithmetic, math, ...) or module:function."""
     save_every: int = 100
     """Checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
@@ -226,12 +230,13 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
                          seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id)
     eval_batches = BatchStream(held_out, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
                                seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id).all_batches() if held_out else []
+    accuracy = _accuracy_probe(cfg, tokenizer) if cfg.eval_generate else None
     run_dir = Path(cfg.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start = _maybe_resume(cfg, run_dir, trainer, printer)
     save_config(cfg, run_dir / "config.yaml")
     logger = MetricsLogger(run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
-    summary = _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start)
+    summary = _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start, accuracy)
     logger.close()
     return summary
 
@@ -249,7 +254,31 @@ def _maybe_resume(cfg: SFTConfig, run_dir: Path, trainer: SFTTrainer, printer) -
     return state["step"]
 
 
-def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start) -> dict:
+def _accuracy_probe(cfg: SFTConfig, tokenizer):
+    """``probe(model) -> accuracy``: greedy decoding of the first held-out prompts, judged by a verifier."""
+    from posttrain.data.chat import encode_prompt
+    from posttrain.data.records import load_records
+    from posttrain.rl.evaluate import evaluate
+    from posttrain.rollout import SamplingParams, TorchEngine
+    from posttrain.verifiers import resolve_verifier
+
+    if not cfg.data.eval_path:
+        raise UserError("eval_generate: needs data.eval_path (held-out records with a prompt)")
+    verifier = resolve_verifier(cfg.eval_verifier)
+    examples = [r for r in load_records(cfg.data.eval_path) if "prompt" in r][: cfg.eval_generate]
+    if not examples:
+        raise UserError(f"{cfg.data.eval_path}: eval_generate needs records with a 'prompt' field")
+    prompts = [encode_prompt(tokenizer, ex["prompt"], cfg.data.use_chat_template) for ex in examples]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.data.max_len)
+
+    def probe(model) -> float:
+        engine = TorchEngine(model, tokenizer=tokenizer, device=str(next(model.parameters()).device))
+        return evaluate(engine, prompts, examples, verifier, profile="greedy", sampling=greedy, n=1).pass_at_k[1]
+
+    return probe
+
+
+def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start, accuracy=None) -> dict:
     summary: dict = {"run_dir": str(run_dir)}
     with progress_bar(cfg.logging.progress) as bar:
         task = bar.add_task("sft", total=cfg.num_steps, completed=start, info="")
@@ -264,6 +293,8 @@ def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, 
             last = step == cfg.num_steps
             if eval_batches and (last or cfg.eval_every and step % cfg.eval_every == 0):
                 metrics["eval/loss"] = trainer.eval_loss(eval_batches)
+                if accuracy is not None:
+                    metrics["eval/accuracy"] = accuracy(trainer.model)
             logger.log(metrics)
             if last or cfg.save_every and step % cfg.save_every == 0:
                 state = {"step": step, "optimizer": trainer.optimizer.state_dict(),
@@ -271,5 +302,5 @@ def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, 
                 summary["checkpoint"] = str(save_checkpoint(run_dir, step, trainer.model, tokenizer, state,
                                                             cfg.keep_last))
             bar.update(task, advance=1, info=f"loss {metrics['loss']:.3f} {metrics['tokens_per_s']:.0f} tok/s")
-            summary |= {k: metrics[k] for k in ("loss", "eval/loss") if k in metrics}
+            summary |= {k: metrics[k] for k in ("loss", "eval/loss", "eval/accuracy") if k in metrics}
     return summary

@@ -28,11 +28,13 @@ def losses(run_dir):
 
 def test_sft_lowers_eval_loss_and_checkpoint_loads(nano_model_dir, arith_data_dir, tmp_path):
     cfg = load_config(SFTConfig, None, sft_args(nano_model_dir, arith_data_dir, tmp_path / "run",
-                                                "num_steps=30", "eval_every=10"))
+                                                "num_steps=30", "eval_every=10", "eval_generate=4"))
     summary = run_sft(cfg, printer=lambda *_: None)
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/loss"] for r in rows if "eval/loss" in r]
     assert len(evals) == 3 and evals[-1] < evals[0] - 0.5
+    accuracies = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    assert len(accuracies) == 3 and all(a in (0.0, 0.25, 0.5, 0.75, 1.0) for a in accuracies)
     for key in ("step", "loss", "lr", "tokens_per_s", "time/step_s"):
         assert key in rows[-1]
     from transformers import AutoModelForCausalLM, AutoTokenizer
