@@ -1,0 +1,133 @@
+"""``run_async``: the async counterpart of `posttrain.rl.loop.run_rl`.
+
+One step, top to bottom (the engine keeps generating in its own process throughout):
+
+    take P buffered groups (wait only if the bound forces it) -> staleness metrics
+    -> learn (rewards, trainer log-probs, advantages, IS correction vs the sampler, update)
+    -> push weights v+1 (queued; acknowledged and checked later) -> admit new requests
+
+Everything after generation is the sync loop's own `learn`, so sync and async differ only in who
+calls ``generate`` and when. A checkpoint adds the ledger and the buffered groups; requests in flight
+go back to pending on resume. An engine that hangs or dies for good stops the run with a
+checkpoint of the last finished step and an error that names what failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from posttrain.algos import ADVANTAGES
+from posttrain.config import save_config, to_dict
+from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
+from posttrain.rl.async_.protocol import EngineError
+from posttrain.rl.async_.selftest import self_test
+from posttrain.rl.async_.worker import ProcessEngine
+from posttrain.rl.config import RLConfig
+from posttrain.rl.diagnostics import Watchdog
+from posttrain.rl.loop import checkpoint, group_rewards, held_out_eval, learn, maybe_resume, setup
+from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
+from posttrain.train.checkpoint import load_trainer_state
+
+
+def split_threads(cfg: RLConfig) -> tuple[int, int]:
+    """(engine, trainer) torch threads: by default the engine gets half the cores, the trainer the rest."""
+    cores = os.cpu_count() or 2
+    engine = cfg.asynchrony.engine_threads or max(1, cores // 2)
+    trainer = cfg.asynchrony.trainer_threads or max(1, cores - engine)
+    return engine, trainer
+
+
+def start_engine(cfg: RLConfig, printer=print) -> ProcessEngine:
+    engine_threads, _ = split_threads(cfg)
+    return ProcessEngine(cfg.model.path, dtype=cfg.rollout.engine_dtype, device=cfg.model.device,
+                         threads=engine_threads, timeout_s=cfg.asynchrony.timeout_s,
+                         max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer)
+
+
+def step_info(cfg: RLConfig, outcomes) -> dict:
+    """The sync loop's collect() info for a step's groups."""
+    P = len(outcomes) // cfg.rollout.group_size
+    rewards, valid = group_rewards(outcomes, P, cfg.rollout.group_size)
+    zv = ADVANTAGES[cfg.algorithm](rewards, valid)[1]["zero_variance_P"]
+    return {"groups/zero_variance_frac": float(zv.float().mean()), "dynamic_sampling/rounds": 1}
+
+
+def save(run, ctl: AsyncController, step: int) -> None:
+    checkpoint(run, step, extra={"async": ctl.state_dict()})
+    tmp = run.run_dir / "ledger.json.tmp"
+    tmp.write_text(json.dumps(ctl.ledger.summary()))
+    tmp.replace(run.run_dir / "ledger.json")
+
+
+def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
+    groups = ctl.take(step)
+    if not groups:
+        return {"update/skipped": 1, "dynamic_sampling/starved": 1, "tokens/generated": 0} | ctl.step_metrics([])
+    async_metrics = ctl.step_metrics(groups)  # staleness against the version that trains on them
+    ro, outcomes = groups_to_rollouts(groups)
+    metrics = learn(run, step, timer, ro, outcomes, step_info(run.cfg, outcomes)) | async_metrics
+    ctl.fill()
+    return metrics
+
+
+def run_async(cfg: RLConfig, printer=print) -> dict:
+    """Run (or resume) async RL; returns the last step's metrics."""
+    run = setup(cfg)
+    torch.set_num_threads(split_threads(cfg)[1])
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    run.engine = engine = start_engine(cfg, printer)
+    try:
+        return _train(run, engine, printer)
+    finally:
+        engine.close()
+
+
+def _train(run, engine, printer) -> dict:
+    cfg = run.cfg
+    start = maybe_resume(run)
+    ctl = AsyncController(run, engine)
+    if start:
+        ctl.load_state_dict(load_trainer_state(latest_checkpoint(run.run_dir))["async"])
+    save_config(cfg, run.run_dir / "config.yaml")
+    logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
+    first = self_test(run, engine) if cfg.asynchrony.self_test else {}
+    if first:
+        printer(f"async self-test passed: mismatch KL {first['selftest/mismatch_kl']:.1e}, "
+                f"IS ratio {first['selftest/is_ratio_mean']:.4f}, weight sync reached the engine")
+    first |= held_out_eval(run) if start == 0 else {}
+    if first and start == 0:
+        logger.log({"step": 0, **first})
+    watchdog, timer = Watchdog(printer), StageTimer()
+    last, done = first, start
+    try:
+        with progress_bar(cfg.logging.progress) as bar:
+            task = bar.add_task("rl-async", total=cfg.num_steps, completed=start, info="")
+            for step in range(start + 1, cfg.num_steps + 1):
+                t0 = time.perf_counter()
+                metrics = one_step(run, ctl, step, timer)
+                done = step
+                if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.num_steps:
+                    with timer("eval"):
+                        metrics |= held_out_eval(run)
+                metrics |= timer.pop()
+                metrics["time/step_s"] = time.perf_counter() - t0
+                metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
+                metrics["policy_version"] = engine.version
+                logger.log({"step": step, **metrics})
+                watchdog.check(step, metrics)
+                if cfg.save_every and step % cfg.save_every == 0 or step == cfg.num_steps:
+                    save(run, ctl, step)
+                bar.update(task, advance=1, info=f"reward {metrics.get('reward/mean', float('nan')):.3f} "
+                           f"stale {metrics['async/staleness_mean']:.2f} idle {metrics['time/trainer_idle_s']:.2f}s")
+                last = metrics
+    except EngineError:
+        save(run, ctl, done)
+        printer(f"the rollout engine failed; saved a checkpoint at step {done} (re-run to resume)")
+        raise
+    finally:
+        logger.close()
+    return last

@@ -1,0 +1,253 @@
+"""Async RL: K=0 equals sync, the staleness bound under a randomly slow engine, correction refusal,
+weight-sync verification, the start-up self-test, and hang/death handling of the engine process."""
+
+import json
+import os
+import random
+import signal
+import types
+
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.config import load_config
+from posttrain.outcome import Outcome
+from posttrain.rl.async_ import worker
+from posttrain.rl.async_.controller import AsyncController
+from posttrain.rl.async_.protocol import EngineDied, EngineTimeout, Generated
+from posttrain.rl.async_.selftest import SelfTestError, self_test
+from posttrain.rl.async_.worker import LocalEngine, ProcessEngine
+from posttrain.rl.config import RLConfig
+from posttrain.rl.curriculum import CurriculumSource
+from posttrain.rl.loop import run_rl, setup
+from posttrain.rollout import SamplingParams, WeightSyncError, weights_checksum
+from posttrain.rollout.types import Rollouts
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _comparable(row):
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "selftest/")) and k != "tokens_per_s"}
+
+
+@pytest.mark.slow
+def test_k0_reproduces_sync_step_for_step(rl_overrides, reward_plugin, arith_data_dir, tmp_path):
+    common = dict(verifier=f"{reward_plugin}:letters", num_steps=3, **{"data.eval_path": arith_data_dir / "prompts_eval.jsonl",
+                  "data.eval_max_prompts": 8})
+    run_rl(load_config(RLConfig, None, rl_overrides(out_dir=tmp_path / "sync", **common)), printer=lambda *_: None)
+    run_rl(load_config(RLConfig, None, rl_overrides(out_dir=tmp_path / "async", mode="async", max_staleness=0, **common)),
+           printer=lambda *_: None)
+    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    assert [r["step"] for r in sync] == [r["step"] for r in asyn] == [0, 1, 2, 3]
+    assert any(r.get("grad_norm", 0) > 0 for r in sync), "the runs must actually learn for the comparison to mean anything"
+    for s, a in zip(sync, asyn):
+        assert _comparable(s) == pytest.approx(_comparable(a), rel=1e-5, abs=1e-7)
+    assert all(r["async/staleness_max"] == 0 for r in asyn[1:])
+    assert asyn[0]["selftest/passed"] == 1
+
+
+# ------------------------------------------------------------------------------------- property test
+
+
+class SlowEngine:
+    """A fake engine with the real one's ordering (FIFO messages) but a random pace: each poll serves
+    a random number of queued messages, so generation runs ahead or lags the trainer at random."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.queue, self.ready = rng, [], []
+        self.version = self.served = self.rid = 0
+        self.restarts, self.idle_s = 0, 0.0
+
+    def submit(self, prompts, n, sampling):
+        self.rid += 1
+        self.queue.append(("g", self.rid, prompts, n, sampling))
+        return self.rid
+
+    def load_weights(self, weights, version, checksum):
+        self.version = version
+        self.queue.append(("w", version))
+
+    def _serve_one(self):
+        msg = self.queue.pop(0)
+        if msg[0] == "w":
+            self.served = msg[1]
+            return
+        _, rid, prompts, n, sampling = msg
+        texts = [self.rng.choice(["yes", "no"]) for _ in range(len(prompts) * n)]
+        self.ready.append(Generated(rid=rid, gen_s=0.0, idle_s=0.0, rollouts=Rollouts(
+            prompt_idx=[i for i in range(len(prompts)) for _ in range(n)], prompt_ids=[p for p in prompts for _ in range(n)],
+            completion_ids=[[5, 6]] * len(texts), logprobs=[[-0.5, -0.5]] * len(texts), finish_reason=["eos"] * len(texts),
+            policy_version=[self.served] * len(texts), sampling=sampling, texts=texts)))
+
+    def poll(self, wait):
+        for _ in range(self.rng.randint(0, 3)):
+            if self.queue:
+                self._serve_one()
+        while wait and not self.ready:
+            self._serve_one()
+        out, self.ready = self.ready, []
+        return out
+
+
+def _judge(completion, example):
+    return Outcome.passed() if completion == "yes" else Outcome.model_fail()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_staleness_bound_holds_under_a_randomly_slow_engine(seed):
+    rng = random.Random(seed)
+    K, P, G = rng.randint(0, 3), rng.randint(1, 4), rng.randint(1, 3)
+    dynamic = rng.random() < 0.5
+    cfg = load_config(RLConfig, None, [f"max_staleness={K}", f"prompts_per_step={P}", f"rollout.group_size={G}",
+                                       "mode=async", f"dynamic_sampling.enabled={dynamic}", f"seed={seed}"])
+    examples = [{"prompt": f"p{i}", "answer": "yes"} for i in range(7)]
+    run = types.SimpleNamespace(cfg=cfg, source=CurriculumSource(examples, seed, cfg.curriculum),
+                                train_prompts={i: [1, 2, 3] for i in range(7)}, verifier=_judge)
+    engine = SlowEngine(rng)
+    ctl = AsyncController(run, engine)
+    worst, trained = 0, 0
+    for step in range(1, 31):
+        groups = ctl.take(step)
+        stale = [engine.version - v for g in groups for v in g.rollouts.policy_version]
+        assert all(0 <= s <= K for s in stale), f"step {step}: staleness {max(stale)} > K={K}"
+        assert len(groups) == P or dynamic
+        m = ctl.step_metrics(groups)
+        assert m["async/staleness_max"] <= K and m["async/bound_requeued"] == 0
+        worst, trained = max([worst, *stale]), trained + len(groups)
+        engine.load_weights(None, engine.version + 1, "")
+        ctl.fill()
+        assert ctl.pipeline() <= (K + 1) * P
+    counts = ctl.ledger.counts()
+    assert counts["trained"] == trained and sum(counts.values()) == len(ctl.ledger)
+    steps = [s for s in ctl.ledger.step if s >= 0]
+    assert len(steps) == trained and all(1 <= s <= 30 for s in steps)
+    if K and not dynamic:
+        assert worst == K, "a slow engine should push some samples right up to the bound"
+
+
+# ------------------------------------------------------------------------------------- correction
+
+
+def test_async_refuses_correction_off_unless_forced(rl_overrides, capsys, tmp_path):
+    code = main(["rl", *rl_overrides(mode="async", **{"correction.kind": "none"})])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "correction.kind: none is refused in async mode" in err and "force_no_correction=true" in err
+    assert not (tmp_path / "run").exists()
+    cfg = load_config(RLConfig, None, rl_overrides(mode="async", force_no_correction=True, **{"correction.kind": "none"}))
+    assert cfg.correction.kind == "none"
+    assert load_config(RLConfig, None, rl_overrides(mode="async")).correction.kind == "truncated"  # on by default
+
+
+def test_behaviour_anchored_ppo_uses_sampler_logprobs(rl_overrides, reward_plugin):
+    from posttrain.rl.loop import collect, learn
+    from posttrain.tracking import StageTimer
+
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", mode="async",
+                                                   **{"asynchrony.decoupled_ppo": False}))
+    run = setup(cfg)
+    run.engine = LocalEngine(__import__("posttrain.rollout", fromlist=["TorchEngine"]).TorchEngine(
+        cfg.model.path, tokenizer=run.tokenizer))
+    ro, outcomes, info = collect(run, 1)
+    m = learn(run, 1, StageTimer(), ro, outcomes, info)
+    assert m["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # sampler == trainer at version 0
+
+
+# ------------------------------------------------------------------------------------- weight sync
+
+
+def _local_run(rl_overrides, reward_plugin, **extra):
+    from posttrain.rollout import TorchEngine
+
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", **extra))
+    run = setup(cfg)
+    dtype = cfg.rollout.engine_dtype
+    return run, LocalEngine(TorchEngine(cfg.model.path, tokenizer=run.tokenizer, dtype=getattr(torch, dtype)), dtype)
+
+
+def test_self_test_passes_on_a_sound_engine(rl_overrides, reward_plugin):
+    run, engine = _local_run(rl_overrides, reward_plugin)
+    m = self_test(run, engine)
+    assert m["selftest/mismatch_kl"] < 1e-6 and m["selftest/is_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_self_test_catches_a_sync_that_never_reaches_the_sampler(rl_overrides, reward_plugin):
+    run, engine = _local_run(rl_overrides, reward_plugin)
+    import copy
+
+    from posttrain.rollout.fast_llama import FastLlamaDecoder
+
+    # The engine's state dict takes the new weights (so the checksum read-back passes), but it keeps
+    # sampling from a stale copy, as a decoder that caches its weights and misses a refresh would.
+    engine.engine.decoder = FastLlamaDecoder(copy.deepcopy(engine.engine.model))
+    with pytest.raises(SelfTestError, match="did not reach the engine's sampler"):
+        self_test(run, engine)
+
+
+def test_self_test_catches_sampler_trainer_disagreement(rl_overrides, reward_plugin):
+    run, engine = _local_run(rl_overrides, reward_plugin, **{"rollout.engine_dtype": "bfloat16",
+                                                            "asynchrony.self_test_max_kl": 1e-9})
+    with pytest.raises(SelfTestError, match="sampler and trainer disagree"):
+        self_test(run, engine)
+
+
+def test_weights_that_do_not_land_intact_are_detected(rl_overrides, reward_plugin):
+    run, engine = _local_run(rl_overrides, reward_plugin)
+    weights = run.policy.export_weights()
+    original = engine.engine.load_weights
+
+    def lossy(w, version, checksum):  # accepts, then loses one tensor's update
+        original(w, version, checksum)
+        next(iter(engine.engine.model.parameters())).data.add_(1.0)
+
+    engine.engine.load_weights = lossy
+    with pytest.raises(WeightSyncError, match="did not reach the engine intact"):
+        engine.load_weights(weights, 1, weights_checksum(weights))
+
+
+def test_corrupted_weight_sync_to_the_engine_process_is_refused(nano_model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    weights = AutoModelForCausalLM.from_pretrained(nano_model_dir).state_dict()
+    pack = worker._pack_weights
+
+    def corrupting(w):  # one value flipped after the checksum was taken, as a bad transfer would
+        w = {k: v.clone() for k, v in w.items()}
+        next(iter(w.values())).view(-1)[0] += 1.0
+        return pack(w)
+
+    monkeypatch.setattr(worker, "_pack_weights", corrupting)
+    engine = ProcessEngine(str(nano_model_dir), threads=1, timeout_s=60, printer=lambda *_: None)
+    try:
+        engine.load_weights(weights, 1, weights_checksum(weights))
+        with pytest.raises(WeightSyncError, match="refused weights of version 1.*checksum mismatch"):
+            engine.wait_synced()
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_engine_process_restarts_after_death_and_hangs_time_out(nano_model_dir):
+    notes = []
+    engine = ProcessEngine(str(nano_model_dir), threads=1, timeout_s=60, max_restarts=1, printer=notes.append)
+    sp = SamplingParams(max_new_tokens=4, seed=3)
+    try:
+        before = engine.generate([[1, 2, 3]], 2, sp)
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        rid = engine.submit([[1, 2, 3]], 2, sp)
+        (reply,) = engine.poll(wait=True)
+        assert reply.rid == rid and reply.rollouts.completion_ids == before.completion_ids
+        assert engine.restarts == 1 and "engine_restart" in notes[0]
+        engine.timeout_s = 2.0
+        os.kill(engine.proc.pid, signal.SIGSTOP)  # alive but stuck
+        with pytest.raises(EngineTimeout, match=r"did not answer generate request \d+ within 2 s"):
+            engine.generate([[1, 2, 3]], 2, sp)
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        engine.submit([[1, 2, 3]], 1, sp)
+        with pytest.raises(EngineDied, match="died 2 times"):
+            engine.poll(wait=True)
+    finally:
+        engine.close()
