@@ -33,14 +33,14 @@ def write_task(out: Path, seed: int) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def make_teacher(out_dir: str | Path, *, steps: int | None = None, seed: int = 0,
+def make_teacher(out_dir: str | Path, *, size: str = "small", steps: int | None = None, seed: int = 0,
                  progress: bool = True, printer=print) -> Teacher:
     """Build (or reuse) the teacher in ``out_dir``; returns its checkpoint and held-out pass@1."""
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
     out = Path(out_dir)
-    settings = {**TASK, **TEACHER_SFT, "steps": steps or TEACHER_SFT["steps"], "seed": seed}
+    settings = {**TASK, **TEACHER_SFT, "size": size, "steps": steps or TEACHER_SFT["steps"], "seed": seed}
     record = out / "teacher.json"
     if record.is_file():
         cached = json.loads(record.read_text())

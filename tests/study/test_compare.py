@@ -1,0 +1,49 @@
+"""`posttrain study compare`: the smoke profile end to end, and the table it prints."""
+
+import json
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.study.compare import ARMS, PROFILES, format_table
+
+
+def test_format_table_states_both_questions_and_the_numbers():
+    rows = [{"run": "distill", "trajectory": "student", "signal": "teacher per-token reverse KL", "tokens": 12345,
+             "seconds": 61.2, "greedy_pass@1": 0.5, "sampled_pass@1": 0.25, "pass@8": 0.875},
+            {"run": "teacher", "trajectory": "-", "signal": "-", "tokens": None, "seconds": None,
+             "greedy_pass@1": 1.0, "sampled_pass@1": 0.9, "pass@8": 1.0}]
+    lines = format_table({"rows": rows}).splitlines()
+    assert lines[0] == ("| run | trajectory from | signal | tokens | wall s | greedy pass@1 | sampled pass@1 "
+                        "| pass@8 |")
+    assert lines[2] == "| distill | student | teacher per-token reverse KL | 12,345 | 61 | 0.500 | 0.250 | 0.875 |"
+    assert lines[3] == "| teacher | - | - | - | - | 1.000 | 0.900 | 1.000 |"
+
+
+def test_unknown_profile_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["study", "compare", "--profile", "huge"])
+    assert e.value.code == 2 and "huge" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smoke_profile_end_to_end(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["study", "compare", "--profile", "smoke", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["run"]: r for r in summary["rows"]}
+    assert list(rows) == ["start", *ARMS, "teacher"]
+    budget = PROFILES["smoke"]["budget"]
+    for arm in ARMS:
+        # Each arm stops at the budget; it may overshoot by at most its last step.
+        assert budget <= rows[arm]["tokens"] < 2 * budget
+        for key in ("greedy_pass@1", "sampled_pass@1", "pass@2"):
+            assert 0.0 <= rows[arm][key] <= 1.0
+        curve = [json.loads(line) for line in (out / "curves" / arm / "metrics.jsonl").read_text().splitlines()]
+        assert curve[0]["step"] == 0 and curve[-1]["step"] == rows[arm]["tokens"] and len(curve) >= 3
+        assert (out / "evals" / arm / "eval.json").is_file()
+    assert "| distill | student | teacher per-token reverse KL |" in printed
+    assert (out / "study.md").read_text().startswith("| run |")
+    html = (out / "report.html").read_text()
+    assert "Held-out accuracy" in html and "curves/distill" in html
