@@ -243,18 +243,29 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe_config(cls: type, prefix: str = "") -> str:
-    """One line per dotted key: type, default and docstring; used by every command's --help."""
+def describe_config(cls: type, prefix: str = "", defaults=None) -> str:
+    """One line per dotted key: type, default and docstring; used by every command's --help.
+
+    Defaults are read from a default instance where one can be built, so a section whose parent
+    overrides it (RL's optimizer defaults differ from SFT's) shows the value that really applies."""
+    if defaults is None:
+        try:
+            defaults = cls()
+        except Exception:  # a config with required fields: fall back to the field declarations
+            defaults = None
     lines = []
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        if defaults is not None:
+            default = getattr(defaults, f.name)
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
         if dataclasses.is_dataclass(tp):
-            lines.append(describe_config(tp, f"{prefix}{f.name}."))
+            lines.append(describe_config(tp, f"{prefix}{f.name}.", default if dataclasses.is_dataclass(default) else None))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
         tname = str(tp).replace("typing.", "") if typing.get_origin(tp) else _type_name(tp)
         lines.append(f"  {prefix}{f.name} ({tname}, default {default!r})\n      {docs.get(f.name, '')}")
     return "\n".join(lines)

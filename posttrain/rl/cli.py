@@ -24,7 +24,17 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.rl.loop import run_rl
 
     cfg = load_recipe(RLConfig, args)
-    last = run_rl(cfg)
+    try:
+        last = run_rl(cfg)
+    except RuntimeError as e:  # async: a hung or dead engine, a refused weight sync, a failed self-test
+        from posttrain.rl.async_.protocol import EngineError
+        from posttrain.rl.async_.selftest import SelfTestError
+        from posttrain.rollout.types import WeightSyncError
+
+        if not isinstance(e, (EngineError, SelfTestError, WeightSyncError)):
+            raise
+        print(f"posttrain rl: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     evals = {k: round(v, 4) for k, v in last.items() if k.startswith("eval/")}
     print(f"rl done: reward/mean={last.get('reward/mean', float('nan')):.4f} {evals}")
     return 0
