@@ -9,6 +9,7 @@ Re-running with the same out_dir resumes.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from posttrain.config import add_recipe_arguments, load_recipe
 from posttrain.rl.config import RLConfig
