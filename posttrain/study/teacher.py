@@ -2,7 +2,7 @@
 
 Built once and cached: ``DIR/teacher.json`` records the settings it was built with, the
 checkpoint and its held-out greedy pass@1; a later call with the same settings reuses it, a call
-with other settings rebuilds it. Layout: ``DIR/base`` (the untrained model), ``DIR/data`` (the
+with other settings rebuilds it. An interrupted build resumes from its last SFT checkpoint. Layout: ``DIR/base`` (the untrained model), ``DIR/data`` (the
 task), ``DIR/sft`` (the SFT run; its last checkpoint is the teacher).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 # The task every study model shares, and the teacher's training budget.
 TASK = dict(ops="+-", digits=2, n_train=4000, n_eval=200)
-TEACHER_SFT = dict(size="small", steps=240, lr=2e-3, tokens_per_batch=2048, max_len=128)
+TEACHER_SFT = dict(size="small", steps=160, lr=3e-3, tokens_per_batch=2048, max_len=128, save_every=20)
 
 
 @dataclasses.dataclass
@@ -64,7 +64,7 @@ def _build(out: Path, s: dict, progress: bool, printer) -> Teacher:
     cfg = load_config(SFTConfig, None, [
         f"model.path={base}", f"data.path={data['train']}", f"data.max_len={s['max_len']}",
         f"data.tokens_per_batch={s['tokens_per_batch']}", f"optim.lr={s['lr']}", "optim.warmup_steps=10",
-        f"num_steps={s['steps']}", "save_every=0", f"seed={s['seed']}", f"out_dir={out / 'sft'}",
+        f"num_steps={s['steps']}", f"save_every={s['save_every']}", f"seed={s['seed']}", f"out_dir={out / 'sft'}",
         f"logging.progress={progress}"])
     run_sft(cfg, printer=printer)
     ckpt = str(latest_checkpoint(out / "sft"))
