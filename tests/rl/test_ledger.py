@@ -15,7 +15,6 @@ import pytest
 from posttrain.rl.ledger import LedgerError, PromptLedger
 from posttrain.rl.prompts import PromptSource
 from posttrain.train.checkpoint import load_trainer_state
-from posttrain.tracking import latest_checkpoint
 
 
 def test_entries_move_pending_in_flight_completed_trained():
@@ -82,7 +81,7 @@ def test_kill_9_at_random_points_then_resume_trains_every_prompt_exactly_once(rl
     done = subprocess.run(_cli(*args), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed from" in done.stdout
-    state = load_trainer_state(latest_checkpoint(run_dir))
+    state = load_trainer_state(run_dir / "checkpoints" / f"step-{steps}")
     led = PromptLedger()
     led.load_state_dict(state["async"]["ledger"])
     by_step = led.trained_by_step()
@@ -92,13 +91,14 @@ def test_kill_9_at_random_points_then_resume_trains_every_prompt_exactly_once(rl
     examples = [json.loads(line) for line in open(args_value(args, "data.path"))]
     expected = [i for i, _ in PromptSource(examples, 0).next(steps * P)]
     assert [led.index[u] for u in trained] == expected, "the same prompts an uninterrupted run trains"
-    assert [r["step"] for r in rows(run_dir)] == list(range(0, steps + 1))
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, steps + 1))
     assert json.loads((run_dir / "ledger.json").read_text())["counts"]["trained"] == steps * P
 
 
 def latest_step(run_dir) -> int:
-    ckpt = latest_checkpoint(run_dir)
-    return int(ckpt.name.split("-")[1]) if ckpt is not None else 0
+    done = [int(p.parent.name.split("-")[1]) for p in run_dir.glob("checkpoints/step-*/trainer_state.pt")
+            if not p.parent.name.endswith(".tmp")]
+    return max(done, default=0)
 
 
 def rows(run_dir):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import torch
@@ -77,6 +78,7 @@ def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
 def run_async(cfg: RLConfig, printer=print) -> dict:
     """Run (or resume) async RL; returns the last step's metrics."""
     run = setup(cfg)
+    threads = torch.get_num_threads()
     torch.set_num_threads(split_threads(cfg)[1])
     run.run_dir.mkdir(parents=True, exist_ok=True)
     run.engine = engine = start_engine(cfg, printer)
@@ -84,10 +86,18 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
         return _train(run, engine, printer)
     finally:
         engine.close()
+        torch.set_num_threads(threads)
+
+
+def drop_partial_checkpoints(run_dir) -> None:
+    """A save killed half-way leaves ``step-N.tmp`` behind (never a half ``step-N``); it is garbage."""
+    for tmp in (run_dir / "checkpoints").glob("step-*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _train(run, engine, printer) -> dict:
     cfg = run.cfg
+    drop_partial_checkpoints(run.run_dir)
     start = maybe_resume(run)
     ctl = AsyncController(run, engine)
     if start:
