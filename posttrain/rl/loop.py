@@ -275,6 +275,19 @@ def held_out_eval(run: RLRun) -> dict:
     return eval_metrics(summary, "heldout")
 
 
+def finish_step(run: RLRun, step: int, timer: StageTimer, t0: float, metrics: dict) -> dict:
+    """The tail of every step, sync or async: eval when due, stage times, throughput, version."""
+    cfg = run.cfg
+    if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.num_steps:
+        with timer("eval"):
+            metrics |= held_out_eval(run)
+    metrics |= timer.pop()
+    metrics["time/step_s"] = time.perf_counter() - t0
+    metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
+    metrics["policy_version"] = run.engine.version
+    return metrics
+
+
 def run_rl(cfg: RLConfig, printer=print) -> dict:
     """Run (or resume) RL; returns the last step's metrics."""
     if cfg.mode == "async":
@@ -294,14 +307,7 @@ def run_rl(cfg: RLConfig, printer=print) -> dict:
         task = bar.add_task("rl", total=cfg.num_steps, completed=start, info="")
         for step in range(start + 1, cfg.num_steps + 1):
             t0 = time.perf_counter()
-            metrics = rl_step(run, step, timer)
-            if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.num_steps:
-                with timer("eval"):
-                    metrics |= held_out_eval(run)
-            metrics |= timer.pop()
-            metrics["time/step_s"] = time.perf_counter() - t0
-            metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
-            metrics["policy_version"] = run.engine.version
+            metrics = finish_step(run, step, timer, t0, rl_step(run, step, timer))
             logger.log({"step": step, **metrics})
             watchdog.check(step, metrics)
             if cfg.save_every and step % cfg.save_every == 0 or step == cfg.num_steps:

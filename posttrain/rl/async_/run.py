@@ -29,7 +29,7 @@ from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import checkpoint, group_rewards, held_out_eval, learn, maybe_resume, setup
+from posttrain.rl.loop import checkpoint, finish_step, group_rewards, held_out_eval, learn, maybe_resume, setup
 from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
 from posttrain.train.checkpoint import load_trainer_state
 
@@ -120,13 +120,7 @@ def _train(run, engine, printer) -> dict:
                 t0 = time.perf_counter()
                 metrics = one_step(run, ctl, step, timer)
                 done = step
-                if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.num_steps:
-                    with timer("eval"):
-                        metrics |= held_out_eval(run)
-                metrics |= timer.pop()
-                metrics["time/step_s"] = time.perf_counter() - t0
-                metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
-                metrics["policy_version"] = engine.version
+                metrics = finish_step(run, step, timer, t0, metrics)
                 logger.log({"step": step, **metrics})
                 watchdog.check(step, metrics)
                 if cfg.save_every and step % cfg.save_every == 0 or step == cfg.num_steps:
