@@ -142,18 +142,27 @@ def test_async_refuses_correction_off_unless_forced(rl_overrides, capsys, tmp_pa
     assert load_config(RLConfig, None, rl_overrides(mode="async")).correction.kind == "truncated"  # on by default
 
 
-def test_behaviour_anchored_ppo_uses_sampler_logprobs(rl_overrides, reward_plugin):
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_decoupled_ppo_clips_around_the_trainer_and_behaviour_mode_around_the_sampler(rl_overrides, reward_plugin,
+                                                                                     decoupled):
+    import math
+
     from posttrain.rl.loop import collect, learn
     from posttrain.tracking import StageTimer
 
-    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", mode="async",
-                                                   **{"asynchrony.decoupled_ppo": False}))
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters",
+                                                   **{"asynchrony.decoupled_ppo": decoupled}))
     run = setup(cfg)
-    run.engine = LocalEngine(__import__("posttrain.rollout", fromlist=["TorchEngine"]).TorchEngine(
-        cfg.model.path, tokenizer=run.tokenizer))
     ro, outcomes, info = collect(run, 1)
+    ro.logprobs = [[lp + 0.5 for lp in row] for row in ro.logprobs]  # as if sampled by an older policy
+    run.cfg.mode = "async"
     m = learn(run, 1, StageTimer(), ro, outcomes, info)
-    assert m["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # sampler == trainer at version 0
+    stale_ratio = math.exp(-0.5)
+    if decoupled:  # PPO ratio against the trainer's own log-probs; the staleness shows in the IS weight
+        assert m["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert m["is/ratio_mean"] == pytest.approx(stale_ratio, rel=1e-3)
+    else:  # PPO ratio against the sampler's log-probs, no separate weight
+        assert m["policy/ratio_mean"] == pytest.approx(stale_ratio, rel=1e-3)
 
 
 # ------------------------------------------------------------------------------------- weight sync
