@@ -39,9 +39,9 @@ PROFILES: dict[str, dict] = {
     "smoke": dict(student_size="nano", teacher_size="nano", teacher_steps=12, n_train=400, n_eval=16,
                   student_steps=4, budget=1200, samples_per_step=16, max_new_tokens=24, k=2,
                   sft_lr=3e-3, rl_lr=1e-3, distill_lr=1e-3),
-    "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=200,
-                 student_steps=30, budget=120_000, samples_per_step=128, max_new_tokens=64, k=8,
-                 sft_lr=1e-3, rl_lr=2e-4, distill_lr=2e-4),
+    "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=100,
+                 student_steps=20, budget=40_000, samples_per_step=64, max_new_tokens=64, k=4,
+                 sft_lr=1e-3, rl_lr=5e-4, distill_lr=5e-4),
 }
 ARMS = ("sft", "grpo", "distill")
 FRAMING = {"start": ("-", "-"), "teacher": ("-", "-"),
@@ -93,12 +93,12 @@ def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progr
 def prepare(out: Path, p: dict, seed: int, progress: bool, printer) -> Study:
     """The task, the teacher (cached) and the weak student start."""
     from posttrain.models.tiny import build_tiny
-    from posttrain.study.teacher import make_teacher
+    from posttrain.study.teacher import TASK, make_teacher
     from posttrain.tasks.arithmetic import write_arithmetic
 
     out.mkdir(parents=True, exist_ok=True)
-    data = {k: str(v) for k, v in write_arithmetic(out / "data", n_train=p["n_train"], n_eval=p["n_eval"],
-                                                    seed=seed, digits=2, ops="+-", fmt="trace").items()}
+    data = {k: str(v) for k, v in write_arithmetic(out / "data", n_train=p["n_train"], n_eval=p["n_eval"], seed=seed,
+                                                    digits=TASK["digits"], ops=TASK["ops"], fmt="trace").items()}
     teacher = make_teacher(out / "teacher", size=p["teacher_size"], steps=p["teacher_steps"], seed=seed,
                            progress=progress, printer=printer)
     base = build_tiny(out / "student_base", p["student_size"], seed=seed)
@@ -259,13 +259,15 @@ def write_curves(study: Study, arms: dict) -> None:
 def final_evals(study: Study, arms: dict) -> list[dict]:
     """`run_eval` of every model on the held-out split: greedy pass@1 and sampled pass@1..k."""
     from posttrain.eval.runner import BenchmarkConfig, DecodingProfile, EvalConfig, run_eval
+    from posttrain.study.teacher import TASK
 
     p = study.profile
     rows = []
     for name in ("start", *ARMS, "teacher"):
         cfg = EvalConfig(model=arms[name]["checkpoint"], out_dir=str(study.out / "evals" / name), label=name,
                          seed=study.seed,
-                         benchmarks=[BenchmarkConfig(kind="arithmetic", ops="+-", digits=2, num_problems=p["n_eval"])],
+                         benchmarks=[BenchmarkConfig(kind="arithmetic", ops=TASK["ops"], digits=TASK["digits"],
+                                                     num_problems=p["n_eval"])],
                          profiles=[DecodingProfile(name="greedy", max_new_tokens=p["max_new_tokens"]),
                                    DecodingProfile(name="sampled", temperature=1.0, n=p["k"],
                                                    max_new_tokens=p["max_new_tokens"])])
