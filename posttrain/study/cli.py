@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="full (under 20 minutes on 2 cores, plus a one-time teacher build) or smoke (CI)")
     parser.add_argument("--out", default="runs/study-compare", help="study directory (default runs/study-compare)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, models, sampling and batch order")
+    parser.add_argument("--teacher-steps", type=int, default=None,
+                        help="SFT steps of the teacher (default: the profile's); the teacher is rebuilt, or its "
+                             "SFT resumed, when this changes")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -30,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     from posttrain.study.compare import budget_note, format_table, run_compare
 
-    summary = run_compare(args.out, args.profile, seed=args.seed, progress=not args.no_progress)
+    summary = run_compare(args.out, args.profile, seed=args.seed, progress=not args.no_progress,
+                          teacher_steps=args.teacher_steps)
     table = format_table(summary)
     note = budget_note(summary)
     Path(args.out, "study.md").write_text(f"{table}\n\n{note}\n")

@@ -60,17 +60,19 @@ class Study:
     progress: bool
     data: dict
     teacher: str
+    teacher_steps: int
     start: str
 
 
 def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progress: bool = True,
-                printer=print) -> dict:
+                printer=print, teacher_steps: int | None = None) -> dict:
     """Run the whole study in ``out_dir`` (re-running reuses finished parts); returns the summary."""
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
     t0 = time.perf_counter()
-    study = prepare(Path(out_dir), PROFILES[profile], seed, progress, printer)
+    p = PROFILES[profile] | ({"teacher_steps": teacher_steps} if teacher_steps else {})
+    study = prepare(Path(out_dir), p, seed, progress, printer)
     arms = {"start": {"checkpoint": study.start, "tokens": 0, "seconds": 0.0}}
     runners = {"sft": arm_sft, "grpo": arm_grpo, "distill": arm_distill}
     for name in ARMS:
@@ -81,6 +83,7 @@ def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progr
     write_curves(study, arms)
     rows = final_evals(study, arms)
     summary = {"profile": profile, "seed": seed, "budget_tokens": study.profile["budget"],
+               "teacher_steps": study.teacher_steps,
                "budget_unit": "trajectory tokens trained on", "seconds": time.perf_counter() - t0,
                "rows": rows}
     (study.out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -105,7 +108,7 @@ def prepare(out: Path, p: dict, seed: int, progress: bool, printer) -> Study:
     start = sft(out / "start", base, data["train"], steps=p["student_steps"], lr=3e-3, seed=seed,
                 progress=progress, printer=printer, warmup=2)
     return Study(out=out, profile=p, seed=seed, progress=progress, data=data, teacher=teacher.checkpoint,
-                 start=start)
+                 teacher_steps=teacher.settings["steps"], start=start)
 
 
 def sft(run_dir: Path, model: str | Path, data_path: str, *, steps: int, lr: float, seed: int, progress: bool,
@@ -128,7 +131,7 @@ def sft(run_dir: Path, model: str | Path, data_path: str, *, steps: int, lr: flo
 def arm_sft(study: Study) -> dict:
     """(a) More SFT of the start on teacher traces: one pass over ``budget`` tokens of them."""
     traces = teacher_traces(study)
-    per_step = sft_loss_tokens_per_step(study.start, traces)
+    per_step = sft_loss_tokens_per_step(study.start, traces, study.seed)
     steps = len(per_step)
     run_dir = study.out / "arms" / "sft"
     ckpt = sft(run_dir, study.start, traces, steps=steps, lr=study.profile["sft_lr"], seed=study.seed,
@@ -167,7 +170,7 @@ def teacher_traces(study: Study) -> str:
     return str(path)
 
 
-def sft_loss_tokens_per_step(model: str, data_path: str) -> list[int]:
+def sft_loss_tokens_per_step(model: str, data_path: str, seed: int) -> list[int]:
     """Loss tokens of each optimizer step of one pass over ``data_path`` (the plan run_sft will follow)."""
     from posttrain.models.hf import load_tokenizer
     from posttrain.train.sft import BatchStream, SFTDataConfig, load_sft_data
@@ -175,7 +178,7 @@ def sft_loss_tokens_per_step(model: str, data_path: str) -> list[int]:
     data_cfg = SFTDataConfig(path=data_path, max_len=128, tokens_per_batch=2048)
     tokenizer = load_tokenizer(model)
     examples = load_sft_data(data_cfg, tokenizer, data_path)
-    stream = BatchStream(examples, pack=True, tokens_per_batch=2048, seq_len=128, seed=0,
+    stream = BatchStream(examples, pack=True, tokens_per_batch=2048, seq_len=128, seed=seed,
                          pad_id=tokenizer.pad_token_id)
     return [b.num_loss_tokens for b in stream.all_batches()]
 
@@ -303,5 +306,6 @@ def format_table(summary: dict) -> str:
 def budget_note(summary: dict) -> str:
     minutes = summary["seconds"] / 60
     return (f"budget: {summary['budget_tokens']:,} {summary['budget_unit']} per arm; "
-            f"profile {summary['profile']}, seed {summary['seed']}, {minutes:.1f} min in all")
+            f"teacher SFT steps {summary['teacher_steps']}; profile {summary['profile']}, seed {summary['seed']}, "
+            f"{minutes:.1f} min in all")
 
