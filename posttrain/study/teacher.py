@@ -69,7 +69,9 @@ def _build(out: Path, s: dict, progress: bool, printer) -> Teacher:
         f"out_dir={out / 'sft'}",
         f"logging.progress={progress}"])
     run_sft(cfg, printer=printer)
-    ckpt = str(latest_checkpoint(out / "sft"))
+    # Every checkpoint is kept, so a shorter rebuild still finds the one of its own step.
+    exact = out / "sft" / "checkpoints" / f"step-{s['steps']}"
+    ckpt = str(exact if exact.is_dir() else latest_checkpoint(out / "sft"))
     pass1 = greedy_pass_at_1(ckpt, data["prompts_eval"])
     printer(f"[teacher] held-out greedy pass@1 {pass1:.3f}")
     return Teacher(checkpoint=ckpt, data_dir=str(out / "data"), pass_at_1=pass1, settings=s)
