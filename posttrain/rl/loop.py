@@ -214,7 +214,8 @@ def setup(cfg: RLConfig) -> RLRun:
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
     policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),
                     temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
-                    micro_batch_size=cfg.micro_batch_size, ref_model=ref)
+                    micro_batch_size=cfg.micro_batch_size, ref_model=ref,
+                    reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
     engine = None  # async: the engine runs in its own process, started by run_async
     if cfg.mode == "sync":
         engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=cfg.model.device,

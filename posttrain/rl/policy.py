@@ -7,6 +7,13 @@ checksum to the rollout engine. The loss itself comes from ``posttrain.algos`` v
 
 Log-probs are of the full temperature-scaled distribution, ``log_softmax(logits / T)``, the same
 quantity the engine reports, so sampler and trainer compare like with like.
+
+One update per step (``reuse_score_forward``): the "old" log-probs are those of the current weights,
+so the forward that ``score`` runs is the very forward the update needs. When the whole batch is one
+micro-batch and the model has no active dropout, ``score`` records it with autograd on and
+``train_step`` differentiates it instead of running the model again. Nothing else changes (same
+weights, same inputs; eval vs train mode only differ through dropout), and the memory held is the
+one micro-batch the update would hold anyway.
 """
 
 from __future__ import annotations
@@ -25,12 +32,15 @@ LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
 
 class Policy:
     def __init__(self, model, optimizer, scheduler, *, temperature: float, grad_clip: float,
-                 micro_batch_size: int, ref_model=None):
+                 micro_batch_size: int, ref_model=None, reuse_score_forward: bool = False):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.ref_model = ref_model
         self.temperature, self.grad_clip = temperature, grad_clip
         self.micro_batch_size = micro_batch_size
         self.device = next(model.parameters()).device
+        self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
+        self._updates = 0  # optimizer steps taken; a kept forward is valid for the weights it saw
+        self._kept = None  # (batch, self._updates, logp_BT with graph) recorded by score
 
     def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
         ids = mb.input_ids_BT.to(self.device)
@@ -38,33 +48,42 @@ class Policy:
                     position_ids=mb.position_ids_BT().to(self.device))
         logits = out.logits[:, :-1]
         logp = token_logprobs(logits, ids[:, 1:], temperature=self.temperature).cpu()
-        ent = entropy_from_logits(logits, temperature=self.temperature).cpu() if with_entropy else None
+        ent = entropy_from_logits(logits.detach(), temperature=self.temperature).cpu() if with_entropy else None
         return logp, ent
 
     def _micro_batches(self, idx: torch.Tensor):
         for start in range(0, len(idx), self.micro_batch_size):
             yield idx[start: start + self.micro_batch_size]
 
-    @torch.no_grad()
     def score(self, batch: RLBatch) -> dict:
         """Fill ``old_logp_BT`` (and ``ref_logp_BT``) and measure the policy's entropy."""
         self.model.eval()
         n, width = batch.mask_BT.shape
+        keep = self.reuse_score_forward and n <= self.micro_batch_size  # one micro-batch: no extra memory
+        self._kept = None
+        with torch.set_grad_enabled(keep):
+            metrics, logp = self._score(batch, n, width)
+        if keep:
+            self._kept = (batch, self._updates, logp)
+        return metrics
+
+    def _score(self, batch: RLBatch, n: int, width: int) -> tuple[dict, torch.Tensor]:
         old = torch.zeros(n, width)
         ref = torch.zeros(n, width) if self.ref_model is not None else None
         ent_sum, ent_count = 0.0, 0
         for idx in self._micro_batches(torch.arange(n)):
             mb = batch.select(idx)
             logp, ent = self._forward(self.model, mb, with_entropy=True)
-            old[idx, : logp.shape[1]] = logp
+            old[idx, : logp.shape[1]] = logp.detach()
             m = mb.mask_BT
             ent_sum += float((ent * m).sum())
             ent_count += int(m.sum())
             if ref is not None:
-                ref[idx, : logp.shape[1]] = self._forward(self.ref_model, mb)[0]
+                with torch.no_grad():
+                    ref[idx, : logp.shape[1]] = self._forward(self.ref_model, mb)[0]
         batch.old_logp_BT = old * batch.mask_BT
         batch.ref_logp_BT = ref * batch.mask_BT if ref is not None else None
-        return {"entropy": ent_sum / max(ent_count, 1)}
+        return {"entropy": ent_sum / max(ent_count, 1)}, logp
 
     def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
                    mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0) -> dict:
@@ -92,7 +111,9 @@ class Policy:
         metric_sums: dict[str, float] = {}
         for idx in self._micro_batches(rows):
             mb = batch.select(idx)
-            logp, _ = self._forward_grad(mb)
+            logp = self._kept_forward(batch, idx)
+            if logp is None:
+                logp, _ = self._forward_grad(mb)
             loss_BT, metrics = loss_fn(logp, mb)
             loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens,
                        global_num_seqs=global_seqs, norm_constant=norm_constant)
@@ -104,9 +125,20 @@ class Policy:
         grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
+        self._updates += 1
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_total, "grad_norm": float(grad_norm), "lr": lr, **metric_sums}
+
+    def _kept_forward(self, batch: RLBatch, idx: torch.Tensor) -> torch.Tensor | None:
+        """The log-probs ``score`` recorded for ``batch``, in ``idx`` order, if they still hold."""
+        if self._kept is None:
+            return None
+        kept_batch, updates, logp = self._kept
+        self._kept = None  # a graph is differentiated once
+        if kept_batch is not batch or updates != self._updates or len(idx) != len(batch):
+            return None
+        return logp[idx.to(logp.device)]
 
     def _forward_grad(self, mb: RLBatch):
         ids = mb.input_ids_BT.to(self.device)
@@ -118,3 +150,10 @@ class Policy:
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Merged full-model weights (LoRA folded in) for the rollout engine."""
         return merged_state_dict(self.model)
+
+
+def has_active_dropout(model) -> bool:
+    """Whether train mode would randomise the forward (then eval-mode log-probs cannot stand in)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    return float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0
