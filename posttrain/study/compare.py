@@ -39,8 +39,8 @@ PROFILES: dict[str, dict] = {
     "smoke": dict(student_size="nano", teacher_size="nano", teacher_steps=12, n_train=400, n_eval=16,
                   student_steps=4, budget=1200, samples_per_step=16, max_new_tokens=24, k=2,
                   sft_lr=3e-3, rl_lr=1e-3, distill_lr=1e-3),
-    "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=100,
-                 student_steps=20, budget=40_000, samples_per_step=64, max_new_tokens=64, k=4,
+    "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=60,
+                 student_steps=20, budget=20_000, samples_per_step=64, max_new_tokens=64, k=4,
                  sft_lr=1e-3, rl_lr=5e-4, distill_lr=5e-4),
 }
 ARMS = ("sft", "grpo", "distill")
