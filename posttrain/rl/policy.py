@@ -25,6 +25,7 @@ import torch
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.models.hf import merged_state_dict
 from posttrain.rl.batch import RLBatch
+from posttrain.rl.shared_prefix import completion_logits
 from posttrain.train.optim import clip_gradients
 
 LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
@@ -42,11 +43,18 @@ class Policy:
         self._updates = 0  # optimizer steps taken; a kept forward is valid for the weights it saw
         self._kept = None  # (batch, self._updates, logp_BT with graph) recorded by score
 
+    def _target_logits(self, model, mb: RLBatch) -> torch.Tensor:
+        """(N, L-1, V) logits scoring ``input_ids[:, 1:]``; each shared prompt runs once when it can."""
+        logits = completion_logits(model, mb, self.device)
+        if logits is not None:
+            return logits
+        out = model(input_ids=mb.input_ids_BT.to(self.device), attention_mask=mb.attention_mask_BT.to(self.device),
+                    position_ids=mb.position_ids_BT().to(self.device))
+        return out.logits[:, :-1]
+
     def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
         ids = mb.input_ids_BT.to(self.device)
-        out = model(input_ids=ids, attention_mask=mb.attention_mask_BT.to(self.device),
-                    position_ids=mb.position_ids_BT().to(self.device))
-        logits = out.logits[:, :-1]
+        logits = self._target_logits(model, mb)
         logp = token_logprobs(logits, ids[:, 1:], temperature=self.temperature).cpu()
         ent = entropy_from_logits(logits.detach(), temperature=self.temperature).cpu() if with_entropy else None
         return logp, ent
@@ -142,9 +150,7 @@ class Policy:
 
     def _forward_grad(self, mb: RLBatch):
         ids = mb.input_ids_BT.to(self.device)
-        out = self.model(input_ids=ids, attention_mask=mb.attention_mask_BT.to(self.device),
-                         position_ids=mb.position_ids_BT().to(self.device))
-        logp = token_logprobs(out.logits[:, :-1], ids[:, 1:], temperature=self.temperature)
+        logp = token_logprobs(self._target_logits(self.model, mb), ids[:, 1:], temperature=self.temperature)
         return logp.cpu() if logp.device.type != "cpu" else logp, None
 
     def export_weights(self) -> dict[str, torch.Tensor]:

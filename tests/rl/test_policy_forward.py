@@ -1,4 +1,5 @@
-"""Policy: reusing the scoring forward for a single update gives the same step as running the model again."""
+"""Policy forwards: each shared prompt run once gives the full forward's log-probs and gradients;
+reusing the scoring forward for a single update gives the same step as running the model again."""
 
 import pytest
 import torch
@@ -8,20 +9,32 @@ from posttrain.rl.batch import build_batch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.losses import make_loss_fn
 from posttrain.rl.policy import Policy, has_active_dropout
+from posttrain.rl.shared_prefix import completion_logits
 from posttrain.rollout import Rollouts, SamplingParams
 from posttrain.train.optim import OptimConfig, build_optimizer, build_scheduler
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny kernels: on a loaded machine a second OpenMP thread makes each one wait at a barrier
+    (these tests took 10-14 s each with two threads at load 6, 0.1 s with one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _policy(model_dir, reuse: bool, micro_batch_size: int = 8) -> tuple[Policy, list[int]]:
     model = load_model(ModelConfig(path=str(model_dir)))
-    calls = []
-    model.register_forward_hook(lambda *_: calls.append(1))
     cfg = OptimConfig(lr=0.1, warmup_steps=0, schedule="constant")
     # plain SGD: the weights then differ by lr x the gradient difference (Adam's first step is
     # about lr x sign(grad), which turns rounding noise in near-zero gradients into lr-sized steps)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     policy = Policy(model, opt, build_scheduler(opt, cfg, 10), temperature=0.7, grad_clip=1.0,
                     micro_batch_size=micro_batch_size, reuse_score_forward=reuse)
+    calls = []  # one entry per policy forward over a micro-batch
+    target_logits = policy._target_logits
+    policy._target_logits = lambda *a: calls.append(1) or target_logits(*a)
     return policy, calls
 
 
@@ -36,6 +49,39 @@ def _batch():
     batch = build_batch(ro, [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], [True] * 8, pad_id=0)
     batch.adv_B = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0])
     return batch
+
+
+def _plain_logits(model, mb):
+    out = model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, position_ids=mb.position_ids_BT())
+    return out.logits[:, :-1]
+
+
+def _masked_logp_grads(model, logits, mb):
+    logp = logits.log_softmax(-1).gather(-1, mb.input_ids_BT[:, 1:, None]).squeeze(-1)
+    model.zero_grad()
+    (logp * mb.mask_BT).sum().backward()
+    return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_shared_prompts_give_the_full_forward_logprobs_and_gradients(nano_model_dir):
+    model = load_model(ModelConfig(path=str(nano_model_dir)))
+    mb = _batch().select(torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))  # groups interleaved, prompts of 3 and 6 tokens
+    plain_logp, plain_grads = _masked_logp_grads(model, _plain_logits(model, mb), mb)
+    shared = completion_logits(model, mb, torch.device("cpu"))
+    assert shared is not None and shared.shape == (8, mb.mask_BT.shape[1], model.config.vocab_size)
+    shared_logp, shared_grads = _masked_logp_grads(model, shared, mb)
+    assert torch.allclose(shared_logp[mb.mask_BT], plain_logp[mb.mask_BT], atol=1e-5)
+    assert (shared[~mb.mask_BT] == 0).all()
+    for a, b in zip(plain_grads, shared_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_falls_back_when_nothing_is_shared_or_prompts_disagree(nano_model_dir):
+    model = load_model(ModelConfig(path=str(nano_model_dir)))
+    batch = _batch()
+    assert completion_logits(model, batch.select([0, 4]), torch.device("cpu")) is None  # one row per prompt
+    batch.input_ids_BT[1, 0] += 1  # row 1 claims prompt 0 but its first token differs
+    assert completion_logits(model, batch.select([0, 1]), torch.device("cpu")) is None
 
 
 def _step(policy: Policy, mini_batches: int = 1) -> dict:
