@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 # Sizes: the full demo (2 CPU cores, under 10 minutes) and a smoke version for tests.
+# Two-digit addition with a digit-by-digit trace: ~55 tokens per completion (up to 66), so
+# generation gets 80 new tokens. Many small SFT batches learn faster per token than a few large.
 PROFILES = {
-    "full": dict(size="tiny", ops="+-", digits=2, n_train=4000, n_eval=200, sft_steps=150,
-                 rl_steps=30, prompts_per_step=16, group_size=8, eval_samples=8),
-    "quick": dict(size="nano", ops="+-", digits=2, n_train=200, n_eval=16, sft_steps=6,
-                  rl_steps=2, prompts_per_step=4, group_size=4, eval_samples=2),
+    "full": dict(size="tiny", ops="+", digits=2, n_train=4000, n_eval=200, sft_steps=600, sft_tokens=1024,
+                 rl_steps=30, prompts_per_step=16, group_size=8, rl_lr=1e-3, max_new_tokens=80, eval_samples=8),
+    "quick": dict(size="nano", ops="+", digits=2, n_train=200, n_eval=16, sft_steps=6, sft_tokens=1024,
+                  rl_steps=2, prompts_per_step=4, group_size=4, rl_lr=1e-3, max_new_tokens=16, eval_samples=2),
 }
 
 
@@ -72,8 +74,8 @@ def stage_sft(out: Path, p: dict, paths: dict, args) -> str:
     print(f"[demo] SFT cold start: {p['sft_steps']} steps on reasoning traces")
     cfg = load_config(SFTConfig, None, [
         f"model.path={paths['model']}", f"data.path={paths['train']}", f"data.eval_path={paths['eval']}",
-        "data.max_len=128", "data.tokens_per_batch=4096", "optim.lr=3e-3", "optim.warmup_steps=10",
-        f"num_steps={p['sft_steps']}", f"eval_every={max(p['sft_steps'] // 3, 1)}", "save_every=0",
+        "data.max_len=128", f"data.tokens_per_batch={p['sft_tokens']}", "optim.lr=3e-3", "optim.warmup_steps=20",
+        f"num_steps={p['sft_steps']}", f"eval_every={max(p['sft_steps'] // 4, 1)}", "save_every=0",
         f"seed={args.seed}", f"out_dir={out / 'sft'}", f"logging.progress={not args.no_progress}"])
     return run_sft(cfg)["checkpoint"]
 
@@ -87,9 +89,10 @@ def stage_rl(out: Path, p: dict, paths: dict, sft_ckpt: str, args) -> str:
     print(f"[demo] GRPO: {p['rl_steps']} steps x {p['prompts_per_step']} prompts x G={p['group_size']}")
     cfg = load_config(RLConfig, None, [
         f"model.path={sft_ckpt}", f"data.path={paths['prompts_train']}", f"data.eval_path={paths['prompts_eval']}",
-        f"rollout.group_size={p['group_size']}", "rollout.max_new_tokens=64", "rollout.temperature=1.0",
+        "data.eval_max_prompts=100",
+        f"rollout.group_size={p['group_size']}", f"rollout.max_new_tokens={p['max_new_tokens']}", "rollout.temperature=1.0",
         "algorithm=grpo", "verifier=arithmetic", f"prompts_per_step={p['prompts_per_step']}",
-        f"num_steps={p['rl_steps']}", "optim.lr=2e-4", "micro_batch_size=64",
+        f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}", "micro_batch_size=64",
         f"eval_every={max(p['rl_steps'] // 3, 1)}", "save_every=0", f"seed={args.seed}",
         f"out_dir={out / 'rl'}", f"logging.progress={not args.no_progress}"])
     run_rl(cfg)
@@ -106,8 +109,9 @@ def evaluate_checkpoint(ckpt: str, out: Path, label: str, p: dict, seed: int) ->
     cfg = EvalConfig(
         model=ckpt, label=label, seed=seed, out_dir=str(out / "evals" / label),
         benchmarks=[BenchmarkConfig(kind="arithmetic", num_problems=p["n_eval"], digits=p["digits"], ops=p["ops"])],
-        profiles=[DecodingProfile(name="greedy", max_new_tokens=64),
-                  DecodingProfile(name="sampled", temperature=1.0, n=p["eval_samples"], max_new_tokens=64)])
+        profiles=[DecodingProfile(name="greedy", max_new_tokens=p["max_new_tokens"]),
+                  DecodingProfile(name="sampled", temperature=1.0, n=p["eval_samples"],
+                                  max_new_tokens=p["max_new_tokens"])])
     results = run_eval(cfg, show_progress=p.get("progress", True))
     save_config(cfg, out / "evals" / label / "config.yaml")
     return {r.profile: {f"pass@{x.k}": x.mean for x in r.pass_at_k} for r in results}
