@@ -39,8 +39,8 @@ PROFILES: dict[str, dict] = {
     "smoke": dict(student_size="nano", teacher_size="nano", teacher_steps=12, n_train=400, n_eval=16,
                   student_steps=4, budget=1200, samples_per_step=16, max_new_tokens=24, k=2,
                   sft_lr=3e-3, rl_lr=1e-3, distill_lr=1e-3),
-    "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=60,
-                 student_steps=20, budget=20_000, samples_per_step=64, max_new_tokens=64, k=4,
+    "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=100,
+                 student_steps=20, budget=30_000, samples_per_step=64, max_new_tokens=64, k=4,
                  sft_lr=1e-3, rl_lr=5e-4, distill_lr=5e-4),
 }
 ARMS = ("sft", "grpo", "distill")
@@ -77,8 +77,8 @@ def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progr
     runners = {"sft": arm_sft, "grpo": arm_grpo, "distill": arm_distill}
     for name in ARMS:
         printer(f"[study] arm {name}: budget {study.profile['budget']} trajectory tokens")
-        t_arm = time.perf_counter()
-        arms[name] = runners[name](study) | {"seconds": time.perf_counter() - t_arm}
+        arms[name] = runners[name](study)
+        arms[name]["seconds"] = train_seconds(Path(arms[name]["run_dir"]))
     arms["teacher"] = {"checkpoint": study.teacher, "tokens": None, "seconds": None}
     write_curves(study, arms)
     rows = final_evals(study, arms)
@@ -229,6 +229,13 @@ def on_policy_result(run_dir: Path) -> dict:
             "run_dir": str(run_dir)}
 
 
+def train_seconds(run_dir: Path) -> float:
+    """Sum of the run's step times (a resumed run counts each step once)."""
+    from posttrain.tracking import read_metrics
+
+    return sum(r.get("time/step_s", 0.0) for r in read_metrics(run_dir))
+
+
 # ------------------------------------------------------------------------------ evaluation
 
 def tokens_at_step(arm: str, run_dir: Path) -> dict[int, int]:
@@ -292,7 +299,7 @@ def format_table(summary: dict) -> str:
     """The study as a Markdown table (what the CLI prints and docs/study.md quotes)."""
     rows = summary["rows"]
     k_key = next(k for k in rows[0] if k.startswith("pass@"))
-    head = ["run", "trajectory from", "signal", "tokens", "wall s", "greedy pass@1", "sampled pass@1", k_key]
+    head = ["run", "trajectory from", "signal", "tokens", "train s", "greedy pass@1", "sampled pass@1", k_key]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         tokens = "-" if r["tokens"] is None else f"{r['tokens']:,}"

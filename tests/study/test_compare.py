@@ -14,7 +14,7 @@ def test_format_table_states_both_questions_and_the_numbers():
             {"run": "teacher", "trajectory": "-", "signal": "-", "tokens": None, "seconds": None,
              "greedy_pass@1": 1.0, "sampled_pass@1": 0.9, "pass@8": 1.0}]
     lines = format_table({"rows": rows}).splitlines()
-    assert lines[0] == ("| run | trajectory from | signal | tokens | wall s | greedy pass@1 | sampled pass@1 "
+    assert lines[0] == ("| run | trajectory from | signal | tokens | train s | greedy pass@1 | sampled pass@1 "
                         "| pass@8 |")
     assert lines[2] == "| distill | student | teacher per-token reverse KL | 12,345 | 61 | 0.500 | 0.250 | 0.875 |"
     assert lines[3] == "| teacher | - | - | - | - | 1.000 | 0.900 | 1.000 |"
