@@ -3,7 +3,8 @@
 Writes OUT_DIR/config.yaml, OUT_DIR/metrics.jsonl (one line per step: reward/mean, kl/ref, entropy,
 response_length/mean, groups/zero_variance_frac, mismatch/kl, mismatch/logprob_abs_diff_max,
 outcomes/<class>_frac, time/<stage>_s, eval/heldout/greedy/pass@1 ...) and checkpoints/step-N/.
-Re-running with the same out_dir resumes.
+Re-running with the same out_dir resumes. ``mode=async max_staleness=K`` runs the rollout engine in its own
+process, generating ahead of the trainer (docs/async.md).
 """
 
 from __future__ import annotations
