@@ -15,7 +15,8 @@ Design choices:
   the `small` model SFT'd well (`posttrain.study.teacher`, cached).
 - One budget, in **trajectory tokens trained on**: completion tokens the student generated (b, c),
   or teacher-trace completion tokens (a, which generates none). Each arm stops when it reaches
-  it; wall time is measured and reported, not equalised (it is too noisy on shared CPUs).
+  it; time (the sum of the arm's step times) is measured and reported, not equalised: it is too
+  noisy on shared CPUs to be a fair budget.
 - Curves: every arm checkpoints at about four points of the budget; each checkpoint's held-out
   greedy pass@1 is measured the same way and written as a tiny run ``curves/<arm>`` whose
   ``step`` is the trajectory tokens consumed, so the report draws all arms on one chart.
