@@ -260,3 +260,34 @@ def test_engine_process_restarts_after_death_and_hangs_time_out(nano_model_dir):
             engine.poll(wait=True)
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_engine_dying_for_good_stops_with_a_checkpoint_and_resume_finishes(rl_overrides, reward_plugin, tmp_path,
+                                                                           monkeypatch):
+    from posttrain.rl.ledger import PromptLedger
+    from posttrain.train.checkpoint import load_trainer_state
+
+    take = AsyncController.take
+
+    def take_killing_the_engine_at_step_3(self, step):
+        if step == 3:
+            os.kill(self.engine.proc.pid, signal.SIGKILL)
+        return take(self, step)
+
+    args = dict(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1, num_steps=4, save_every=1)
+    monkeypatch.setattr(AsyncController, "take", take_killing_the_engine_at_step_3)
+    notes = []
+    with pytest.raises(EngineDied):
+        run_rl(load_config(RLConfig, None, rl_overrides(**args, **{"asynchrony.max_engine_restarts": 0})),
+               printer=notes.append)
+    stopped_at = int(notes[-1].split("checkpoint at step ")[1].split()[0])
+    assert 2 <= stopped_at < 4  # the engine's death surfaces at step 3 or, if step 3 was buffered, step 4
+    assert load_trainer_state(tmp_path / "run" / "checkpoints" / f"step-{stopped_at}")["step"] == stopped_at
+    monkeypatch.setattr(AsyncController, "take", take)
+    run_rl(load_config(RLConfig, None, rl_overrides(**args)), printer=lambda *_: None)
+    led = PromptLedger()
+    led.load_state_dict(load_trainer_state(tmp_path / "run" / "checkpoints" / "step-4")["async"]["ledger"])
+    assert {s: len(u) for s, u in led.trained_by_step().items()} == {1: 4, 2: 4, 3: 4, 4: 4}
+    assert sorted(u for us in led.trained_by_step().values() for u in us) == list(range(16))
+    assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3, 4]
