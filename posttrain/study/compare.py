@@ -286,8 +286,23 @@ def final_evals(study: Study, arms: dict) -> list[dict]:
         trajectory, signal = FRAMING[name]
         rows.append({"run": name, "trajectory": trajectory, "signal": signal, "tokens": arms[name]["tokens"],
                      "seconds": arms[name]["seconds"], "greedy_pass@1": results["greedy"][1],
-                     "sampled_pass@1": results["sampled"][1], f"pass@{p['k']}": results["sampled"][p["k"]]})
+                     "sampled_pass@1": results["sampled"][1], f"pass@{p['k']}": results["sampled"][p["k"]],
+                     "trace_nll": trace_nll(arms[name]["checkpoint"], study.data["eval"])})
     return rows
+
+
+def trace_nll(ckpt: str, data_path: str) -> float:
+    """Held-out loss (nats per completion token) on the task's reference traces: a graded measure of
+    how well a model knows the correct reasoning, informative where pass@1 is still near zero."""
+    from posttrain.models.hf import ModelConfig, load_model, load_tokenizer
+    from posttrain.train.sft import BatchStream, SFTDataConfig, SFTTrainer, load_sft_data
+
+    tokenizer = load_tokenizer(ckpt)
+    examples = load_sft_data(SFTDataConfig(path=data_path, max_len=128), tokenizer, data_path)
+    batches = BatchStream(examples, pack=True, tokens_per_batch=2048, seq_len=128, seed=0,
+                          pad_id=tokenizer.pad_token_id).all_batches()
+    trainer = SFTTrainer(load_model(ModelConfig(path=ckpt), trainable=False), None, None, grad_clip=0.0)
+    return trainer.eval_loss(batches)
 
 
 def write_study_report(out: Path) -> None:
@@ -300,13 +315,14 @@ def format_table(summary: dict) -> str:
     """The study as a Markdown table (what the CLI prints and docs/study.md quotes)."""
     rows = summary["rows"]
     k_key = next(k for k in rows[0] if k.startswith("pass@"))
-    head = ["run", "trajectory from", "signal", "tokens", "train s", "greedy pass@1", "sampled pass@1", k_key]
+    head = ["run", "trajectory from", "signal", "tokens", "train s", "greedy pass@1", "sampled pass@1", k_key,
+            "trace NLL"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         tokens = "-" if r["tokens"] is None else f"{r['tokens']:,}"
         secs = "-" if r["seconds"] is None else f"{r['seconds']:.0f}"
         cells = [r["run"], r["trajectory"], r["signal"], tokens, secs, f"{r['greedy_pass@1']:.3f}",
-                 f"{r['sampled_pass@1']:.3f}", f"{r[k_key]:.3f}"]
+                 f"{r['sampled_pass@1']:.3f}", f"{r[k_key]:.3f}", f"{r['trace_nll']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

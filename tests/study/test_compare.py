@@ -10,14 +10,14 @@ from posttrain.study.compare import ARMS, PROFILES, format_table
 
 def test_format_table_states_both_questions_and_the_numbers():
     rows = [{"run": "distill", "trajectory": "student", "signal": "teacher per-token reverse KL", "tokens": 12345,
-             "seconds": 61.2, "greedy_pass@1": 0.5, "sampled_pass@1": 0.25, "pass@8": 0.875},
+             "seconds": 61.2, "greedy_pass@1": 0.5, "sampled_pass@1": 0.25, "pass@8": 0.875, "trace_nll": 0.4321},
             {"run": "teacher", "trajectory": "-", "signal": "-", "tokens": None, "seconds": None,
-             "greedy_pass@1": 1.0, "sampled_pass@1": 0.9, "pass@8": 1.0}]
+             "greedy_pass@1": 1.0, "sampled_pass@1": 0.9, "pass@8": 1.0, "trace_nll": 0.1}]
     lines = format_table({"rows": rows}).splitlines()
     assert lines[0] == ("| run | trajectory from | signal | tokens | train s | greedy pass@1 | sampled pass@1 "
-                        "| pass@8 |")
-    assert lines[2] == "| distill | student | teacher per-token reverse KL | 12,345 | 61 | 0.500 | 0.250 | 0.875 |"
-    assert lines[3] == "| teacher | - | - | - | - | 1.000 | 0.900 | 1.000 |"
+                        "| pass@8 | trace NLL |")
+    assert lines[2] == "| distill | student | teacher per-token reverse KL | 12,345 | 61 | 0.500 | 0.250 | 0.875 | 0.432 |"
+    assert lines[3] == "| teacher | - | - | - | - | 1.000 | 0.900 | 1.000 | 0.100 |"
 
 
 def test_unknown_profile_is_refused(capsys):
@@ -40,6 +40,7 @@ def test_smoke_profile_end_to_end(tmp_path, capsys):
         assert budget <= rows[arm]["tokens"] < 2 * budget
         for key in ("greedy_pass@1", "sampled_pass@1", "pass@2"):
             assert 0.0 <= rows[arm][key] <= 1.0
+        assert 0.0 < rows[arm]["trace_nll"] < 10.0
         curve = [json.loads(line) for line in (out / "curves" / arm / "metrics.jsonl").read_text().splitlines()]
         assert curve[0]["step"] == 0 and curve[-1]["step"] == rows[arm]["tokens"] and len(curve) >= 3
         assert (out / "evals" / arm / "eval.json").is_file()
