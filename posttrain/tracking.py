@@ -127,6 +127,8 @@ def progress_bar(enabled: bool = True) -> Progress:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    """The newest complete ``checkpoints/step-N``; a save killed half-way leaves ``step-N.tmp``, skipped."""
+    ckpts = sorted((p for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.name[5:].isdigit()),
+                   key=lambda p: int(p.name[5:]))
     complete = [p for p in ckpts if (p / "trainer_state.pt").exists()]
     return complete[-1] if complete else None

@@ -122,3 +122,13 @@ def test_help_lists_keys(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "optim.lr" in out and "data.path" in out
+
+
+def test_latest_checkpoint_skips_a_save_killed_half_way(tmp_path):
+    from posttrain.tracking import latest_checkpoint
+
+    for name in ("step-2", "step-10", "step-12.tmp"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "trainer_state.pt").write_bytes(b"x")
+    (tmp_path / "checkpoints" / "step-11").mkdir()  # no trainer state: incomplete
+    assert latest_checkpoint(tmp_path).name == "step-10"
