@@ -105,11 +105,22 @@ def prepare(out: Path, p: dict, seed: int, progress: bool, printer) -> Study:
                                                     digits=TASK["digits"], ops=TASK["ops"], fmt="trace").items()}
     teacher = make_teacher(out / "teacher", size=p["teacher_size"], steps=p["teacher_steps"], seed=seed,
                            progress=progress, printer=printer)
+    check_same_teacher(out / "teacher_used.json", teacher.checkpoint)
     base = build_tiny(out / "student_base", p["student_size"], seed=seed)
     start = sft(out / "start", base, data["train"], steps=p["student_steps"], lr=3e-3, seed=seed,
                 progress=progress, printer=printer, warmup=2)
     return Study(out=out, profile=p, seed=seed, progress=progress, data=data, teacher=teacher.checkpoint,
                  teacher_steps=teacher.settings["steps"], start=start)
+
+
+def check_same_teacher(record: Path, checkpoint: str) -> None:
+    """Finished arms are reused on a re-run, so they must have been run with this teacher."""
+    from posttrain.errors import UserError
+
+    if record.is_file() and json.loads(record.read_text())["checkpoint"] != checkpoint:
+        raise UserError(f"{record}: this study directory was run with the teacher "
+                        f"{json.loads(record.read_text())['checkpoint']}, not {checkpoint}; use a new --out")
+    record.write_text(json.dumps({"checkpoint": checkpoint}))
 
 
 def sft(run_dir: Path, model: str | Path, data_path: str, *, steps: int, lr: float, seed: int, progress: bool,

@@ -48,3 +48,14 @@ def test_smoke_profile_end_to_end(tmp_path, capsys):
     assert (out / "study.md").read_text().startswith("| run |")
     html = (out / "report.html").read_text()
     assert "Held-out accuracy" in html and "curves/distill" in html
+
+
+def test_a_study_directory_refuses_another_teacher(tmp_path):
+    from posttrain.errors import UserError
+    from posttrain.study.compare import check_same_teacher
+
+    record = tmp_path / "teacher_used.json"
+    check_same_teacher(record, "t/step-200")
+    check_same_teacher(record, "t/step-200")  # the same teacher: its finished arms are reused
+    with pytest.raises(UserError, match="use a new --out"):
+        check_same_teacher(record, "t/step-600")
