@@ -4,7 +4,8 @@
 2. write the arithmetic task (reasoning traces) to JSONL;
 3. SFT a cold start on the traces (short on purpose: it leaves room for RL to improve);
 4. evaluate held-out pass@k: greedy, and sampled at temperature 1 with n samples per prompt;
-5. GRPO with the exact-answer verifier, starting from the SFT checkpoint;
+5. GRPO with the exact-answer verifier, starting from the SFT checkpoint (dynamic sampling keeps
+   only groups whose answers differ, the ones that carry a gradient);
 6. evaluate again, print a before/after table, write ``summary.json`` and ``report.html``.
 
 Everything lands in one run directory (``--out``): ``model/``, ``data/``, ``sft/``, ``rl/``,
@@ -23,9 +24,9 @@ from pathlib import Path
 # generation gets 80 new tokens. Many small SFT batches learn faster per token than a few large.
 PROFILES = {
     "full": dict(size="tiny", ops="+", digits=2, n_train=4000, n_eval=200, sft_steps=600, sft_tokens=1024,
-                 rl_steps=30, prompts_per_step=16, group_size=8, rl_lr=1e-3, max_new_tokens=80, eval_samples=8),
+                 rl_steps=30, prompts_per_step=16, group_size=8, rl_lr=1e-4, max_new_tokens=80, eval_samples=8),
     "quick": dict(size="nano", ops="+", digits=2, n_train=200, n_eval=16, sft_steps=6, sft_tokens=1024,
-                  rl_steps=2, prompts_per_step=4, group_size=4, rl_lr=1e-3, max_new_tokens=16, eval_samples=2),
+                  rl_steps=2, prompts_per_step=4, group_size=4, rl_lr=1e-4, max_new_tokens=16, eval_samples=2),
 }
 
 
@@ -92,7 +93,9 @@ def stage_rl(out: Path, p: dict, paths: dict, sft_ckpt: str, args) -> str:
         "data.eval_max_prompts=100",
         f"rollout.group_size={p['group_size']}", f"rollout.max_new_tokens={p['max_new_tokens']}", "rollout.temperature=1.0",
         "algorithm=grpo", "verifier=arithmetic", f"prompts_per_step={p['prompts_per_step']}",
-        f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}", "micro_batch_size=64",
+        f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}", "optim.beta2=0.999", "micro_batch_size=64",
+        # Most groups of a weak start are all-wrong: sample more prompts until every group can teach.
+        "dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=3",
         f"eval_every={max(p['rl_steps'] // 3, 1)}", "save_every=0", f"seed={args.seed}",
         f"out_dir={out / 'rl'}", f"logging.progress={not args.no_progress}"])
     run_rl(cfg)
