@@ -19,6 +19,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import os
 import queue
 import sys
@@ -94,6 +95,18 @@ CANARIES: list[tuple[str, Job, tuple[str, str]]] = [
 ]
 
 
+_pools_made = itertools.count()
+
+
+def _uid_block(n_workers: int) -> int:
+    """First uid of a block no other pool uses: two uids per worker (program, judge). Blocks are
+    per process (pid) and per pool within it, so two pools never share a uid — a shared uid
+    would share RLIMIT_NPROC and let one pool's programs signal the other's."""
+    if n_workers > 128:
+        raise ValueError(f"at most 128 sandbox workers per pool (got {n_workers})")
+    return 100000 + (os.getpid() % 30000) * 4096 + (next(_pools_made) % 16) * 256
+
+
 class SandboxPool:
     """Judge programs in parallel sandboxes. Use as a context manager or call :meth:`close`."""
 
@@ -112,7 +125,7 @@ class SandboxPool:
         self._recent: collections.deque[bool] = collections.deque(maxlen=self.cfg.breaker_window)
         self.tripped: str | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=self.cfg.queue_size)
-        self._uid_base = 100000 + (os.getpid() % 100000) * 64
+        self._uid_base = _uid_block(self.cfg.n_workers)
         self.workers: list[Worker | None] = [None] * self.cfg.n_workers
         self._threads = [threading.Thread(target=self._loop, args=(slot,), daemon=True,
                                           name=f"sandbox-{slot}") for slot in range(self.cfg.n_workers)]

@@ -85,7 +85,7 @@ class SFTConfig:
     eval_every: int = 50
     """Eval loss every N steps (and at the end); 0 = only at the end."""
     eval_generate: int = 0
-    """At each eval, also greedy-decode this many held-out prompts and log `eval/accuracy` as judged by
+    """At each eval, also greedy-decode this many held-out prompts and log `eval/heldout/greedy/pass@1` as judged by
     `eval_verifier` (records need `prompt` and what the verifier reads, e.g. `answer`)."""
     eval_verifier: str = "arithmetic"
     """Verifier for eval_generate: a registered name (arithmetic, math, ...) or module:function."""
@@ -294,7 +294,7 @@ def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, 
             if eval_batches and (last or cfg.eval_every and step % cfg.eval_every == 0):
                 metrics["eval/loss"] = trainer.eval_loss(eval_batches)
                 if accuracy is not None:
-                    metrics["eval/accuracy"] = accuracy(trainer.model)
+                    metrics["eval/heldout/greedy/pass@1"] = accuracy(trainer.model)
             logger.log(metrics)
             if last or cfg.save_every and step % cfg.save_every == 0:
                 state = {"step": step, "optimizer": trainer.optimizer.state_dict(),
@@ -302,5 +302,5 @@ def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, 
                 summary["checkpoint"] = str(save_checkpoint(run_dir, step, trainer.model, tokenizer, state,
                                                             cfg.keep_last))
             bar.update(task, advance=1, info=f"loss {metrics['loss']:.3f} {metrics['tokens_per_s']:.0f} tok/s")
-            summary |= {k: metrics[k] for k in ("loss", "eval/loss", "eval/accuracy") if k in metrics}
+            summary |= {k: metrics[k] for k in ("loss", "eval/loss", "eval/heldout/greedy/pass@1") if k in metrics}
     return summary

@@ -85,12 +85,13 @@ def test_report_has_every_chart(demo):
     out = write_report([demo], demo / "report.html")
     page = out.read_text()
     imgs = images(page)
-    # pass@k (one benchmark/profile) + 12 metric panels + stage timing.
-    assert len(imgs) == 1 + len(PANELS) + 1
+    # pass@k (one benchmark/profile) + every metric panel but the two preference ones + stage timing.
+    assert len(imgs) == 1 + len(PANELS) - 2 + 1
     assert all(b.startswith(PNG_MAGIC) for b in imgs)
     for title in ("Reward", "Held-out accuracy", "Sampler/trainer mismatch", "Stage timing", "SFT loss"):
         assert f"<h3>{title}</h3>" in page, title
-    assert "Not in these runs" not in page
+    assert sorted(re.findall(r"<li>([^:<]+): no metric matching", page)) == ["Gold and proxy reward",
+                                                                            "Preference accuracy"]
     assert "http://" not in page and "https://" not in page  # self-contained
     assert "algo: grpo" in page
 
@@ -111,8 +112,8 @@ def test_several_runs_on_one_chart(tmp_path):
     reward = series_for(PANELS[0], runs)
     assert set(reward["reward/mean"]) == {"a", "b"}
     page = render_html(runs)
-    # pass@k + every panel but SFT loss, learning rate and throughput + stage timing.
-    assert len(images(page)) == 1 + len(PANELS) - 3 + 1
+    # pass@k + every panel but SFT loss, learning rate, throughput and the two preference ones + timing.
+    assert len(images(page)) == 1 + len(PANELS) - 5 + 1
     assert "<h3>Learning rate</h3>" not in page
     assert page.count("TASK_FAIL/INFRA_FAIL") == 0
 

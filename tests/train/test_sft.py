@@ -33,7 +33,7 @@ def test_sft_lowers_eval_loss_and_checkpoint_loads(nano_model_dir, arith_data_di
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/loss"] for r in rows if "eval/loss" in r]
     assert len(evals) == 3 and evals[-1] < evals[0] - 0.5
-    accuracies = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    accuracies = [r["eval/heldout/greedy/pass@1"] for r in rows if "eval/heldout/greedy/pass@1" in r]
     assert len(accuracies) == 3 and all(a in (0.0, 0.25, 0.5, 0.75, 1.0) for a in accuracies)
     for key in ("step", "loss", "lr", "tokens_per_s", "time/step_s"):
         assert key in rows[-1]
