@@ -83,9 +83,9 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", help="embedded model size (default tiny)")
     parser.add_argument("--n-examples", type=int, default=300)
     parser.add_argument("--tokens-per-batch", type=int, default=2048)
-    parser.add_argument("--seq-len", type=int, default=256,
-                        help="packed row length and max example length (default 256: about twice the "
-                             "longest example; attention cost grows with the square of the row length)")
+    parser.add_argument("--seq-len", type=int, default=160,
+                        help="packed row length and max example length (default 160: just above the "
+                             "longest example, 142 tokens; attention cost grows with the square of the row length)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     args = parser.parse_args()
