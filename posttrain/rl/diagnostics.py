@@ -42,7 +42,10 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
 
 
 class Watchdog:
-    def __init__(self, printer=print, entropy_floor: float = 0.05, mismatch_jump: float = 10.0):
+    def __init__(self, printer=print, entropy_floor: float = 0.05, mismatch_jump: float = 10.0,
+                 zero_variance_warning: bool = True):
+        # Off where equal rewards in a group still teach: PPO's critic, a teacher's per-token signal.
+        self.zero_variance_warning = zero_variance_warning
         self.printer = printer
         self.entropy_floor = entropy_floor
         self.mismatch_jump = mismatch_jump
@@ -71,6 +74,6 @@ class Watchdog:
                     self._warn("mismatch_jump", f"step {step}: sampler/trainer mismatch KL {kl:.2e} is "
                                f"{kl / max(base, 1e-9):.0f}x its median; check weight sync and dtypes")
             self.mismatch_history.append(kl)
-        if m.get("groups/zero_variance_frac", 0.0) >= 1.0:
+        if self.zero_variance_warning and m.get("groups/zero_variance_frac", 0.0) >= 1.0:
             self._warn("all_zero_variance", f"step {step}: every group has equal rewards, so there is no "
                        "gradient; the prompts are too easy or too hard (try dynamic_sampling.enabled=true)")

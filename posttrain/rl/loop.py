@@ -300,7 +300,7 @@ def run_rl(cfg: RLConfig, printer=print) -> dict:
     start = maybe_resume(run)
     save_config(cfg, run.run_dir / "config.yaml")
     logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
-    watchdog, timer = Watchdog(printer), StageTimer()
+    watchdog, timer = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo"), StageTimer()
     last: dict = held_out_eval(run) if start == 0 else {}
     if last:
         logger.log({"step": 0, **last})

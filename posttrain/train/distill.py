@@ -343,7 +343,7 @@ def drive(run: RLRun, step_fn: Callable[[int, StageTimer], dict], *, config, max
     save_config(config, run.run_dir / "config.yaml")
     logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(config))
     tokens = sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir))
-    watchdog, timer = Watchdog(printer), StageTimer()
+    watchdog, timer = Watchdog(printer, zero_variance_warning=False), StageTimer()
     last: dict = held_out_eval(run) if start == 0 else {}
     if last:
         logger.log({"step": 0, "tokens/total": 0, **last})

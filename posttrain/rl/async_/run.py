@@ -111,7 +111,7 @@ def _train(run, engine, printer) -> dict:
     first |= held_out_eval(run) if start == 0 else {}
     if first and start == 0:
         logger.log({"step": 0, **first})
-    watchdog, timer = Watchdog(printer), StageTimer()
+    watchdog, timer = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo"), StageTimer()
     last, done = first, start
     try:
         with progress_bar(cfg.logging.progress) as bar:

@@ -1,0 +1,29 @@
+"""Watchdog: each warning fires once, when its condition is met, and only then."""
+
+from posttrain.rl.diagnostics import Watchdog
+
+
+def _run(watchdog, rows):
+    for step, m in enumerate(rows, 1):
+        watchdog.check(step, m)
+
+
+def test_entropy_collapse_warns_once():
+    said = []
+    _run(Watchdog(said.append), [{"entropy": 1.0}, {"entropy": 0.5}, {"entropy": 0.04}, {"entropy": 0.01}])
+    assert len(said) == 1 and "entropy_collapse" in said[0] and "step 3" in said[0]
+
+
+def test_mismatch_jump_against_its_median():
+    said = []
+    _run(Watchdog(said.append), [{"mismatch/kl": 1e-4}] * 4 + [{"mismatch/kl": 5e-4}, {"mismatch/kl": 5e-3}])
+    assert len(said) == 1 and "mismatch_jump" in said[0] and "step 6" in said[0]
+
+
+def test_all_zero_variance_warns_unless_switched_off():
+    said = []
+    _run(Watchdog(said.append), [{"groups/zero_variance_frac": 0.5}, {"groups/zero_variance_frac": 1.0}] * 2)
+    assert len(said) == 1 and "all_zero_variance" in said[0] and "step 2" in said[0]
+    quiet = []
+    _run(Watchdog(quiet.append, zero_variance_warning=False), [{"groups/zero_variance_frac": 1.0}])
+    assert quiet == []
