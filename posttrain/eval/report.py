@@ -217,6 +217,11 @@ def stage_times(run: Run) -> dict[str, float]:
     return {stage: sum(v) / len(v) for stage, v in sums.items()}
 
 
+def _running_mean(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [sum(values[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
 def plot_overoptimisation(runs: Sequence[Run]) -> str | None:
     """Gold and proxy reward against ``kl/from_start`` (Gao et al. 2022), one pair of lines per run."""
     points = [(run.name, [(r["kl/from_start"], r["reward/gold"], r["reward/proxy"]) for r in run.metrics
@@ -230,9 +235,12 @@ def plot_overoptimisation(runs: Sequence[Run]) -> str | None:
     for i, (name, pts) in enumerate(points):
         pts = sorted(pts)
         label = f"{name} · " if len(points) > 1 else ""
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{2 * i}", markersize=3, label=label + "gold")
-        ax2.plot([p[0] for p in pts], [p[2] for p in pts], "s--", color=f"C{2 * i + 1}", markersize=3,
-                 label=label + "proxy")
+        kl, gold, proxy = ([p[j] for p in pts] for j in range(3))
+        # Per-step rewards are noisy: faint points, and a line through a 5-point mean along KL.
+        ax.plot(kl, gold, "o", color=f"C{2 * i}", markersize=3, alpha=0.3)
+        ax.plot(kl, _running_mean(gold, 5), "-", color=f"C{2 * i}", label=label + "gold (5-pt mean)")
+        ax2.plot(kl, proxy, "s", color=f"C{2 * i + 1}", markersize=3, alpha=0.3)
+        ax2.plot(kl, _running_mean(proxy, 5), "--", color=f"C{2 * i + 1}", label=label + "proxy (5-pt mean)")
     ax.set_xlabel("KL from the start (nats per completion)")
     ax.set_ylabel("gold reward")
     ax2.set_ylabel("proxy reward")
