@@ -228,7 +228,16 @@ def save_config(cfg, path: str | Path) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring literal under each field of a dataclass (read from its source)."""
+    """The docstring literal under each field of a dataclass (read from its source), base classes
+    first so a subclass that redeclares a field also replaces its docstring."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):

@@ -25,25 +25,20 @@ import torch
 
 from posttrain.algos import dpo_loss, token_logprobs
 from posttrain.config import ConfigValueError
-from posttrain.data.preference import PairBatch, PreferenceDataConfig, load_tokenized_pairs
+from posttrain.data.preference import PairBatch, load_tokenized_pairs
 from posttrain.models.hf import ModelConfig, check_model_path, load_model, load_tokenizer, quiet_transformers
-from posttrain.tracking import LoggingConfig
 from posttrain.train.optim import OptimConfig, seed_everything
-from posttrain.train.pairwise import PairwiseRun, eval_in_batches, run_pairwise
+from posttrain.train.pairwise import PairwiseConfig, PairwiseRun, eval_in_batches, run_pairwise
 
 DPO_LOSSES = ("sigmoid", "ipo")
 
 
 @dataclasses.dataclass(kw_only=True)
-class DPOConfig:
+class DPOConfig(PairwiseConfig):
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The policy to train (LoRA or full); usually an SFT checkpoint."""
-    data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
-    """Training and held-out pairs."""
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=5))
     """Optimizer and schedule."""
-    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-    """Mirrors of metrics.jsonl."""
     beta: float = 0.1
     """Strength of the tie to the reference (higher = stay closer)."""
     loss: str = "sigmoid"
@@ -54,29 +49,11 @@ class DPOConfig:
     """Use the per-token mean log-prob of each reply instead of the sum (IPO's length normalisation)."""
     ref_path: str = ""
     """Reference model folder; empty = the starting policy (model.path)."""
-    num_steps: int = 200
-    """Optimizer steps."""
-    batch_pairs: int = 16
-    """Pairs per optimizer step."""
-    micro_batch_pairs: int = 16
-    """Pairs per forward/backward (memory knob; does not change the math)."""
-    eval_every: int = 50
-    """Held-out preference metrics every N steps (and at step 0 and the end); 0 = start and end only."""
-    save_every: int = 100
-    """Checkpoint every N steps (and at the end); 0 = only at the end."""
-    keep_last: int = 2
-    """Checkpoints to keep."""
-    seed: int = 0
-    """Seed of the pair order."""
     out_dir: str = "runs/dpo"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/."""
-    resume: bool = True
-    """Continue from the last checkpoint in out_dir when there is one."""
 
     def __post_init__(self):
-        for key in ("num_steps", "batch_pairs", "micro_batch_pairs"):
-            if getattr(self, key) < 1:
-                raise ConfigValueError(key, "must be >= 1")
+        super().__post_init__()
         if self.beta <= 0:
             raise ConfigValueError("beta", "must be > 0")
         if self.loss not in DPO_LOSSES:

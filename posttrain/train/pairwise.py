@@ -17,20 +17,59 @@ from typing import Callable
 
 import torch
 
-from posttrain.config import save_config, to_dict
-from posttrain.data.preference import PairBatch, TokenizedPair, batch_indices, collate_pairs
-from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
+from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.data.preference import PairBatch, PreferenceDataConfig, TokenizedPair, batch_indices, collate_pairs
+from posttrain.models.hf import ModelConfig
+from posttrain.tracking import LoggingConfig, MetricsLogger, StageTimer, latest_checkpoint, progress_bar
 from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
-from posttrain.train.optim import build_optimizer, build_scheduler, clip_gradients, rng_state, set_rng_state
+from posttrain.train.optim import (OptimConfig, build_optimizer, build_scheduler, clip_gradients, rng_state,
+                                   set_rng_state)
 
 LossFn = Callable[[PairBatch], tuple[torch.Tensor, dict]]
 
 
+@dataclasses.dataclass(kw_only=True)
+class PairwiseConfig:
+    """The fields every pairwise trainer shares; `RMConfig` and `DPOConfig` add their own."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The model to train (LoRA or full)."""
+    data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
+    """Training and held-out pairs."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=5))
+    """Optimizer and schedule."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Mirrors of metrics.jsonl."""
+    num_steps: int = 200
+    """Optimizer steps."""
+    batch_pairs: int = 16
+    """Pairs per optimizer step."""
+    micro_batch_pairs: int = 16
+    """Pairs per forward/backward (memory knob; does not change the math)."""
+    eval_every: int = 50
+    """Held-out metrics every N steps (and at step 0 and the end); 0 = start and end only."""
+    save_every: int = 100
+    """Checkpoint every N steps (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Checkpoints to keep."""
+    seed: int = 0
+    """Seed of the pair order (and of a new head's init)."""
+    out_dir: str = "runs/pairwise"
+    """Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/."""
+    resume: bool = True
+    """Continue from the last checkpoint in out_dir when there is one."""
+
+    def __post_init__(self):
+        for key in ("num_steps", "batch_pairs", "micro_batch_pairs"):
+            if getattr(self, key) < 1:
+                raise ConfigValueError(key, "must be >= 1")
+
+
 @dataclasses.dataclass
 class PairwiseRun:
-    """What the loop needs; ``cfg`` is an `RMConfig` or a `DPOConfig` (same loop fields)."""
+    """What the loop needs; ``cfg`` is an `RMConfig` or a `DPOConfig`."""
 
-    cfg: object
+    cfg: PairwiseConfig
     model: torch.nn.Module
     tokenizer: object
     train: list[TokenizedPair]

@@ -21,49 +21,24 @@ import torch
 
 from posttrain.algos import bradley_terry_loss
 from posttrain.config import ConfigValueError
-from posttrain.data.preference import PairBatch, PreferenceDataConfig, load_tokenized_pairs
+from posttrain.data.preference import PairBatch, load_tokenized_pairs
 from posttrain.models.heads import load_reward_model, sequence_scores
 from posttrain.models.hf import ModelConfig, check_model_path, load_tokenizer, quiet_transformers
-from posttrain.tracking import LoggingConfig
-from posttrain.train.optim import OptimConfig, seed_everything
-from posttrain.train.pairwise import PairwiseRun, eval_in_batches, run_pairwise
+from posttrain.train.optim import seed_everything
+from posttrain.train.pairwise import PairwiseConfig, PairwiseRun, eval_in_batches, run_pairwise
 
 
 @dataclasses.dataclass(kw_only=True)
-class RMConfig:
+class RMConfig(PairwiseConfig):
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """Backbone: a causal LM folder (a new scalar head is added) or a reward-model checkpoint."""
-    data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
-    """Training and held-out pairs."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=5))
-    """Optimizer and schedule."""
-    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-    """Mirrors of metrics.jsonl."""
     center_coef: float = 0.0
     """Weight of the mean squared score penalty (reward centering); 0 = off."""
-    num_steps: int = 200
-    """Optimizer steps."""
-    batch_pairs: int = 16
-    """Pairs per optimizer step."""
-    micro_batch_pairs: int = 16
-    """Pairs per forward/backward (memory knob; does not change the math)."""
-    eval_every: int = 50
-    """Held-out accuracy every N steps (and at step 0 and the end); 0 = start and end only."""
-    save_every: int = 100
-    """Checkpoint every N steps (and at the end); 0 = only at the end."""
-    keep_last: int = 2
-    """Checkpoints to keep."""
-    seed: int = 0
-    """Seed of the head's init and the pair order."""
     out_dir: str = "runs/rm"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/."""
-    resume: bool = True
-    """Continue from the last checkpoint in out_dir when there is one."""
 
     def __post_init__(self):
-        for key in ("num_steps", "batch_pairs", "micro_batch_pairs"):
-            if getattr(self, key) < 1:
-                raise ConfigValueError(key, "must be >= 1")
+        super().__post_init__()
         if self.center_coef < 0:
             raise ConfigValueError("center_coef", "must be >= 0")
 
