@@ -35,6 +35,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:
+    """Drop ``step-N.tmp`` left by a save killed half-way (garbage once a save has completed),
+    then all but the newest ``keep_last`` checkpoints."""
+    for stale in ckpt_root.glob("step-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     if keep_last <= 0:
         return
     done = sorted((p for p in ckpt_root.glob("step-*") if not p.name.endswith(".tmp")),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import torch
@@ -89,15 +88,8 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
         torch.set_num_threads(threads)
 
 
-def drop_partial_checkpoints(run_dir) -> None:
-    """A save killed half-way leaves ``step-N.tmp`` behind (never a half ``step-N``); it is garbage."""
-    for tmp in (run_dir / "checkpoints").glob("step-*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _train(run, engine, printer) -> dict:
     cfg = run.cfg
-    drop_partial_checkpoints(run.run_dir)
     start = maybe_resume(run)
     ctl = AsyncController(run, engine)
     if start:
