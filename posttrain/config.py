@@ -88,6 +88,8 @@ def from_dict(cls: type, data: Any, *, prefix: str = "", origins: dict[str, str]
         dotted = f"{prefix}{key}"
         if key not in fields:
             raise UserError(f"{origin(dotted)}: unknown key {dotted!r}{_suggest(key, fields, prefix)}")
+        if isinstance(value, dict):
+            value = _deep_merge(_factory_default(fields[key]), value)
         kwargs[key] = _coerce(value, hints[key], dotted, origin, origins, default_origin)
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
@@ -99,6 +101,31 @@ def from_dict(cls: type, data: Any, *, prefix: str = "", origins: dict[str, str]
         bad = getattr(e, "key", None)
         key = f"{prefix}{bad}" if bad else where
         raise UserError(f"{origin(key)}: {key}: {e}") from None
+
+
+def _factory_default(f: dataclasses.Field) -> dict:
+    """A nested section's own default values (e.g. ``DistillConfig.rollout`` defaults to
+    ``RolloutConfig(group_size=4)``), so setting one key of it keeps the others' defaults rather
+    than falling back to the section class's plain defaults."""
+    if f.default_factory is dataclasses.MISSING:
+        return {}
+    value = f.default_factory()
+    if not dataclasses.is_dataclass(value):
+        return {}
+    return {x.name: _plain(getattr(value, x.name)) for x in dataclasses.fields(value) if x.init}
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {x.name: _plain(getattr(value, x.name)) for x in dataclasses.fields(value) if x.init}
+    return value
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 class ConfigValueError(ValueError):

@@ -45,6 +45,20 @@ def test_yaml_overlay_then_overrides_with_coercion(tmp_path):
     assert cfg.name == "abc" and cfg.optim.betas == [0.8, 0.9] and cfg.tag is None
 
 
+@dataclasses.dataclass(kw_only=True)
+class Tuned:
+    optim: Inner = dataclasses.field(default_factory=lambda: Inner(lr=5e-5, betas=[0.9, 0.999]))
+    """A section whose defaults differ from Inner's own."""
+
+
+def test_setting_one_key_keeps_the_sections_own_defaults(tmp_path):
+    cfg = load_config(Tuned, None, ["optim.lr=1e-4"])
+    assert cfg.optim.lr == pytest.approx(1e-4) and cfg.optim.betas == [0.9, 0.999]
+    cfg = load_config(Tuned, write(tmp_path, "optim:\n  betas: [0.8, 0.9]\n"))
+    assert cfg.optim.lr == pytest.approx(5e-5) and cfg.optim.betas == [0.8, 0.9]
+    assert load_config(Tuned, None, []).optim == Inner(lr=5e-5, betas=[0.9, 0.999])
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(Outer, None, ["steps=7", "tag=t"])
     save_config(cfg, tmp_path / "r.yaml")
