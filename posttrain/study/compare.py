@@ -45,7 +45,7 @@ PROFILES: dict[str, dict] = {
                   student_steps=4, student_lr=3e-3, student_tokens=2048, budget=1200, samples_per_step=16,
                   max_new_tokens=24, k=2, sft_tokens=2048, sft_lr=3e-3, rl_lr=1e-3, distill_lr=1e-3),
     "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=200,
-                 student_steps=250, student_lr=1e-3, student_tokens=1024, budget=100_000, samples_per_step=64,
+                 student_steps=250, student_lr=1e-3, student_tokens=1024, budget=200_000, samples_per_step=64,
                  max_new_tokens=80, k=8, sft_tokens=4096, sft_lr=1e-4, rl_lr=3e-5, distill_lr=1e-4),
 }
 ARMS = ("sft", "grpo", "distill")
