@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.add_argument("study", choices=STUDIES, help="which study (compare: SFT vs GRPO vs distillation)")
     parser.add_argument("--profile", choices=list(PROFILES), default="full",
-                        help="full (under 20 minutes on 2 cores, plus a one-time teacher build) or smoke (CI)")
+                        help="full (~12 minutes on 2 cores with the teacher build, ~5 once it is cached) or smoke (CI)")
     parser.add_argument("--out", default="runs/study-compare", help="study directory (default runs/study-compare)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, models, sampling and batch order")
     parser.add_argument("--teacher-steps", type=int, default=None,

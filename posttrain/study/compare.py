@@ -34,8 +34,8 @@ from pathlib import Path
 
 from posttrain.config import load_config
 
-# smoke: CI, a couple of minutes. full: the real comparison, under 20 minutes on 2 cores
-# (plus a one-time teacher build, cached). Full-profile choices, as measured on this task:
+# smoke: CI, a couple of minutes. full: the real comparison, ~12 minutes on 2 cores including the
+# teacher build (~5 once the teacher is cached). Full-profile choices, as measured on this task:
 # - the start (tiny, 250 SFT steps at lr 1e-3) solves ~30% greedily and ~1 in 10 samples at T=1:
 #   weak, yet GRPO's groups of 8 are not all wrong (at 200 steps, 6.5% greedy, nearly all are);
 # - 64 trajectories per update in every arm (SFT: 4,096 packed tokens ~ 60 traces);
