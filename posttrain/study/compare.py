@@ -160,8 +160,10 @@ def arm_sft(study: Study) -> dict:
 
 
 def teacher_traces(study: Study) -> str:
-    """The teacher's greedy completions of training prompts, until they hold ``budget`` tokens."""
-    from posttrain.data.records import write_jsonl
+    """The teacher's greedy completions of training prompts, until they hold ``budget`` loss tokens
+    (counted as SFT will tokenize them: a sampled id sequence can re-tokenize shorter)."""
+    from posttrain.data.records import SFTExample, write_jsonl
+    from posttrain.data.sft import tokenize_sft_report
     from posttrain.models.hf import load_tokenizer
     from posttrain.rl.loop import encode_prompts, load_prompt_records
     from posttrain.rollout import SamplingParams, TorchEngine
@@ -177,10 +179,12 @@ def teacher_traces(study: Study) -> str:
     for start in range(0, len(examples), 256):
         chunk = examples[start:start + 256]
         ro = engine.generate(encode_prompts(tokenizer, chunk, True), 1, sampling)
-        for ex, text, ids in zip(chunk, ro.completion_texts(), ro.completion_ids):
+        for ex, text in zip(chunk, ro.completion_texts()):
             if tokens < study.profile["budget"]:
                 records.append({"prompt": ex["prompt"], "completion": text, "answer": ex["answer"]})
-                tokens += len(ids)
+                kept, _ = tokenize_sft_report([SFTExample(prompt=ex["prompt"], completion=text)], tokenizer,
+                                              max_len=128, use_chat_template=True)
+                tokens += sum(sum(k.loss_mask[1:]) for k in kept)
         if tokens >= study.profile["budget"]:
             break
     write_jsonl(path, records)
