@@ -110,15 +110,7 @@ def _factory_default(f: dataclasses.Field) -> dict:
     if f.default_factory is dataclasses.MISSING:
         return {}
     value = f.default_factory()
-    if not dataclasses.is_dataclass(value):
-        return {}
-    return {x.name: _plain(getattr(value, x.name)) for x in dataclasses.fields(value) if x.init}
-
-
-def _plain(value):
-    if dataclasses.is_dataclass(value):
-        return {x.name: _plain(getattr(value, x.name)) for x in dataclasses.fields(value) if x.init}
-    return value
+    return to_dict(value) if dataclasses.is_dataclass(value) else {}
 
 
 def _deep_merge(base: dict, update: dict) -> dict:
