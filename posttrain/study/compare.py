@@ -55,6 +55,8 @@ FRAMING = {"start": ("-", "-"), "teacher": ("-", "-"),
            "distill": ("student", "teacher per-token reverse KL")}
 CURVE_POINTS = 4
 CURVE_KEY = "eval/heldout/greedy/pass@1"
+# Longest training sequence (prompt + trace); token budgets are counted with the same limit SFT uses.
+MAX_LEN = 128
 
 
 @dataclasses.dataclass
@@ -134,7 +136,8 @@ def sft(run_dir: Path, model: str | Path, data_path: str, *, steps: int, lr: flo
     from posttrain.train.sft import SFTConfig, run_sft
 
     cfg = load_config(SFTConfig, None, [
-        f"model.path={model}", f"data.path={data_path}", "data.max_len=128", f"data.tokens_per_batch={tokens_per_batch}",
+        f"model.path={model}", f"data.path={data_path}", f"data.max_len={MAX_LEN}",
+        f"data.tokens_per_batch={tokens_per_batch}",
         f"optim.lr={lr}", f"optim.warmup_steps={warmup}", f"optim.schedule={schedule}", f"num_steps={steps}",
         f"save_every={save_every}", "keep_last=0", f"seed={seed}", f"out_dir={run_dir}",
         f"logging.progress={progress}"])
@@ -183,7 +186,7 @@ def teacher_traces(study: Study) -> str:
             if tokens < study.profile["budget"]:
                 records.append({"prompt": ex["prompt"], "completion": text, "answer": ex["answer"]})
                 kept, _ = tokenize_sft_report([SFTExample(prompt=ex["prompt"], completion=text)], tokenizer,
-                                              max_len=128, use_chat_template=True)
+                                              max_len=MAX_LEN, use_chat_template=True)
                 tokens += sum(sum(k.loss_mask[1:]) for k in kept)
         if tokens >= study.profile["budget"]:
             break
@@ -196,10 +199,10 @@ def sft_loss_tokens_per_step(model: str, data_path: str, seed: int, tokens_per_b
     from posttrain.models.hf import load_tokenizer
     from posttrain.train.sft import BatchStream, SFTDataConfig, load_sft_data
 
-    data_cfg = SFTDataConfig(path=data_path, max_len=128, tokens_per_batch=tokens_per_batch)
+    data_cfg = SFTDataConfig(path=data_path, max_len=MAX_LEN, tokens_per_batch=tokens_per_batch)
     tokenizer = load_tokenizer(model)
     examples = load_sft_data(data_cfg, tokenizer, data_path)
-    stream = BatchStream(examples, pack=True, tokens_per_batch=tokens_per_batch, seq_len=128, seed=seed,
+    stream = BatchStream(examples, pack=True, tokens_per_batch=tokens_per_batch, seq_len=MAX_LEN, seed=seed,
                          pad_id=tokenizer.pad_token_id)
     return [b.num_loss_tokens for b in stream.all_batches()]
 
@@ -321,8 +324,8 @@ def trace_nll(ckpt: str, data_path: str) -> float:
     from posttrain.train.sft import BatchStream, SFTDataConfig, SFTTrainer, load_sft_data
 
     tokenizer = load_tokenizer(ckpt)
-    examples = load_sft_data(SFTDataConfig(path=data_path, max_len=128), tokenizer, data_path)
-    batches = BatchStream(examples, pack=True, tokens_per_batch=2048, seq_len=128, seed=0,
+    examples = load_sft_data(SFTDataConfig(path=data_path, max_len=MAX_LEN), tokenizer, data_path)
+    batches = BatchStream(examples, pack=True, tokens_per_batch=2048, seq_len=MAX_LEN, seed=0,
                           pad_id=tokenizer.pad_token_id).all_batches()
     trainer = SFTTrainer(load_model(ModelConfig(path=ckpt), trainable=False), None, None, grad_clip=0.0)
     return trainer.eval_loss(batches)
