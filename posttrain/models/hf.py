@@ -102,6 +102,25 @@ def load_model(cfg: ModelConfig, *, trainable: bool = True, dtype: str | None = 
     return model
 
 
+def disable_dropout(model) -> None:
+    """Turn off every dropout of ``model`` (LoRA's included), in train mode too.
+
+    RL and DPO compare log-probs of one policy computed in two forwards (old vs new, policy vs
+    reference); any dropout makes the on-policy ratio differ from 1 and DPO's first loss from
+    log 2. TRL's trainers do the same (``disable_dropout_in_model``). Attention dropout in
+    transformers is a float attribute of each attention module, not an ``nn.Dropout``.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
 def apply_lora(model, cfg: LoraConfig):
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
