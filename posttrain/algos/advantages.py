@@ -7,15 +7,17 @@ gradient. A group is *zero-variance* when its valid rewards are all equal or it 
 valid samples; it gets advantage exactly 0 (not a tiny number divided by eps), and is flagged in
 ``metrics["zero_variance_P"]`` so the controller can count or drop it.
 
-Uniform signature: ``fn(rewards_PG, valid_PG, *, eps=1e-6) -> (adv_PG, metrics)``.
+Uniform signature: ``fn(rewards_PG, valid_PG, *, lengths_PG=None, eps=1e-6) -> (adv_PG, metrics)``.
+``lengths_PG`` (loss tokens per sample) matters to estimators whose statistics run over tokens
+(``reinforce_pp``); the others ignore it.
 
 Choices:
 * Standard deviations use Bessel's correction (n - 1), as ``torch.std`` and the common GRPO
   implementations do; with two samples [1, 0] GRPO gives ±0.7071, not ±1.
 * Zero variance is decided by exact equality (max == min over valid rewards), not by a
   threshold on the std, so rewards 0.3 and 0.3000001 still form a (tiny) learning signal.
-* ``reinforce_pp`` normalises by the std over the valid samples of the batch passed in: the
-  caller passes the whole step's batch (advantages are computed once, at the controller).
+* ``reinforce_pp`` whitens over the tokens of the batch passed in: the caller passes the whole
+  step's batch (advantages are computed once, at the controller).
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def _check(rewards_PG: torch.Tensor, valid_PG: torch.Tensor) -> None:
         raise ValueError(f"rewards_PG must be (P, G), got shape {tuple(rewards_PG.shape)}")
     if valid_PG.shape != rewards_PG.shape:
         raise ValueError(f"valid_PG shape {tuple(valid_PG.shape)} != rewards shape {tuple(rewards_PG.shape)}")
+
+
+def zero_variance(rewards_PG: torch.Tensor, valid_PG: torch.Tensor) -> torch.Tensor:
+    """(P,) bool: the group's valid rewards are all equal, or it has fewer than two valid samples."""
+    _check(rewards_PG, valid_PG)
+    return _group_stats(rewards_PG, valid_PG)[3]
 
 
 def _group_stats(rewards_PG: torch.Tensor, valid_PG: torch.Tensor):
@@ -63,6 +71,7 @@ def grpo_advantages(
     valid_PG: torch.Tensor,
     *,
     scale_by_std: bool = True,
+    lengths_PG: torch.Tensor | None = None,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group-relative advantage ``(r - mean_group) / (std_group + eps)``, or without the std.
@@ -79,17 +88,17 @@ def grpo_advantages(
     return _finish(adv_PG, valid_PG, zero_var_P)
 
 
-def grpo(rewards_PG, valid_PG, *, eps: float = 1e-6):
+def grpo(rewards_PG, valid_PG, *, lengths_PG=None, eps: float = 1e-6):
     """GRPO advantages (mean-centred, std-scaled); Shao et al. 2024."""
     return grpo_advantages(rewards_PG, valid_PG, scale_by_std=True, eps=eps)
 
 
-def dr_grpo(rewards_PG, valid_PG, *, eps: float = 1e-6):
+def dr_grpo(rewards_PG, valid_PG, *, lengths_PG=None, eps: float = 1e-6):
     """Dr. GRPO advantages (mean-centred, no std); Liu et al. 2025."""
     return grpo_advantages(rewards_PG, valid_PG, scale_by_std=False, eps=eps)
 
 
-def rloo(rewards_PG, valid_PG, *, eps: float = 1e-6):
+def rloo(rewards_PG, valid_PG, *, lengths_PG=None, eps: float = 1e-6):
     """REINFORCE leave-one-out: ``r_i - mean_{j≠i} r_j`` over valid j.
 
     Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning
@@ -104,21 +113,30 @@ def rloo(rewards_PG, valid_PG, *, eps: float = 1e-6):
     return _finish(r_PG - baseline_PG, valid_PG, zero_var_P)
 
 
-def reinforce_pp(rewards_PG, valid_PG, *, eps: float = 1e-6):
-    """REINFORCE++ with a group baseline: subtract the group mean, divide by the batch std.
+def reinforce_pp(rewards_PG, valid_PG, *, lengths_PG=None, eps: float = 1e-8):
+    """REINFORCE++ with a group baseline: subtract the group mean, then whiten over the batch's tokens.
 
-    Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models".
-    The std is taken over all valid samples of the batch (Bessel-corrected) of the centred
-    rewards; zero-variance groups contribute their zeros to it. No global re-centring: the
-    centred rewards already average to 0 over valid samples.
+    Hu et al. 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+    Models" (and verl's ``reinforce_plus_plus_baseline``): the centred reward ``c_i`` is given to
+    every loss token of sample i, and the token values are whitened over all loss tokens of the
+    batch, ``(c_i - μ) / sqrt(σ² + eps)`` with μ, σ² the token-weighted mean and (Bessel) variance.
+    Since ``c_i`` is constant along a sample, this is a per-sample advantage with the statistics
+    weighted by ``lengths_PG`` (loss tokens per sample; ``None`` counts every sample as one token).
+
+    Zero-variance groups contribute their zero tokens to μ and σ² as in the paper, but keep an
+    advantage of exactly 0 (the rule of every estimator here): re-centring would give them
+    ``-μ/σ``, a push on every token of a group that holds no information about the answer.
     """
     _check(rewards_PG, valid_PG)
     _, mean_P, _, zero_var_P = _group_stats(rewards_PG, valid_PG)
     v_PG = valid_PG.bool()
+    w_PG = torch.ones_like(rewards_PG, dtype=torch.float32) if lengths_PG is None else lengths_PG.float()
+    w_PG = torch.where(v_PG, w_PG, 0.0)
     centred_PG = torch.where(v_PG, rewards_PG.float() - mean_P[:, None], 0.0)
-    n = v_PG.sum().clamp(min=2).float()
-    batch_std = ((centred_PG**2).sum() / (n - 1)).sqrt()
-    return _finish(centred_PG / (batch_std + eps), valid_PG, zero_var_P)
+    n = w_PG.sum()
+    mu = (w_PG * centred_PG).sum() / n.clamp(min=1)
+    var = (w_PG * (centred_PG - mu) ** 2).sum() / (n - 1).clamp(min=1)
+    return _finish((centred_PG - mu) * torch.rsqrt(var + eps), valid_PG, zero_var_P)
 
 
 ADVANTAGES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {

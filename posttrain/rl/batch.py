@@ -11,6 +11,9 @@ import dataclasses
 
 import torch
 
+from posttrain.algos.advantages import zero_variance
+from posttrain.outcome import Outcome
+
 
 @dataclasses.dataclass
 class RLBatch:
@@ -23,9 +26,17 @@ class RLBatch:
     valid_B: torch.Tensor             # (N,) bool: outcome is a reward (PASS / MODEL_FAIL)
     policy_version_B: torch.Tensor    # (N,) long: weights version that sampled each row
     adv_B: torch.Tensor | None = None             # (N,) advantages
+    token_adv_BT: torch.Tensor | None = None      # (N, L-1) per-token advantages (PPO's GAE); wins over adv_B
     old_logp_BT: torch.Tensor | None = None       # (N, L-1) trainer log-probs before the update
     ref_logp_BT: torch.Tensor | None = None       # (N, L-1) reference log-probs
     is_weights_BT: torch.Tensor | None = None     # (N, L-1) sampler->trainer importance weights
+    truncated_logp_BT: torch.Tensor | None = None  # (N, L-1) log-probs under the top-k/top-p
+    #                                                distribution sampled; None without truncation
+
+    @property
+    def behaviour_logp_BT(self) -> torch.Tensor:
+        """Log-probs under the distribution the tokens were actually drawn from (IS denominators)."""
+        return self.sampler_logp_BT if self.truncated_logp_BT is None else self.truncated_logp_BT
 
     def __len__(self) -> int:
         return self.input_ids_BT.shape[0]
@@ -55,13 +66,34 @@ class RLBatch:
         return (self.attention_mask_BT.cumsum(1) - 1).clamp_min(0)
 
 
+def outcome_batch(rollouts, outcomes: list[Outcome], pad_id: int) -> RLBatch:
+    """`build_batch` with each sample's reward and validity taken from its outcome."""
+    return build_batch(rollouts, [o.reward if o.is_reward else 0.0 for o in outcomes],
+                       [o.is_reward for o in outcomes], pad_id)
+
+
+def group_outcomes(outcomes: list[Outcome], group_size: int):
+    """(rewards_PG, valid_PG, zero_variance_P) of a step's samples, prompt i's group at rows i*G..
+
+    The one place every caller (sync, async, dynamic sampling, PPO, distillation) turns outcomes
+    into group rewards: a sample whose outcome is not a reward (TASK_FAIL, INFRA_FAIL) is invalid
+    with reward 0, and a group is zero-variance when its valid task rewards are all equal.
+    """
+    rewards_PG = torch.tensor([o.reward if o.is_reward else 0.0 for o in outcomes]).view(-1, group_size)
+    valid_PG = torch.tensor([o.is_reward for o in outcomes]).view(-1, group_size)
+    return rewards_PG, valid_PG, zero_variance(rewards_PG, valid_PG)
+
+
 def build_batch(rollouts, rewards: list[float], valid: list[bool], pad_id: int) -> RLBatch:
     """Right-pad prompt+completion rows and shift the sampler log-probs onto the targets.
 
     `Rollouts.to_padded` stores token t's sampler log-prob at input position t; the trainer's
-    column t scores token t + 1, hence the ``[:, 1:]``.
+    column t scores token t + 1, hence the ``[:, 1:]``. Truncated log-probs are kept only when the
+    sampling was truncated (top-k or top-p): otherwise both distributions are the same.
     """
     padded = rollouts.to_padded(pad_id)
+    s = rollouts.sampling
+    truncated = padded.truncated_logp_BT is not None and (s.top_k > 0 or s.top_p < 1.0)
     return RLBatch(
         input_ids_BT=padded.input_ids_BT, attention_mask_BT=padded.attention_mask_BT,
         mask_BT=padded.completion_mask_BT[:, 1:].bool(), sampler_logp_BT=padded.sampler_logp_BT[:, 1:],
@@ -69,4 +101,5 @@ def build_batch(rollouts, rewards: list[float], valid: list[bool], pad_id: int) 
         rewards_B=torch.tensor(rewards, dtype=torch.float32),
         valid_B=torch.tensor(valid, dtype=torch.bool),
         policy_version_B=torch.tensor(list(rollouts.policy_version), dtype=torch.long),
+        truncated_logp_BT=padded.truncated_logp_BT[:, 1:] if truncated else None,
     )

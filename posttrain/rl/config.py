@@ -62,9 +62,12 @@ class KLConfig:
     coef: float = 0.0
     """Weight of the KL penalty to the frozen reference; 0 = no reference model is loaded."""
     estimator: str = "k3"
-    """k1, k2 or k3 (Schulman's estimators)."""
+    """k1, k2 or k3 (Schulman's estimators). In the loss, k3's gradient is the forward KL's
+    KL(π_ref‖π) and k2's the reverse KL's KL(π‖π_ref); k1's is zero in expectation, so k1 is refused
+    with mode=loss (docs/rl.md)."""
     mode: str = "loss"
-    """loss (a KL term added to the policy loss) or reward (subtracted from the reward per token)."""
+    """loss (a KL term added to the policy loss) or reward (PPO: subtracted from each token's
+    reward; GRPO family: coef × the sample's summed KL subtracted from its reward)."""
     ref_path: str = ""
     """Reference model folder; empty = the starting policy (model.path)."""
     track: bool = True
@@ -78,6 +81,10 @@ class KLConfig:
             raise ConfigValueError("estimator", "must be k1, k2 or k3")
         if self.mode not in ("loss", "reward"):
             raise ConfigValueError("mode", "must be loss or reward")
+        if self.estimator == "k1" and self.mode == "loss" and self.coef > 0:
+            raise ConfigValueError("estimator", "k1 in the loss has zero expected gradient on-policy "
+                                   "(E[∇ log π] = 0), so the penalty would be noise; use k3 or k2 with "
+                                   "mode=loss, or k1 with mode=reward")
 
 
 @dataclasses.dataclass(kw_only=True)

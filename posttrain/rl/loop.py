@@ -18,15 +18,16 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algos import ADVANTAGES, KL_ESTIMATORS
+from posttrain.algos import ADVANTAGES
+from posttrain.algos.advantages import zero_variance
 from posttrain.config import save_config, to_dict
-from posttrain.models.hf import check_model_path, load_model, load_tokenizer, quiet_transformers
+from posttrain.models.hf import check_model_path, disable_dropout, load_model, load_tokenizer, quiet_transformers
 from posttrain.outcome import Outcome
-from posttrain.rl.batch import RLBatch, build_batch
+from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog, rollout_metrics
 from posttrain.rl.evaluate import eval_metrics, evaluate, score
-from posttrain.rl.losses import importance_weights, make_loss_fn
+from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout import SamplingParams, TorchEngine, weights_checksum
@@ -73,37 +74,25 @@ def generate_groups(run: RLRun, step: int, round_: int, k: int):
     return ro, outcomes
 
 
-def group_rewards(outcomes: list[Outcome], num_prompts: int, group_size: int):
-    rewards = torch.tensor([o.reward if o.is_reward else 0.0 for o in outcomes]).view(num_prompts, group_size)
-    valid = torch.tensor([o.is_reward for o in outcomes]).view(num_prompts, group_size)
-    return rewards, valid
-
-
-def zero_variance_groups(cfg: RLConfig, rewards, valid) -> torch.Tensor:
-    # Every group estimator flags equal-reward groups alike; ppo has no group estimator of its own.
-    return ADVANTAGES.get(cfg.algorithm, ADVANTAGES["grpo"])(rewards, valid)[1]["zero_variance_P"]
-
-
 def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
     """One generation round, or with dynamic sampling several, keeping informative groups only."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     want = cfg.prompts_per_step
     ro, outcomes = generate_groups(run, step, 0, want)
-    rewards, valid = group_rewards(outcomes, want, G)
-    zv = zero_variance_groups(cfg, rewards, valid)
-    info = {"groups/zero_variance_frac": float(zv.float().mean()), "dynamic_sampling/rounds": 1}
+    info = {"dynamic_sampling/rounds": 1}
     if not cfg.dynamic_sampling.enabled:
         return ro, outcomes, info
     kept_ro, kept_out = [], []
     for round_ in range(cfg.dynamic_sampling.max_rounds):
         if round_ > 0:
             ro, outcomes = generate_groups(run, step, round_, want)
-            rewards, valid = group_rewards(outcomes, want, G)
-            zv = zero_variance_groups(cfg, rewards, valid)
+        zv = group_outcomes(outcomes, G)[2]
+        if round_ == 0:  # what sampling alone would have trained on
+            info["dynamic_sampling/sampled_zero_variance_frac"] = float(zv.float().mean())
         for p in torch.nonzero(~zv).flatten().tolist():
             if len(kept_ro) < want:
                 rows = list(range(p * G, (p + 1) * G))
-                kept_ro.append(_rows(ro, rows, new_idx=len(kept_ro)))
+                kept_ro.append(ro.select(rows, [len(kept_ro)] * G))
                 kept_out.extend(outcomes[r] for r in rows)
         info["dynamic_sampling/rounds"] = round_ + 1
         if len(kept_ro) == want:
@@ -114,32 +103,28 @@ def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
     return Rollouts.concat(kept_ro), kept_out, info
 
 
-def _rows(ro: Rollouts, rows: list[int], new_idx: int) -> Rollouts:
-    pick = lambda xs: None if xs is None else [xs[r] for r in rows]  # noqa: E731
-    return Rollouts(prompt_idx=[new_idx] * len(rows), prompt_ids=pick(ro.prompt_ids),
-                    completion_ids=pick(ro.completion_ids), logprobs=pick(ro.logprobs),
-                    finish_reason=pick(ro.finish_reason), policy_version=pick(ro.policy_version),
-                    sampling=ro.sampling, logprob_kind=ro.logprob_kind,
-                    truncated_logprobs=pick(ro.truncated_logprobs), texts=pick(ro.texts))
+def advantages(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
+    """(N,) group-relative advantages of the GRPO family, and their metrics.
 
-
-def advantages(run: RLRun, batch: RLBatch) -> dict:
-    """Group-relative advantages; a KL-in-reward penalty is folded into the rewards first."""
-    cfg, G = run.cfg, run.cfg.rollout.group_size
-    rewards = batch.rewards_B.clone()
-    metrics = {}
+    One rule for what reaches the optimizer: a group whose task rewards are all equal (or that has
+    fewer than two valid samples) gets advantage exactly 0, whatever else happens, so
+    ``groups/zero_variance_frac`` is the fraction of groups that send no gradient. With
+    ``kl.mode=reward`` the per-sequence KL (``kl.coef`` · the sum over the sample's tokens) is
+    subtracted from the rewards of the other groups before their normalisation.
+    """
+    G = cfg.rollout.group_size
+    rewards_PG, valid_PG = batch.rewards_B.view(-1, G), batch.valid_B.view(-1, G)
+    zero_var_P = zero_variance(rewards_PG, valid_PG)
+    metrics, shaped_PG = {}, rewards_PG
     if batch.ref_logp_BT is not None:
-        kl_BT = KL_ESTIMATORS[cfg.kl.estimator](batch.old_logp_BT, batch.ref_logp_BT) * batch.mask_BT
-        kl_seq = kl_BT.sum(1)
-        metrics["kl/ref"] = float(kl_BT.sum() / batch.mask_BT.sum().clamp_min(1))
-        metrics["kl/ref_seq_mean"] = float(kl_seq.mean())
+        kl_BT, metrics = reference_kl(cfg, batch)
         if cfg.kl.mode == "reward":
-            rewards = rewards - cfg.kl.coef * kl_seq
-    num_prompts = len(batch) // G
-    adv_PG, m = ADVANTAGES[cfg.algorithm](rewards.view(num_prompts, G), batch.valid_B.view(num_prompts, G))
-    batch.adv_B = adv_PG.flatten().float()
-    metrics["adv/abs_mean"] = float(batch.adv_B.abs().mean())
-    return metrics
+            shaped_PG = rewards_PG - cfg.kl.coef * kl_BT.sum(1).view(-1, G)
+    lengths_PG = batch.train_mask_BT.sum(1).view(-1, G)
+    adv_PG, _ = ADVANTAGES[cfg.algorithm](shaped_PG, valid_PG, lengths_PG=lengths_PG)
+    adv_B = torch.where(zero_var_P[:, None], 0.0, adv_PG).flatten().float()
+    return adv_B, metrics | {"adv/abs_mean": float(adv_B.abs().mean()),
+                             "groups/zero_variance_frac": float(zero_var_P.float().mean())}
 
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
@@ -149,28 +134,35 @@ def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
 
 
 def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
-    """Everything after generation, shared by sync and async: batch, log-probs, advantages, update, sync."""
-    if run.ppo is not None:  # algorithm=ppo: token rewards, GAE with a learned critic
-        return run.ppo.learn(run, step, timer, ro, outcomes, info)
+    """Everything after generation, shared by sync and async and by every algorithm: batch,
+    log-probs, advantages (or PPO's critic targets), off-policy correction, update, weight sync."""
     cfg = run.cfg
     with timer("reward"):
-        rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
-        batch = build_batch(ro, rewards, [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
+        batch = outcome_batch(ro, outcomes, run.tokenizer.pad_token_id)
+        metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     with timer("logprobs"):
-        metrics = run.policy.score(batch)
-    with timer("adv"):
-        metrics |= advantages(run, batch)
-        metrics |= importance_weights(batch, cfg.correction)
-        if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo:  # clip around the behaviour policy
-            batch.old_logp_BT, batch.is_weights_BT = batch.sampler_logp_BT, None
-    metrics |= rollout_metrics(ro, outcomes, info.pop("groups/zero_variance_frac")) | info | run.source.metrics()
+        metrics |= run.policy.score(batch)
+    if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
+        targets, m = run.ppo.targets(run, batch, timer)
+        G = cfg.rollout.group_size
+        m["groups/zero_variance_frac"] = float(zero_variance(batch.rewards_B.view(-1, G),
+                                                             batch.valid_B.view(-1, G)).float().mean())
+    else:
+        with timer("adv"):
+            batch.adv_B, m = advantages(cfg, batch)
+    metrics |= m | off_policy_correction(batch, cfg)
+    metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
+    metrics |= run.source.metrics()
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     if info.get("dynamic_sampling/starved"):
         return metrics | {"update/skipped": 1}
     with timer("update"):
-        metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
-                                         epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
-                                         norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step)
+        if run.ppo is not None:
+            metrics |= run.ppo.update(run, batch, targets, seed=cfg.seed + step)
+        else:
+            metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
+                                             epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
+                                             norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step)
     with timer("sync"):
         sync_weights(run)
     return metrics
@@ -206,10 +198,12 @@ def setup(cfg: RLConfig) -> RLRun:
     verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model)
+    disable_dropout(model)  # old, new and reference log-probs must come from the same function
     ref = None
     if cfg.kl.coef > 0 or cfg.kl.track:
         ref_cfg = dataclasses.replace(cfg.model, path=cfg.kl.ref_path or cfg.model.path)
         ref = load_model(ref_cfg, trainable=False)
+        disable_dropout(ref)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
     policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),

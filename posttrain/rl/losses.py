@@ -2,12 +2,15 @@
 
 ``make_loss_fn(cfg)`` returns ``loss_fn(logp_BT, mb) -> (loss_BT, metrics)``: the policy surrogate
 (clipped PPO or plain PG) weighted by the sampler->trainer importance weights, plus the KL-to-
-reference term when it is a loss. Aggregation is applied by the trainer with global denominators.
+reference term when it is a loss. The same function serves the GRPO family (one advantage per
+sample, ``adv_B``) and PPO (per-token GAE advantages, ``token_adv_BT``). Aggregation is applied by the trainer with global denominators.
 """
 
 from __future__ import annotations
 
-from posttrain.algos import KL_ESTIMATORS, IS_CORRECTIONS, ppo_clip_loss, pg_loss
+import torch
+
+from posttrain.algos import IS_CORRECTIONS, KL_ESTIMATORS, mismatch_metrics, pg_loss, ppo_clip_loss
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import CorrectionConfig, RLConfig
 
@@ -17,7 +20,7 @@ def make_loss_fn(cfg: RLConfig):
     kl_in_loss = cfg.kl.coef > 0 and cfg.kl.mode == "loss"
 
     def policy_term(logp_BT, mb: RLBatch):
-        adv_BT = mb.adv_B[:, None].expand_as(logp_BT)
+        adv_BT = mb.adv_B[:, None].expand_as(logp_BT) if mb.token_adv_BT is None else mb.token_adv_BT
         if cfg.policy_loss == "pg":
             return pg_loss(logp_BT, adv_BT, mb.train_mask_BT, is_weights_BT=mb.is_weights_BT)
         return ppo_clip_loss(logp_BT, mb.old_logp_BT, adv_BT, mb.train_mask_BT,
@@ -34,18 +37,36 @@ def make_loss_fn(cfg: RLConfig):
     return loss_fn
 
 
-def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> dict:
-    """Set ``batch.is_weights_BT`` from trainer (old) vs sampler log-probs; return the mismatch metrics.
+def reference_kl(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
+    """Per-token KL to the reference, ``kl.estimator`` of the sampled tokens, 0 off the train mask."""
+    mask = batch.train_mask_BT
+    kl_BT = KL_ESTIMATORS[cfg.kl.estimator](batch.old_logp_BT, batch.ref_logp_BT) * mask
+    valid = batch.valid_B
+    return kl_BT, {"kl/ref": float(kl_BT.sum() / mask.sum().clamp_min(1)),
+                   "kl/ref_seq_mean": float(kl_BT.sum(1)[valid].mean()) if valid.any() else 0.0}
 
-    The mismatch metrics are computed even when the correction is off: they are how a user sees
-    that sampler and trainer disagree.
+
+def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> dict:
+    """Set ``batch.is_weights_BT`` from trainer (old) vs behaviour log-probs; return the mismatch metrics.
+
+    The behaviour log-probs are those of the distribution the tokens were drawn from: the top-k /
+    top-p truncated one when sampling truncates (``batch.behaviour_logp_BT``), since that is the
+    proposal the importance ratio corrects for. The mismatch metrics always compare the two full
+    distributions, sampler and trainer, and are computed even when the correction is off: they are
+    how a user sees that the two sides' numerics or weights disagree.
     """
     mask = batch.train_mask_BT
-    if cfg.kind == "masked":
-        w, metrics = IS_CORRECTIONS["masked"](batch.old_logp_BT, batch.sampler_logp_BT, mask,
-                                              low=cfg.low, high=cfg.high, level=cfg.level)
-    else:
-        w, metrics = IS_CORRECTIONS["truncated"](batch.old_logp_BT, batch.sampler_logp_BT, mask,
-                                                 cap=cfg.cap, level=cfg.level)
+    options = {"masked": dict(low=cfg.low, high=cfg.high), "truncated": dict(cap=cfg.cap), "none": {}}[cfg.kind]
+    w, metrics = IS_CORRECTIONS[cfg.kind](batch.old_logp_BT, batch.behaviour_logp_BT, mask, level=cfg.level, **options)
+    metrics |= mismatch_metrics(batch.old_logp_BT, batch.sampler_logp_BT, mask)
     batch.is_weights_BT = None if cfg.kind == "none" else w
     return {k: float(v) for k, v in metrics.items()}
+
+
+def off_policy_correction(batch: RLBatch, cfg: RLConfig) -> dict:
+    """Importance weights behaviour -> trainer; in async mode without decoupled PPO, anchor the PPO
+    ratio on the behaviour policy itself (no separate weight). Applies to every algorithm."""
+    metrics = importance_weights(batch, cfg.correction)
+    if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo:
+        batch.old_logp_BT, batch.is_weights_BT = batch.behaviour_logp_BT, None
+    return metrics

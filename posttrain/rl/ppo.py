@@ -31,23 +31,23 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.algos import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, explained_variance, gae, value_loss
+from posttrain.algos import AGGREGATIONS, explained_variance, gae, value_loss
 from posttrain.algos._masked import masked_mean
 from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
-from posttrain.models.hf import save_pretrained
-from posttrain.outcome import Outcome
-from posttrain.rl.batch import RLBatch, build_batch
+from posttrain.models.hf import disable_dropout, save_pretrained
+from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import RLConfig
-from posttrain.rl.diagnostics import rollout_metrics
-from posttrain.rl.losses import importance_weights
-from posttrain.rl.loop import RLRun, sync_weights
-from posttrain.rollout.types import Rollouts
+from posttrain.rl.losses import reference_kl
 from posttrain.train.checkpoint import restore_weights
 from posttrain.train.optim import build_optimizer, build_scheduler, clip_gradients
+
+if TYPE_CHECKING:
+    from posttrain.rl.loop import RLRun
 
 
 @dataclasses.dataclass
@@ -88,13 +88,24 @@ class Critic:
 
 @dataclasses.dataclass
 class PPOState:
-    """What PPO adds to an `RLRun`; the loop calls ``learn`` (after generation), ``save`` and ``load``."""
+    """What PPO adds to an `RLRun`. The loop's ``learn`` calls ``combine_rewards`` (reward stage),
+    ``targets`` (critic values, then GAE) and ``update`` in place of the group advantages and the
+    policy's own ``train_step``; everything else (scoring, off-policy correction, sync) is shared."""
 
     critic: Critic
     reward_model: torch.nn.Module | None
 
-    def learn(self, run: RLRun, step: int, timer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
-        return ppo_learn(run, step, timer, ro, outcomes, info)
+    def combine_rewards(self, run: RLRun, batch: RLBatch) -> dict:
+        return combine_rewards(run, batch)
+
+    def targets(self, run: RLRun, batch: RLBatch, timer) -> tuple[PPOTargets, dict]:
+        with timer("values"):
+            old_values_BT = self.critic.values(batch, run.cfg.micro_batch_size)
+        with timer("adv"):
+            return ppo_targets(run.cfg, batch, old_values_BT)
+
+    def update(self, run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> dict:
+        return ppo_update(run, batch, targets, seed)
 
     def save(self, ckpt: Path) -> None:
         save_pretrained(self.critic.model, None, ckpt / "critic")
@@ -115,6 +126,7 @@ def setup_ppo(run: RLRun) -> PPOState:
     cfg, pad = run.cfg, run.tokenizer.pad_token_id
     critic_model_cfg = dataclasses.replace(cfg.model, path=cfg.critic.path or cfg.model.path)
     critic_model = load_value_model(critic_model_cfg, pad_token_id=pad)
+    disable_dropout(critic_model)  # values before and during the update come from one function
     optimizer = build_optimizer(critic_model.parameters(), cfg.critic.optim)
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
     critic = Critic(critic_model, optimizer, build_scheduler(optimizer, cfg.critic.optim, updates),
@@ -160,9 +172,7 @@ def token_rewards(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
     rewards_BT = torch.zeros(mask.shape)
     metrics = {}
     if batch.ref_logp_BT is not None:
-        kl_BT = KL_ESTIMATORS[cfg.kl.estimator](batch.old_logp_BT, batch.ref_logp_BT) * mask
-        metrics["kl/ref"] = float(kl_BT.sum() / mask.sum().clamp_min(1))
-        metrics["kl/ref_seq_mean"] = float(kl_BT.sum(1)[batch.valid_B].mean()) if batch.valid_B.any() else 0.0
+        kl_BT, metrics = reference_kl(cfg, batch)
         log_ratio_B = ((batch.old_logp_BT - batch.ref_logp_BT) * mask).sum(1)
         metrics["kl/from_start"] = float(log_ratio_B[batch.valid_B].mean()) if batch.valid_B.any() else 0.0
         if cfg.kl.mode == "reward":
@@ -186,31 +196,6 @@ def ppo_targets(cfg: RLConfig, batch: RLBatch, old_values_BT: torch.Tensor) -> t
         std = masked_mean((adv_BT - mean) ** 2, mask).sqrt()
         adv_BT = torch.where(mask, (adv_BT - mean) / (std + 1e-8), 0.0)
     return PPOTargets(adv_BT, returns_BT, old_values_BT), metrics
-
-
-def ppo_learn(run: RLRun, step: int, timer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
-    """Everything after generation for PPO, top to bottom (stages timed like the loop's)."""
-    cfg, state = run.cfg, run.ppo
-    with timer("reward"):
-        rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
-        batch = build_batch(ro, rewards, [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
-        metrics = combine_rewards(run, batch)
-    with timer("logprobs"):
-        metrics |= run.policy.score(batch)
-    with timer("values"):
-        old_values_BT = state.critic.values(batch, cfg.micro_batch_size)
-    with timer("adv"):
-        targets, m = ppo_targets(cfg, batch, old_values_BT)
-        metrics |= m | importance_weights(batch, cfg.correction)
-    metrics |= rollout_metrics(ro, outcomes, info.pop("groups/zero_variance_frac")) | info | run.source.metrics()
-    metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
-    if info.get("dynamic_sampling/starved"):
-        return metrics | {"update/skipped": 1}
-    with timer("update"):
-        metrics |= ppo_update(run, batch, targets, seed=cfg.seed + step)
-    with timer("sync"):
-        sync_weights(run)
-    return metrics
 
 
 def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> dict:
@@ -239,12 +224,9 @@ def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.T
     for idx in policy._micro_batches(rows):
         mb = batch.select(idx)
         mask, width = mb.train_mask_BT, mb.mask_BT.shape[1]
+        mb.token_adv_BT = targets.adv_BT[idx, :width]  # the loop's loss, with GAE's per-token advantages
         logp_BT, _ = policy._forward_grad(mb)
-        loss_BT, pm = POLICY_LOSSES[cfg.policy_loss](
-            logp_BT, mb.old_logp_BT, targets.adv_BT[idx, :width], mask, clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip or None, is_weights_BT=mb.is_weights_BT)
-        if cfg.kl.mode == "loss" and cfg.kl.coef > 0:
-            loss_BT = loss_BT + cfg.kl.coef * KL_ESTIMATORS[cfg.kl.estimator](logp_BT, mb.ref_logp_BT)
+        loss_BT, pm = run.loss_fn(logp_BT, mb)
         loss = agg(loss_BT, mask, global_num_tokens=tokens, global_num_seqs=seqs,
                    norm_constant=float(cfg.rollout.max_new_tokens))
         loss.backward()
@@ -255,7 +237,7 @@ def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.T
         share = float(mask.sum()) / float(tokens)
         sums["loss"] += float(loss.detach())
         sums["critic/loss"] += float(vloss.detach())
-        for k, v in {**{f"policy/{k}": v for k, v in pm.items()},
+        for k, v in {**pm,
                      **{f"critic/{k}": v for k, v in vm.items() if k != "explained_variance"}}.items():
             sums[k] = sums.get(k, 0.0) + float(v) * share
     sums["grad_norm"] = float(clip_gradients(policy.model.parameters(), policy.grad_clip))

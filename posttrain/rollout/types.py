@@ -92,6 +92,9 @@ class PaddedRollouts:
     """(B, T) float32: 1 on completion tokens (the ones the policy chose)."""
     sampler_logp_BT: torch.Tensor
     """(B, T) float32: sampler log-prob of each completion token, 0 elsewhere."""
+    truncated_logp_BT: torch.Tensor | None = None
+    """(B, T) float32: like ``sampler_logp_BT`` under the top-k/top-p distribution actually sampled;
+    None when the rollouts carry no truncated log-probs."""
 
 
 @dataclass
@@ -133,12 +136,25 @@ class Rollouts:
         attn = torch.zeros((B, T), dtype=torch.long)
         comp = torch.zeros((B, T), dtype=torch.float32)
         logp = torch.zeros((B, T), dtype=torch.float32)
+        trunc = torch.zeros((B, T), dtype=torch.float32) if self.truncated_logprobs is not None else None
         for b, (p, c, lp) in enumerate(zip(self.prompt_ids, self.completion_ids, self.logprobs)):
             ids[b, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
             attn[b, : len(p) + len(c)] = 1
             comp[b, len(p) : len(p) + len(c)] = 1.0
             logp[b, len(p) : len(p) + len(c)] = torch.tensor(lp, dtype=torch.float32)
-        return PaddedRollouts(input_ids_BT=ids, attention_mask_BT=attn, completion_mask_BT=comp, sampler_logp_BT=logp)
+            if trunc is not None:
+                trunc[b, len(p) : len(p) + len(c)] = torch.tensor(self.truncated_logprobs[b], dtype=torch.float32)
+        return PaddedRollouts(input_ids_BT=ids, attention_mask_BT=attn, completion_mask_BT=comp,
+                              sampler_logp_BT=logp, truncated_logp_BT=trunc)
+
+    def select(self, rows: list[int], prompt_idx: list[int]) -> "Rollouts":
+        """The samples at ``rows``, renumbered to ``prompt_idx`` (one entry per row)."""
+        pick = lambda xs: None if xs is None else [xs[r] for r in rows]  # noqa: E731
+        return dataclasses.replace(self, prompt_idx=list(prompt_idx), prompt_ids=pick(self.prompt_ids),
+                                   completion_ids=pick(self.completion_ids), logprobs=pick(self.logprobs),
+                                   finish_reason=pick(self.finish_reason),
+                                   policy_version=pick(self.policy_version),
+                                   truncated_logprobs=pick(self.truncated_logprobs), texts=pick(self.texts))
 
     @staticmethod
     def concat(parts: list["Rollouts"]) -> "Rollouts":

@@ -24,6 +24,8 @@ Design choices:
   is then taken over those k tokens, both distributions renormalised there (see algos).
 - The teacher is loaded frozen (``requires_grad_(False)``), runs under ``no_grad`` on its own device
   (``teacher.device``) and only its outputs travel back to the student's device.
+- The teacher's signal never depends on the verifier, so the KL covers every sample's tokens, even
+  those whose outcome is TASK_FAIL or INFRA_FAIL; only the optional reward term is masked there.
 - Teacher and student must share one tokenizer: per-token distributions are compared id by id, so
   a different vocabulary is refused before anything is written.
 - ``max_tokens`` stops the run once the student has generated that many completion tokens (the
@@ -44,10 +46,10 @@ from posttrain.algos import (ADVANTAGES, AGGREGATIONS, distill_reward, pg_loss, 
 from posttrain.config import ConfigValueError, save_config, to_dict
 from posttrain.errors import UserError
 from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_model, load_tokenizer
-from posttrain.rl.batch import RLBatch, build_batch
+from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
 from posttrain.rl.config import CorrectionConfig, RLConfig, RLDataConfig, RolloutConfig
 from posttrain.rl.diagnostics import Watchdog, rollout_metrics
-from posttrain.rl.loop import RLRun, checkpoint, generate_groups, group_rewards, held_out_eval, maybe_resume
+from posttrain.rl.loop import RLRun, checkpoint, generate_groups, held_out_eval, maybe_resume
 from posttrain.rl.loop import setup as rl_setup
 from posttrain.rl.loop import sync_weights
 from posttrain.rl.losses import importance_weights
@@ -158,13 +160,13 @@ class DistillRun:
 def _full_kl(logits_BTV, logp_BT, mb: RLBatch, t: TeacherChunk):
     """Exact reverse KL per token; with top-k, over the teacher's k tokens (renormalised)."""
     student = logits_BTV if t.index_BTK is None else logits_BTV.gather(-1, t.index_BTK)
-    kl_BT = reverse_kl_full(student, t.logits_BTK, mb.train_mask_BT)
+    kl_BT = reverse_kl_full(student, t.logits_BTK, mb.mask_BT)
     return kl_BT, kl_BT
 
 
 def _sampled_kl(logits_BTV, logp_BT, mb: RLBatch, t: TeacherChunk):
     """Score-function form: reward -(log p_s - log p_t) per token, gradient -r · ∇log p_s."""
-    mask = mb.train_mask_BT
+    mask = mb.mask_BT
     loss_BT, _ = pg_loss(logp_BT, distill_reward(mb.old_logp_BT, t.logp_BT, mask), mask)
     return loss_BT, reverse_kl_sampled(logp_BT.detach(), t.logp_BT) * mask
 
@@ -247,7 +249,7 @@ def update(run: DistillRun, batch: RLBatch, teacher: list[TeacherChunk]) -> tupl
     """One optimizer step on the token-mean loss over the whole step; returns metrics and KL per token."""
     policy, cfg = run.rl.policy, run.cfg
     policy.model.train()
-    total_tokens = batch.train_mask_BT.sum().clamp_min(1)
+    total_tokens = batch.mask_BT.sum().clamp_min(1)
     kl_BT = torch.zeros_like(batch.mask_BT, dtype=torch.float32)
     loss_total = 0.0
     for t in teacher:
@@ -258,7 +260,7 @@ def update(run: DistillRun, batch: RLBatch, teacher: list[TeacherChunk]) -> tupl
         if cfg.reward_coef:
             adv_BT = mb.adv_B[:, None].expand_as(logp)
             loss_BT = loss_BT + cfg.reward_coef * pg_loss(logp, adv_BT, mb.train_mask_BT)[0]
-        loss = AGGREGATIONS["token_mean"](loss_BT, mb.train_mask_BT, global_num_tokens=total_tokens)
+        loss = AGGREGATIONS["token_mean"](loss_BT, mb.mask_BT, global_num_tokens=total_tokens)
         loss.backward()
         loss_total += float(loss.detach())
         kl_BT[t.rows, : kl_mb.shape[1]] = kl_mb.detach()
@@ -291,7 +293,7 @@ def teacher_metrics(batch: RLBatch, teacher: list[TeacherChunk]) -> dict:
     t_logp = torch.zeros_like(batch.old_logp_BT)
     for t in teacher:
         t_logp[t.rows, : t.logp_BT.shape[1]] = t.logp_BT
-    mask = batch.train_mask_BT
+    mask = batch.mask_BT
     return {"distill/teacher_logp": _masked_mean(t_logp, mask),
             "distill/reverse_kl_sampled": _masked_mean(batch.old_logp_BT - t_logp, mask)}
 
@@ -302,10 +304,9 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     with timer("rollout"):
         ro, outcomes = generate_groups(rl, step, 0, cfg.prompts_per_step)
     with timer("reward"):
-        rewards, valid = group_rewards(outcomes, cfg.prompts_per_step, G)
-        batch = build_batch(ro, rewards.flatten().tolist(), valid.flatten().tolist(), rl.tokenizer.pad_token_id)
-        adv_PG, adv_info = ADVANTAGES["grpo"](rewards, valid)
-        batch.adv_B = adv_PG.flatten().float()
+        rewards_PG, valid_PG, zero_var_P = group_outcomes(outcomes, G)
+        batch = outcome_batch(ro, outcomes, rl.tokenizer.pad_token_id)
+        batch.adv_B = ADVANTAGES["grpo"](rewards_PG, valid_PG)[0].flatten().float()
     with timer("logprobs"):
         metrics = rl.policy.score(batch)
         metrics |= importance_weights(batch, CorrectionConfig(kind="none"))
@@ -317,12 +318,11 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
         upd, kl_BT = update(run, batch, teacher)
     with timer("sync"):
         sync_weights(rl)
-    zero_var = float(adv_info["zero_variance_P"].float().mean())
-    metrics |= upd | rollout_metrics(ro, outcomes, zero_var) | teacher_metrics(batch, teacher)
+    metrics |= upd | rollout_metrics(ro, outcomes, float(zero_var_P.float().mean())) | teacher_metrics(batch, teacher)
     if not cfg.reward_coef:  # equal rewards only starve the gradient when the reward is trained on
         metrics.pop("groups/zero_variance_frac")
-    metrics["distill/reverse_kl"] = _masked_mean(kl_BT, batch.train_mask_BT)
-    metrics |= position_profile(kl_BT, batch.train_mask_BT)
+    metrics["distill/reverse_kl"] = _masked_mean(kl_BT, batch.mask_BT)
+    metrics |= position_profile(kl_BT, batch.mask_BT)
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     return metrics
 

@@ -33,11 +33,14 @@ def test_rloo_hand_worked():
     torch.testing.assert_close(adv, torch.tensor([[1.0, -0.5, -0.5]]))
 
 
-def test_reinforce_pp_hand_worked():
-    # centred [[.5, -.5], [0, 0]]; batch var = 0.5 / 3
-    adv, m = _adv("reinforce_pp", [[1, 0], [1, 1]])
-    a = 0.5 / (math.sqrt(0.5 / 3) + 1e-6)
-    torch.testing.assert_close(adv, torch.tensor([[a, -a], [0.0, 0.0]]))
+def test_reinforce_pp_hand_worked_whitens_over_tokens():
+    # centred [[.5, -.5], [0, 0]] given to 2, 4, 3 and 1 tokens: 10 tokens, mean (1 - 2) / 10 = -0.1,
+    # deviations .6 (x2), -.4 (x4), .1 (x4): Bessel variance (.72 + .64 + .04) / 9
+    r = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    adv, m = ADVANTAGES["reinforce_pp"](r, torch.ones_like(r, dtype=torch.bool),
+                                        lengths_PG=torch.tensor([[2, 4], [3, 1]]))
+    s = math.sqrt(1.40 / 9 + 1e-8)
+    torch.testing.assert_close(adv, torch.tensor([[0.6 / s, -0.4 / s], [0.0, 0.0]]))
     assert m["zero_variance_P"].tolist() == [False, True]
 
 
@@ -59,20 +62,22 @@ def test_zero_variance_groups_get_exact_zero(name):
     assert torch.all(adv[3] != 0.0)
 
 
-def _slow_reference(name, rewards, valid, eps=1e-6):
-    """Plain-Python statement of each estimator."""
+def _slow_reference(name, rewards, valid, lengths, eps=1e-6):
+    """Plain-Python statement of each estimator; REINFORCE++ as the paper writes it, over tokens."""
     P, G = len(rewards), len(rewards[0])
     out = [[0.0] * G for _ in range(P)]
-    centred_all = []
+    trained = set()  # (p, g) of valid samples in groups with a signal
+    tokens = []  # REINFORCE++: every loss token of every valid sample carries its centred reward
     for p in range(P):
         vals = [rewards[p][g] for g in range(G) if valid[p][g]]
         zero_var = len(vals) < 2 or max(vals) == min(vals)
         mean = sum(vals) / len(vals) if vals else 0.0
-        centred_all += [rewards[p][g] - mean for g in range(G) if valid[p][g]]
+        tokens += [rewards[p][g] - mean for g in range(G) if valid[p][g] for _ in range(lengths[p][g])]
         for g in range(G):
             if not valid[p][g] or zero_var:
                 continue
             r = rewards[p][g]
+            trained.add((p, g))
             if name == "grpo":
                 out[p][g] = (r - mean) / (statistics.stdev(vals) + eps)
             elif name in ("dr_grpo", "reinforce_pp"):
@@ -80,8 +85,9 @@ def _slow_reference(name, rewards, valid, eps=1e-6):
             elif name == "rloo":
                 out[p][g] = r - (sum(vals) - r) / (len(vals) - 1)
     if name == "reinforce_pp":
-        std = math.sqrt(sum(c * c for c in centred_all) / (len(centred_all) - 1))
-        out = [[a / (std + eps) for a in row] for row in out]
+        mu, var = statistics.fmean(tokens), statistics.variance(tokens)
+        out = [[(a - mu) / math.sqrt(var + 1e-8) if (p, g) in trained else 0.0 for g, a in enumerate(row)]
+               for p, row in enumerate(out)]
     return out
 
 
@@ -90,8 +96,9 @@ def test_matches_plain_python_reference(name):
     gen = torch.Generator().manual_seed(0)
     rewards = torch.randint(0, 3, (20, 6), generator=gen).float() / 2
     valid = torch.rand(20, 6, generator=gen) > 0.2
-    adv, _ = ADVANTAGES[name](rewards, valid)
-    ref = _slow_reference(name, rewards.tolist(), valid.tolist())
+    lengths = torch.randint(5, 60, (20, 6), generator=gen)
+    adv, _ = ADVANTAGES[name](rewards, valid, lengths_PG=lengths)
+    ref = _slow_reference(name, rewards.tolist(), valid.tolist(), lengths.tolist())
     torch.testing.assert_close(adv, torch.tensor(ref), rtol=1e-5, atol=1e-6)
 
 

@@ -23,10 +23,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import torch
-
-from posttrain.algos import ADVANTAGES
 from posttrain.outcome import Outcome
+from posttrain.rl.batch import group_outcomes
 from posttrain.rl.evaluate import score
 from posttrain.rl.ledger import PromptLedger
 from posttrain.rollout.types import Rollouts
@@ -100,7 +98,7 @@ class AsyncController:
             examples = [self.run.source.examples[indices[i]] for i in ro.prompt_idx]
             outcomes = score(self.run.verifier, ro.completion_texts(), examples)
             self.run.source.observe(indices, outcomes, self.G)
-            zero_var = self._zero_variance(outcomes, len(uids))
+            zero_var = group_outcomes(outcomes, self.G)[2].tolist()
             for j, uid in enumerate(uids):
                 rows = list(range(j * self.G, (j + 1) * self.G))
                 version = ro.policy_version[rows[0]]
@@ -110,12 +108,8 @@ class AsyncController:
                     self.stats["dropped"] += 1
                     continue
                 self.ledger.complete(uid, version)
-                self.buffer.append(Group(uid, indices[j], _pick(ro, rows), [outcomes[r] for r in rows], version))
-
-    def _zero_variance(self, outcomes: list[Outcome], num_prompts: int) -> list[bool]:
-        rewards = torch.tensor([o.reward if o.is_reward else 0.0 for o in outcomes]).view(num_prompts, self.G)
-        valid = torch.tensor([o.is_reward for o in outcomes]).view(num_prompts, self.G)
-        return ADVANTAGES[self.run.cfg.algorithm](rewards, valid)[1]["zero_variance_P"].tolist()
+                self.buffer.append(Group(uid, indices[j], ro.select(rows, [0] * self.G),
+                                         [outcomes[r] for r in rows], version))
 
     # ------------------------------------------------------------------------- take a step's groups
 
@@ -187,12 +181,6 @@ class AsyncController:
         self.ledger.requeue_in_flight("resume")
         self.buffer = list(state["buffer"])
         self.chunks = state["chunks"]
-
-
-def _pick(ro: Rollouts, rows: list[int]) -> Rollouts:
-    from posttrain.rl.loop import _rows
-
-    return _rows(ro, rows, new_idx=0)
 
 
 def groups_to_rollouts(groups: list[Group]) -> tuple[Rollouts, list[Outcome]]:

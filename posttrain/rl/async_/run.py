@@ -20,7 +20,6 @@ import time
 
 import torch
 
-from posttrain.algos import ADVANTAGES
 from posttrain.config import save_config, to_dict
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
 from posttrain.rl.async_.protocol import EngineError
@@ -28,7 +27,7 @@ from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import checkpoint, finish_step, group_rewards, held_out_eval, learn, maybe_resume, setup
+from posttrain.rl.loop import checkpoint, finish_step, held_out_eval, learn, maybe_resume, setup
 from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
 from posttrain.train.checkpoint import load_trainer_state
 
@@ -48,14 +47,6 @@ def start_engine(cfg: RLConfig, printer=print) -> ProcessEngine:
                          max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer)
 
 
-def step_info(cfg: RLConfig, outcomes) -> dict:
-    """The sync loop's collect() info for a step's groups."""
-    P = len(outcomes) // cfg.rollout.group_size
-    rewards, valid = group_rewards(outcomes, P, cfg.rollout.group_size)
-    zv = ADVANTAGES[cfg.algorithm](rewards, valid)[1]["zero_variance_P"]
-    return {"groups/zero_variance_frac": float(zv.float().mean()), "dynamic_sampling/rounds": 1}
-
-
 def save(run, ctl: AsyncController, step: int) -> None:
     checkpoint(run, step, extra={"async": ctl.state_dict()})
     tmp = run.run_dir / "ledger.json.tmp"
@@ -69,7 +60,7 @@ def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
         return {"update/skipped": 1, "dynamic_sampling/starved": 1, "tokens/generated": 0} | ctl.step_metrics([])
     async_metrics = ctl.step_metrics(groups)  # staleness against the version that trains on them
     ro, outcomes = groups_to_rollouts(groups)
-    metrics = learn(run, step, timer, ro, outcomes, step_info(run.cfg, outcomes)) | async_metrics
+    metrics = learn(run, step, timer, ro, outcomes, {"dynamic_sampling/rounds": 1}) | async_metrics
     ctl.fill()
     return metrics
 
