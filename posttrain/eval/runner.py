@@ -105,7 +105,7 @@ class EvalConfig:
     """`posttrain eval` configuration."""
 
     model: str = ""
-    """Model folder, or a run directory (its newest checkpoints/step-N is used). Required."""
+    """Model folder, a run directory (its newest checkpoints/step-N is used), or a hub id. Required."""
     benchmarks: list[BenchmarkConfig] = dataclasses.field(default_factory=lambda: [BenchmarkConfig()])
     """Benchmarks to run."""
     profiles: list[DecodingProfile] = dataclasses.field(default_factory=_default_profiles)
@@ -151,7 +151,8 @@ class EvalConfig:
 
 
 def resolve_model(path: str) -> tuple[str, int | None]:
-    """(model folder, training step or None): a run directory resolves to its newest checkpoint."""
+    """(model folder, training step or None): a run directory resolves to its newest checkpoint; a
+    hub id (``org/name``, no such local path) resolves to itself."""
     if not path:
         raise UserError("model: no model given (set model=FOLDER or a run directory)")
     p = Path(path)
@@ -161,6 +162,11 @@ def resolve_model(path: str) -> tuple[str, int | None]:
     steps = sorted((int(c.name[5:]), c) for c in (p / "checkpoints").glob("step-*")
                    if c.name[5:].isdigit() and (c / "config.json").is_file())
     if not steps:
+        from posttrain.models.hf import check_model_path, looks_like_hub_id
+
+        if looks_like_hub_id(path):
+            check_model_path(path, "model")  # the hub or its cache has it, or a UserError says why not
+            return path, None
         what = "does not exist" if not p.exists() else "has no config.json and no checkpoints/step-N/"
         raise UserError(f"model={path}: {what}")
     return str(steps[-1][1]), steps[-1][0]
@@ -313,7 +319,7 @@ def _load_engine(model_path: str, cfg: EvalConfig):
     from posttrain.rollout import TorchEngine
 
     quiet_transformers()
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, "model")
     engine = TorchEngine(model_path, tokenizer=tokenizer, device=resolve_device(cfg.device),
                          dtype=getattr(torch, cfg.dtype))
     return engine, tokenizer

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, resolve_device
+from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_errors, resolve_device
 
 
 def _finish(model, cfg: ModelConfig, trainable: bool, task_type: str, pad_token_id: int | None):
@@ -45,7 +45,8 @@ def load_reward_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id:
     from transformers import AutoModelForSequenceClassification
 
     check_model_path(cfg.path, key)
-    model = AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, dtype=DTYPES[cfg.dtype])
+    with load_errors(key, cfg.path, "reward model"):
+        model = AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, dtype=DTYPES[cfg.dtype])
     return _finish(model, cfg, trainable, "SEQ_CLS", pad_token_id)
 
 
@@ -55,9 +56,10 @@ def load_value_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id: 
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     check_model_path(cfg.path, key)
-    config = AutoConfig.from_pretrained(cfg.path, num_labels=1)
-    config.classifier_dropout = 0.0
-    model = AutoModelForTokenClassification.from_pretrained(cfg.path, config=config, dtype=DTYPES[cfg.dtype])
+    with load_errors(key, cfg.path, "critic"):
+        config = AutoConfig.from_pretrained(cfg.path, num_labels=1)
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_pretrained(cfg.path, config=config, dtype=DTYPES[cfg.dtype])
     return _finish(model, cfg, trainable, "TOKEN_CLS", pad_token_id)
 
 

@@ -1,13 +1,15 @@
 """Load causal LMs and tokenizers with transformers' Auto classes; optional LoRA via peft; save.
 
-A model is a local folder (or a hub id where the machine has internet). Checkpoints are written as
-plain Hugging Face folders (safetensors + tokenizer) that `AutoModelForCausalLM.from_pretrained`
-loads unchanged; a LoRA model is merged into its base before such a save, and its adapter is also
-saved on its own under ``adapter/`` so it can be reused with peft.
+A model is a local folder or a hub id (``org/name``: fetched where the machine reaches the hub, or
+found in the local hub cache); one that is neither is a `UserError` naming the setting that gave it.
+Checkpoints are written as plain Hugging Face folders (safetensors + tokenizer) that
+`AutoModelForCausalLM.from_pretrained` loads unchanged; a LoRA model is merged into its base before
+such a save, and its adapter is also saved on its own under ``adapter/`` so it can be reused with peft.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -68,32 +70,93 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def looks_like_hub_id(path: str) -> bool:
+    """``org/name`` with no such local path: worth asking the hub for. Anything else is a folder."""
+    p = Path(path)
+    local = p.is_absolute() or path.startswith((".", "~")) or p.exists() or path.count("/") != 1
+    return not local
+
+
 def check_model_path(path: str, key: str = "model.path") -> None:
-    """A missing local folder is a user error; a string that is not a path may be a hub id."""
+    """A model is a local folder with a config.json, or a hub id the hub (or its local cache) can
+    provide. Anything else is a user error naming ``key`` and what was tried."""
     if not path:
         raise UserError(f"{key}: no model given (set {key}=FOLDER)")
     p = Path(path)
-    looks_local = p.is_absolute() or path.startswith((".", "~")) or p.exists() or path.count("/") != 1
-    if looks_local and not (p / "config.json").is_file():
+    if (p / "config.json").is_file():
+        return
+    if not looks_like_hub_id(path):
         what = "does not exist" if not p.exists() else "has no config.json"
         raise UserError(f"{key}={path}: model folder {what}")
+    _check_hub_model(path, key)
 
 
-def load_tokenizer(path: str):
+def _check_hub_model(path: str, key: str) -> None:
+    """One look at the hub (no retries) for ``path``'s config.json; its failure is the user's to fix."""
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    tried = f"{key}={path}: not a local folder ({Path(path).absolute()} does not exist)"
+    try:
+        if isinstance(huggingface_hub.try_to_load_from_cache(path, "config.json"), str):
+            return
+    except errors.HFValidationError:
+        raise UserError(f"{tried}, nor a valid hub id") from None
+    if constants.HF_HUB_OFFLINE:
+        raise UserError(f"{tried}, and as a hub id it is not in the local hub cache (HF_HUB_OFFLINE is set)")
+    hub = constants.ENDPOINT
+    try:
+        huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(path, "config.json"))
+        return
+    except errors.GatedRepoError:
+        reason = f"{hub}/{path} is gated (accept its terms there, then log in with `hf auth login`)"
+    except errors.RepositoryNotFoundError:
+        reason = f"the hub ({hub}) has no model {path} (or it is private and no token is set)"
+    except errors.RevisionNotFoundError:
+        reason = f"the hub repo {path} has no main revision"
+    except errors.EntryNotFoundError:
+        reason = f"the hub repo {path} has no config.json (not a transformers model)"
+    except Exception as e:  # connection refused, no DNS, timeout, proxy: the hub is out of reach
+        reason = f"the hub ({hub}) could not be reached ({_one_line(e)})"
+    raise UserError(f"{tried}, and as a hub id: {reason}")
+
+
+def _one_line(e: BaseException) -> str:
+    """The first line of an exception's message (transformers' run to several), or its class name."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+@contextlib.contextmanager
+def load_errors(key: str, path: str, what: str):
+    """Turn transformers' OSError (missing weights or tokenizer files, a hub that stops answering)
+    into a one-line `UserError` naming ``key``."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"{key}={path}: could not load the {what}: {_one_line(e)}") from e
+
+
+def load_tokenizer(path: str, key: str = "model.path"):
+    """The tokenizer of model ``path`` (``key`` names the setting in errors); pad defaults to eos."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    check_model_path(path, key)
+    with load_errors(key, path, "tokenizer"):
+        tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_model(cfg: ModelConfig, *, trainable: bool = True, dtype: str | None = None):
-    """Load the causal LM of ``cfg``; wrap in LoRA when enabled and trainable."""
+def load_model(cfg: ModelConfig, *, trainable: bool = True, dtype: str | None = None, key: str = "model.path"):
+    """Load the causal LM of ``cfg``; wrap in LoRA when enabled and trainable. ``key`` names the
+    setting that gave ``cfg.path`` in errors."""
     from transformers import AutoModelForCausalLM
 
-    check_model_path(cfg.path)
-    model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[dtype or cfg.dtype])
+    check_model_path(cfg.path, key)
+    with load_errors(key, cfg.path, "model"):
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[dtype or cfg.dtype])
     model.to(resolve_device(cfg.device))
     if trainable and cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)

@@ -202,7 +202,7 @@ def setup(cfg: RLConfig) -> RLRun:
     ref = None
     if cfg.kl.coef > 0 or cfg.kl.track:
         ref_cfg = dataclasses.replace(cfg.model, path=cfg.kl.ref_path or cfg.model.path)
-        ref = load_model(ref_cfg, trainable=False)
+        ref = load_model(ref_cfg, trainable=False, key="kl.ref_path" if cfg.kl.ref_path else "model.path")
         disable_dropout(ref)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
