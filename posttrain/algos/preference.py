@@ -1,13 +1,14 @@
 """Preference losses on sequence-level scores, per pair (shape (B,)).
 
-* ``dpo_loss`` — Direct Preference Optimization (Rafailov et al. 2023). Inputs are summed
-  log-probabilities of each completion under the policy and the frozen reference. With
+* ``dpo_loss`` — Direct Preference Optimization (Rafailov et al. 2023). Inputs are sequence
+  log-probabilities (summed or per-token means) of each completion under the policy and the frozen
+  reference. With
   ``h = (π_c - ref_c) - (π_r - ref_r)``:
   - ``kind="sigmoid"``: ``-(1-ε) log σ(βh) - ε log σ(-βh)``; ε > 0 is conservative DPO (cDPO,
     Mitchell 2023), which assumes labels are flipped with probability ε.
   - ``kind="ipo"``: ``(h - 1/(2β))²`` (Azar et al. 2023, "A General Theoretical Paradigm to
     Understand Learning from Human Preferences"); the IPO paper uses length-averaged log-probs,
-    which the caller chooses by what it passes in.
+    which the caller chooses by what it passes in (`posttrain dpo` averages for IPO by default).
   Implicit rewards ``β(π - ref)`` are reported as metrics.
 * ``bradley_terry_loss`` — reward-model loss ``-log σ(s_c - s_r - m)`` (Bradley & Terry 1952;
   the optional margin m is the Llama 2 preference-strength margin, Touvron et al. 2023).

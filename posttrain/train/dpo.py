@@ -1,8 +1,10 @@
 """Direct preference optimisation against a frozen reference (Rafailov et al. 2023).
 
-The loss is `posttrain.algos.dpo_loss` on summed reply log-probabilities: ``sigmoid`` (DPO),
-``sigmoid`` with ``label_smoothing`` > 0 (conservative DPO) or ``ipo``. With ``logp_mean`` the
-per-token mean replaces the sum (the IPO paper's length normalisation).
+The loss is `posttrain.algos.dpo_loss` on reply log-probabilities: ``sigmoid`` (DPO), ``sigmoid``
+with ``label_smoothing`` > 0 (conservative DPO) or ``ipo``. ``logp_mean`` picks the per-token mean
+or the sum of each reply's log-probs; by default (``auto``) IPO averages, as in its paper and TRL,
+because its target margin 1/(2β) is a fixed number and a summed log-ratio grows with the reply's
+length; sigmoid DPO sums, as in its paper.
 
 The reference never changes, so its log-probabilities of every training and held-out pair are
 computed **once**, before the first step, in one pass without gradients, and kept as a (N, 2)
@@ -26,7 +28,8 @@ import torch
 from posttrain.algos import dpo_loss, token_logprobs
 from posttrain.config import ConfigValueError
 from posttrain.data.preference import PairBatch, load_tokenized_pairs
-from posttrain.models.hf import ModelConfig, check_model_path, load_model, load_tokenizer, quiet_transformers
+from posttrain.models.hf import (ModelConfig, check_model_path, disable_dropout, load_model, load_tokenizer,
+                                 quiet_transformers)
 from posttrain.train.optim import OptimConfig, seed_everything
 from posttrain.train.pairwise import PairwiseConfig, PairwiseRun, eval_in_batches, run_pairwise
 
@@ -45,8 +48,10 @@ class DPOConfig(PairwiseConfig):
     """sigmoid (DPO; with label_smoothing > 0: conservative DPO) or ipo."""
     label_smoothing: float = 0.0
     """Assumed probability that a label is flipped, in [0, 0.5) (sigmoid only)."""
-    logp_mean: bool = False
-    """Use the per-token mean log-prob of each reply instead of the sum (IPO's length normalisation)."""
+    logp_mean: bool | str = "auto"
+    """Score each reply by the per-token mean of its log-probs (true) or their sum (false). auto =
+    mean for ipo (its fixed target margin 1/(2β) would otherwise meet a log-ratio that grows with the
+    reply's length; the IPO paper and TRL average), sum for sigmoid (as in the DPO paper)."""
     ref_path: str = ""
     """Reference model folder; empty = the starting policy (model.path)."""
     out_dir: str = "runs/dpo"
@@ -62,6 +67,13 @@ class DPOConfig(PairwiseConfig):
             raise ConfigValueError("label_smoothing", "must be in [0, 0.5)")
         if self.loss == "ipo" and self.label_smoothing:
             raise ConfigValueError("label_smoothing", "applies to loss=sigmoid only")
+        if self.logp_mean not in (True, False, "auto"):
+            raise ConfigValueError("logp_mean", "must be true, false or auto")
+
+    @property
+    def mean_logps(self) -> bool:
+        """``logp_mean`` with ``auto`` resolved for this loss."""
+        return self.loss == "ipo" if self.logp_mean == "auto" else bool(self.logp_mean)
 
 
 def sequence_logps(model, batch: PairBatch, *, mean: bool = False) -> torch.Tensor:
@@ -86,7 +98,7 @@ def reference_logps(model, pairs, *, batch_pairs: int, pad_id: int, mean: bool) 
 
 def pair_loss(cfg: DPOConfig, model, batch: PairBatch, ref_N2: torch.Tensor):
     """Per-pair DPO loss and metrics of one batch (``ref_N2`` is indexed by the batch's pair ids)."""
-    logps = sequence_logps(model, batch, mean=cfg.logp_mean)
+    logps = sequence_logps(model, batch, mean=cfg.mean_logps)
     chosen_B, rejected_B = logps[: batch.num_pairs], logps[batch.num_pairs:]
     ref_B2 = ref_N2[batch.pair_idx_B]
     loss_B, metrics = dpo_loss(chosen_B, rejected_B, ref_B2[:, 0], ref_B2[:, 1], beta=cfg.beta,
@@ -123,7 +135,11 @@ def run_dpo(cfg: DPOConfig, printer=print) -> dict:
         if cfg.data.eval_path else []
     model = load_model(cfg.model)
     ref = load_model(dataclasses.replace(cfg.model, path=cfg.ref_path), trainable=False) if cfg.ref_path else model
-    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.logp_mean)
+    # The reference is scored in eval mode and the policy trained in train mode: any dropout (the
+    # model's or LoRA's) would make them differ at step 0, where the loss must be exactly log 2.
+    disable_dropout(model)
+    disable_dropout(ref)
+    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.mean_logps)
     ref_train, ref_eval = reference_logps(ref, train, **score), reference_logps(ref, held_out, **score)
     del ref  # the reference is not needed again
     run = PairwiseRun(cfg=cfg, model=model, tokenizer=tokenizer, train=train,

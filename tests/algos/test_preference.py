@@ -35,10 +35,45 @@ def test_dpo_hand_worked():
     assert pc.grad.item() == pytest.approx(-0.5 * s)
     assert pr.grad.item() == pytest.approx(0.5 * s)
     assert rc.grad is None  # the reference is constant
-    smoothed, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, label_smoothing=0.1)
-    assert smoothed.item() == pytest.approx(0.9 * math.log1p(math.exp(-1)) + 0.1 * math.log1p(math.e))
-    ipo, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, kind="ipo")
-    assert ipo.item() == pytest.approx(1.0)  # (2 − 1)²
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_ipo_hand_worked():
+    # Pair 0: chosen ratio −1 − (−2.5) = 1.5, rejected ratio −3 − (−2) = −1, h = 2.5. Pair 1: h = 0.
+    # β = 0.25 so 1/(2β) = 2 differs from 1/β, 2β, β/2 and h: each misplaced β gives another number.
+    pc = torch.tensor([-1.0, -4.0], requires_grad=True)
+    pr = torch.tensor([-3.0, -5.0], requires_grad=True)
+    rc = torch.tensor([-2.5, -4.0])
+    rr = torch.tensor([-2.0, -5.0])
+    loss, m = dpo_loss(pc, pr, rc, rr, beta=0.25, kind="ipo")
+    # (2.5 − 2)² = 0.25 (wrong sign: 20.25; 1/β: 2.25; unsquared: 0.5); (0 − 2)² = 4 (per pair, not pooled)
+    torch.testing.assert_close(loss, torch.tensor([0.25, 4.0]))
+    assert m["rewards/chosen"].item() == pytest.approx(0.25 * 1.5 / 2)  # β·ratio, batch mean
+    assert m["rewards/rejected"].item() == pytest.approx(0.25 * -1.0 / 2)
+    assert m["rewards/margin"].item() == pytest.approx(0.25 * 2.5 / 2)
+    loss.sum().backward()
+    # dL/dπ_c = 2(h − 1/(2β)) = 1 and −4; dL/dπ_r the negatives
+    torch.testing.assert_close(pc.grad, torch.tensor([1.0, -4.0]))
+    torch.testing.assert_close(pr.grad, torch.tensor([-1.0, 4.0]))
+
+
+def test_conservative_dpo_hand_worked():
+    # h = 2.5 as above, β = 0.5: βh = 1.25; ε = 0.2 weighs the flipped label −log σ(−βh).
+    pc = torch.tensor([-1.0], requires_grad=True)
+    pr = torch.tensor([-3.0], requires_grad=True)
+    beta, eps, bh = 0.5, 0.2, 1.25
+    loss, _ = dpo_loss(pc, pr, torch.tensor([-2.5]), torch.tensor([-2.0]), beta=beta, label_smoothing=eps)
+    want = -(1 - eps) * math.log(sigmoid(bh)) - eps * math.log(sigmoid(-bh))
+    assert want == pytest.approx(0.5019, abs=1e-4)  # swapped ε: 1.2519; β dropped (logσ(h)): 0.5789
+    assert loss.item() == pytest.approx(want)
+    loss.sum().backward()
+    # dL/d(βh) = −(1−ε)σ(−βh) + εσ(βh); the chain rule gives ±β of it
+    d = -(1 - eps) * sigmoid(-bh) + eps * sigmoid(bh)
+    assert pc.grad.item() == pytest.approx(beta * d)
+    assert pr.grad.item() == pytest.approx(-beta * d)
 
 
 def test_dpo_bad_arguments():

@@ -1,7 +1,9 @@
-"""DPO: loss = log 2 at step 0, reference log-probs computed once, learning, IPO, bad input."""
+"""DPO: loss = log 2 at step 0 (dropout off), reference log-probs computed once, hand-worked losses
+through the trainer, IPO's averaged log-ratios, learning, the checkpoint is the policy, bad input."""
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,40 @@ def rows(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+def capture_policy(monkeypatch) -> list:
+    """Make `run_dpo` keep the policy it trains (the trainable model it loads) for inspection."""
+    policies, real_load = [], dpo.load_model
+
+    def load(cfg, trainable=True, **kw):
+        model = real_load(cfg, trainable=trainable, **kw)
+        if trainable:
+            policies.append(model)
+        return model
+
+    monkeypatch.setattr(dpo, "load_model", load)
+    return policies
+
+
+def assert_checkpoint_is_policy(ckpt, policy, start_dir):
+    """The saved folder reloads as the trained policy (weights and logits), not as the start."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.hf import load_tokenizer, merged_state_dict
+
+    saved = AutoModelForCausalLM.from_pretrained(ckpt)
+    got, want = saved.state_dict(), merged_state_dict(policy)
+    start = AutoModelForCausalLM.from_pretrained(start_dir).state_dict()
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6, msg=key)
+    assert any(not torch.equal(want[k], start[k]) for k in want), "training did not move the weights"
+    # Logits against the policy's own forward (a LoRA policy unmerged), so a bad merge shows too.
+    ids = torch.tensor([load_tokenizer(str(start_dir))("Solve: 12 + 34\nAnswer: 46")["input_ids"]])
+    policy.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(saved(input_ids=ids).logits, policy(input_ids=ids).logits, rtol=0, atol=1e-4)
+
+
 def test_loss_is_log2_at_step_0_and_reference_is_scored_once(nano_model_dir, add_pairs_dir, tmp_path, monkeypatch):
     # A separate reference folder, so its forward passes can be counted apart from the policy's.
     calls = []
@@ -61,23 +97,81 @@ def test_loss_is_log2_at_step_0_and_reference_is_scored_once(nano_model_dir, add
 
 
 @pytest.mark.slow
-def test_dpo_raises_held_out_preference_accuracy_and_margin(nano_model_dir, add_pairs_dir, tmp_path):
+def test_dpo_raises_held_out_preference_accuracy_and_margin(nano_model_dir, add_pairs_dir, tmp_path, monkeypatch):
+    policies = capture_policy(monkeypatch)
     cfg = load_config(DPOConfig, None, dpo_args(nano_model_dir, add_pairs_dir, tmp_path / "run", "num_steps=15",
                                                 "eval_every=15", "beta=0.1"))
     summary = run_dpo(cfg, printer=lambda *_: None)
     first, last = rows(tmp_path / "run")[0], rows(tmp_path / "run")[-1]
     assert last["eval/rewards/accuracy"] >= 0.9 and last["eval/rewards/margin"] > 1.0
     assert last["eval/loss"] < first["eval/loss"] - 0.3
-    from transformers import AutoModelForCausalLM
-
-    assert AutoModelForCausalLM.from_pretrained(summary["checkpoint"]) is not None
+    assert_checkpoint_is_policy(summary["checkpoint"], policies[0], nano_model_dir)
 
 
-def test_ipo_and_label_smoothing_run(nano_model_dir, add_pairs_dir, tmp_path):
-    for name, extra in (("ipo", ["loss=ipo", "logp_mean=true"]), ("cdpo", ["label_smoothing=0.1"])):
-        run_dpo(load_config(DPOConfig, None, dpo_args(nano_model_dir, add_pairs_dir, tmp_path / name, "num_steps=1",
-                                                      "data.eval_path=", *extra)), printer=lambda *_: None)
-        assert math.isfinite(rows(tmp_path / name)[-1]["loss"])
+def test_checkpoint_is_the_trained_lora_policy(nano_model_dir, add_pairs_dir, tmp_path, monkeypatch):
+    policies = capture_policy(monkeypatch)
+    cfg = load_config(DPOConfig, None, dpo_args(nano_model_dir, add_pairs_dir, tmp_path / "run", "num_steps=2",
+                                                "data.eval_path=", "model.lora.enabled=true"))
+    summary = run_dpo(cfg, printer=lambda *_: None)
+    assert_checkpoint_is_policy(summary["checkpoint"], policies[0], nano_model_dir)
+
+
+def test_dropout_is_off_so_the_first_loss_is_log2(nano_model_dir, add_pairs_dir, tmp_path, monkeypatch):
+    # Attention dropout in the model's config (as many checkpoints have) plus LoRA dropout. The reference
+    # is scored in eval mode, the policy in train mode; LoRA's B = 0 at init hides LoRA's own dropout at
+    # step 1, so it is the model's dropout that would move the loss off log 2 (by ~2e-3). A separate
+    # reference model, so that turning dropout off in the reference alone does not pass.
+    model_dir = tmp_path / "model"
+    shutil.copytree(nano_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(config | {"attention_dropout": 0.1}))
+    policies = capture_policy(monkeypatch)
+    cfg = load_config(DPOConfig, None, dpo_args(model_dir, add_pairs_dir, tmp_path / "run", "num_steps=1",
+                                                "data.eval_path=", "model.lora.enabled=true",
+                                                "model.lora.dropout=0.1", f"ref_path={model_dir}"))
+    run_dpo(cfg, printer=lambda *_: None)
+    step1 = next(r for r in rows(tmp_path / "run") if r["step"] == 1)
+    assert step1["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    dropouts = [m for m in policies[0].modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(m.p == 0.0 for m in dropouts)  # LoRA's too, for the steps after the first
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+# Through the trainer's pair_loss on real pairs, with a reference set so that every pair has chosen
+# log-ratio 1.5 and rejected −1, i.e. h = 2.5. Also fixes which reduction (mean or sum) each config
+# scores replies with: the reference is built with the expected one, so the other gives another h.
+@pytest.mark.parametrize("extra,mean,want", [
+    (["beta=0.5"], False, -math.log(sigmoid(1.25))),
+    (["beta=0.5", "label_smoothing=0.2"], False, -0.8 * math.log(sigmoid(1.25)) - 0.2 * math.log(sigmoid(-1.25))),
+    (["beta=0.5", "logp_mean=true"], True, -math.log(sigmoid(1.25))),
+    (["loss=ipo", "beta=0.25"], True, (2.5 - 2) ** 2),  # IPO averages by default
+    (["loss=ipo", "beta=0.25", "logp_mean=false"], False, (2.5 - 2) ** 2),
+])
+def test_pair_loss_hand_worked(nano_model_dir, add_pairs_dir, tmp_path, extra, mean, want):
+    from posttrain.data.preference import collate_pairs, load_tokenized_pairs
+    from posttrain.models.hf import load_model, load_tokenizer
+
+    cfg = load_config(DPOConfig, None, dpo_args(nano_model_dir, add_pairs_dir, tmp_path, *extra))
+    tok = load_tokenizer(cfg.model.path)
+    pairs = load_tokenized_pairs(cfg.data, tok, cfg.data.path)[:3]
+    batch = collate_pairs(pairs, [2, 0], tok.pad_token_id)  # out of order: ref rows go by pair index
+    model = load_model(cfg.model).eval()
+    with torch.no_grad():
+        logps = dpo.sequence_logps(model, batch, mean=mean)
+        chosen, rejected = logps[:2], logps[2:]
+        ref_N2 = torch.full((3, 2), 100.0)  # pair 1 is not in the batch
+        ref_N2[batch.pair_idx_B] = torch.stack([chosen - 1.5, rejected + 1.0], dim=1)
+        loss_B, metrics = dpo.pair_loss(cfg, model, batch, ref_N2)
+    torch.testing.assert_close(loss_B, torch.full((2,), want), rtol=0, atol=1e-5)
+    assert metrics["logps/chosen"].item() == pytest.approx(chosen.mean().item(), abs=1e-5)
+
+
+def test_logp_mean_must_be_true_false_or_auto(nano_model_dir, add_pairs_dir, tmp_path, capsys):
+    assert main(["dpo", *dpo_args(nano_model_dir, add_pairs_dir, tmp_path / "out"), "logp_mean=maybe"]) == 2
+    assert "logp_mean: must be true, false or auto" in capsys.readouterr().err
 
 
 def test_ipo_loss_at_step_0_is_inverse_two_beta_squared(nano_model_dir, add_pairs_dir, tmp_path):
@@ -115,3 +209,5 @@ def test_sequence_logps_sum_only_reply_tokens(nano_model_dir):
     logp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0]
     want = sum(float(lp) for lp, m in zip(logp, pairs[0].chosen_mask[1:]) if m)
     assert float(got[0]) == pytest.approx(want, abs=1e-4)
+    n_reply = sum(pairs[0].chosen_mask[1:])  # the mean is over reply tokens only, not the prompt
+    assert float(dpo.sequence_logps(model, batch, mean=True)[0]) == pytest.approx(want / n_reply, abs=1e-5)
