@@ -30,6 +30,19 @@ def test_hand_worked_clipping():
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 1.5, -0.5, 0.0]]))
 
 
+def test_clip_low_and_clip_high_bound_their_own_side():
+    # clip_low 0.1 (ratio >= 0.9), clip_high 0.3 (ratio <= 1.3). A<0 at ρ=.85: max(.85, .9) = .9;
+    # A>0 at ρ=1.25: inside; A>0 at ρ=1.4: max(-1.4, -1.3) = -1.3; A<0 at ρ=.75: max(.75, .9) = .9.
+    logp, old = _ratio_logp([0.85, 1.25, 1.4, 0.75])
+    adv = torch.tensor([[-1.0, 1.0, 1.0, -1.0]])
+    loss, m = ppo_clip_loss(logp, old, adv, torch.ones(1, 4), clip_low=0.1, clip_high=0.3)
+    torch.testing.assert_close(loss, torch.tensor([[0.9, -1.25, -1.3, 0.9]]))
+    assert m["clip_frac"].item() == pytest.approx(0.75)
+    # swapped bounds [0.7, 1.1]: ρ=.85 and ρ=.75 are inside; ρ=1.25 and ρ=1.4 clip at 1.1
+    loss, _ = ppo_clip_loss(logp, old, adv, torch.ones(1, 4), clip_low=0.3, clip_high=0.1)
+    torch.testing.assert_close(loss, torch.tensor([[0.85, -1.1, -1.1, 0.75]]))
+
+
 def test_clip_higher_and_dual_clip():
     logp, old = _ratio_logp([1.25, 3.0])
     adv = torch.tensor([[1.0, -2.0]])

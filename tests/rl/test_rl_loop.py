@@ -107,6 +107,19 @@ def test_lora_policy_trains_and_syncs_merged_weights(rl_overrides, reward_plugin
     assert m2["mismatch/logprob_abs_diff_max"] < 1e-4
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_lora_dropout_leaves_the_on_policy_ratio_at_one(rl_overrides, reward_plugin, algorithm):
+    """Old and new log-probs must come from one function: with dropout on in the update only, the
+    PPO ratio of an on-policy step is not 1. (LoRA's B starts at 0, so step 2 is the one to check.)"""
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", algorithm=algorithm, **{
+        "model.lora.enabled": True, "model.lora.r": 4, "model.lora.dropout": 0.1, "optim.lr": 1e-2,
+        "kl.track": False, "rollout.max_new_tokens": 12}))
+    run = setup(cfg)
+    rl_step(run, 1, StageTimer())
+    m = rl_step(run, 2, StageTimer())
+    assert m["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["policy/clip_frac"] == 0.0
+
+
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "posttrain.cli", "rl", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd)
@@ -137,6 +150,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_d
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_k1_in_the_loss_is_refused_with_the_reason(nano_model_dir, arith_data_dir, tmp_path):
+    out = tmp_path / "never"
+    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
+             "data.eval_path=", f"out_dir={out}", "kl.coef=0.05", "kl.mode=loss", "kl.estimator=k1")
+    assert r.returncode == 2, r.stderr
+    assert "kl.estimator" in r.stderr and "zero expected gradient" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    assert load_config(RLConfig, None, ["kl.coef=0.05", "kl.mode=reward", "kl.estimator=k1"]).kl.estimator == "k1"
 
 
 def test_malformed_prompt_row_names_file_and_line(nano_model_dir, tmp_path):

@@ -31,18 +31,18 @@ class ToyLM(torch.nn.Module):
         return SimpleNamespace(logits=self.z.expand(*input_ids.shape, -1))
 
 
-def one_token_batch(token: int, student: ToyLM):
+def one_token_batch(token: int, student: ToyLM, valid: bool = True):
     """Prompt [0], the student's completion [token]: one visited state, one chosen token."""
     lp = float(torch.log_softmax(student.z.detach(), -1)[token])
     ro = Rollouts(prompt_idx=[0], prompt_ids=[[0]], completion_ids=[[token]], logprobs=[[lp]],
                   finish_reason=["length"], policy_version=[0], sampling=SamplingParams(max_new_tokens=1))
-    batch = build_batch(ro, [0.0], [True], pad_id=0)
+    batch = build_batch(ro, [0.0], [valid], pad_id=0)
     batch.old_logp_BT = torch.tensor([[lp]])
     batch.adv_B = torch.zeros(1)
     return batch
 
 
-def toy_step(loss: str, token: int, student_logits, teacher_logits) -> torch.Tensor:
+def toy_step(loss: str, token: int, student_logits, teacher_logits, valid: bool = True) -> torch.Tensor:
     """One distillation update with plain SGD (lr 1, no clipping); returns the student's new probabilities."""
     student, teacher = ToyLM(student_logits), ToyLM(teacher_logits).requires_grad_(False)
     opt = torch.optim.SGD(student.parameters(), lr=1.0)
@@ -50,7 +50,7 @@ def toy_step(loss: str, token: int, student_logits, teacher_logits) -> torch.Ten
                     grad_clip=0.0, micro_batch_size=8)
     cfg = DistillConfig(loss=loss)
     run = DistillRun(rl=SimpleNamespace(policy=policy), cfg=cfg, teacher=teacher)
-    batch = one_token_batch(token, student)
+    batch = one_token_batch(token, student, valid)
     chunks = score_teacher(teacher, batch, row_chunks(1, 8), temperature=1.0, top_k=0, keep_logits=loss == "full")
     update(run, batch, chunks)
     return torch.softmax(student.z.detach(), -1)
@@ -137,6 +137,15 @@ def test_student_equals_teacher_gives_zero_kl_and_zero_gradient(nano_model_dir, 
         AGGREGATIONS["token_mean"](loss_BT, mb.train_mask_BT, global_num_tokens=total).backward()
     grads = [p.grad.abs().max() for p in student.parameters() if p.grad is not None]
     assert grads and max(grads) < 1e-5
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_a_sample_the_verifier_failed_on_still_learns_from_the_teacher(loss):
+    """reward_coef=0: the verifier is only logged; a TASK_FAIL or INFRA_FAIL sample is still a state
+    the student visited, and the teacher's signal there never depended on the verifier."""
+    kept = toy_step(loss, 0, [0.0, 0.0], TEACHER_09, valid=False)
+    assert kept[0] > 0.55  # moved toward the teacher's 0.9
+    torch.testing.assert_close(kept, toy_step(loss, 0, [0.0, 0.0], TEACHER_09, valid=True))
 
 
 def test_position_profile_buckets():
