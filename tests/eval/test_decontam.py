@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.eval import decontam_cli
 from posttrain.eval.decontam import build_index, decontaminate, normalize_words
@@ -83,19 +84,42 @@ def test_fields_restrict_the_scan(tmp_path, bench):
         decontaminate(train, [bench], tmp_path / "o.jsonl", fields=["answer"])
 
 
-def test_bad_input_names_file_and_line(tmp_path, bench):
-    train = tmp_path / "train.jsonl"
-    train.write_text('{"prompt": "ok"}\n{"prompt": oops}\n')
-    with pytest.raises(UserError, match=r"train.jsonl:2: malformed JSON"):
-        decontaminate(train, [bench], tmp_path / "o.jsonl")
-    with pytest.raises(UserError, match=r"missing.jsonl: file not found"):
-        decontaminate(tmp_path / "missing.jsonl", [bench], tmp_path / "o.jsonl")
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "ok"}\n{"prompt": oops}\n', ":2: invalid JSON (Expecting value at column 12)"),
+    ('{"prompt": "ok"}\n\n[1, 2]\n', ":3: expected a JSON object, got an array"),
+    ("", ": no records (the file is empty)"),
+    (None, ": no such file"),
+])
+@pytest.mark.parametrize("side", ["train", "benchmark"])
+def test_bad_jsonl_is_file_line_what_and_writes_nothing(tmp_path, bench, content, message, side):
+    bad = tmp_path / "bad.jsonl"
+    if content is not None:
+        bad.write_text(content)
+    train, benches = bad, [bench]
+    if side == "benchmark":
+        train, benches = write_jsonl(tmp_path / "t.jsonl", [{"p": "x"}]), [bench, bad]
+    with pytest.raises(UserError) as e:
+        decontaminate(train, benches, tmp_path / "out" / "o.jsonl")
+    assert str(e.value) == f"{bad}{message}"
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_bad_records_name_file_and_line(tmp_path, bench):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "ok"}])
     bad_bench = write_jsonl(tmp_path / "bad_bench.jsonl", [{"prompt": "x"}, {"foo": "y"}])
     with pytest.raises(UserError, match=r"bad_bench.jsonl:2: benchmark item has none of the fields"):
         decontaminate(train, [bad_bench], tmp_path / "o.jsonl")
-    write_jsonl(train, [[1, 2]])
-    with pytest.raises(UserError, match=r"train.jsonl:1: expected a JSON object"):
-        decontaminate(train, [bench], tmp_path / "o.jsonl")
+
+
+def test_cli_bad_line_exits_2_and_keeps_no_partial_output(tmp_path, bench, capsys):
+    """A malformed line after records already kept leaves no half-written clean file."""
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "fine"}\n{"prompt": "also fine"}\n{oops\n')
+    out = tmp_path / "clean.jsonl"
+    assert main(["decontam", str(train), "--against", str(bench), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"posttrain decontam: error: {train}:3: invalid JSON "
+                                       "(Expecting property name enclosed in double quotes at column 2)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.jsonl", "train.jsonl"]
 
 
 def test_cli_writes_clean_file_and_report(tmp_path, bench, capsys):

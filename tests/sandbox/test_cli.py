@@ -36,24 +36,35 @@ def test_check_prints_one_line_per_record(make_pool, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"id": 1, "program": "x", "tests": "y"}\n', "line 1: missing key 'entry_point'"),
-    ('{"program": "x", "io": [{"stdin": ""}]}\n', "line 1: missing key 'id'"),
-    ('{"id": 1, "program": "x", "io": [{"stdin": ""}]}\n', "line 1: io[0]: missing key 'stdout'"),
-    ('{"id": 1, "program": 5, "tests": "", "entry_point": "f"}\n', "line 1: key 'program' must be a string"),
-    ('\n{not json\n', "line 2: not JSON"),
+    ('{"id": 1, "program": "x", "tests": "y"}\n', ":1: missing key 'entry_point'"),
+    ('{"program": "x", "io": [{"stdin": ""}]}\n', ":1: missing key 'id'"),
+    ('{"id": 1, "program": "x", "io": [{"stdin": ""}]}\n', ":1: io[0]: missing key 'stdout'"),
+    ('{"id": 1, "program": 5, "tests": "", "entry_point": "f"}\n', ":1: key 'program' must be a string"),
 ])
 def test_bad_records_exit_2_naming_the_line(make_pool, tmp_path, capsys, content, message):
     make_pool().close()
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     assert main(["sandbox", "check", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert str(path) in err and message in err and len(err.strip().splitlines()) == 1
+    assert capsys.readouterr().err == f"posttrain sandbox: error: {path}{message}\n"
 
 
-def test_missing_file_exits_2(tmp_path, capsys):
-    assert main(["sandbox", "check", str(tmp_path / "nope.jsonl")]) == 2
-    assert "no such file" in capsys.readouterr().err
+@pytest.mark.parametrize("action", ["check", "audit"])
+@pytest.mark.parametrize("content, message", [
+    ('\n{not json\n', ":2: invalid JSON (Expecting property name enclosed in double quotes at column 2)"),
+    ('{"id": 1}\n["id", 2]\n', ":2: expected a JSON object, got an array"),
+    ("", ": no records (the file is empty)"),
+    (None, ": no such file"),
+])
+def test_unreadable_jsonl_exits_2_as_file_line_what(tmp_path, capsys, action, content, message):
+    """Read before any sandbox starts, so no pool (nor bubblewrap) is needed to refuse it."""
+    path = tmp_path / "bad.jsonl"
+    if content is not None:
+        path.write_text(content)
+    extra = ["--out", str(tmp_path / "audit")] if action == "audit" else []
+    assert main(["sandbox", action, str(path), *extra]) == 2
+    assert capsys.readouterr().err == f"posttrain sandbox: error: {path}{message}\n"
+    assert not (tmp_path / "audit").exists()
 
 
 def test_audit_flags_and_cleaned_dataset(make_pool, tmp_path, capsys):
