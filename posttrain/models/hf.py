@@ -129,11 +129,12 @@ def _one_line(e: BaseException) -> str:
 
 @contextlib.contextmanager
 def load_errors(key: str, path: str, what: str):
-    """Turn transformers' OSError (missing weights or tokenizer files, a hub that stops answering)
-    into a one-line `UserError` naming ``key``."""
+    """Turn what ``from_pretrained`` raises for a folder it cannot use (OSError: missing weights or
+    files, a hub that stops answering; ValueError: no tokenizer files, an unknown model type) into a
+    one-line `UserError` naming ``key``."""
     try:
         yield
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise UserError(f"{key}={path}: could not load the {what}: {_one_line(e)}") from e
 
 

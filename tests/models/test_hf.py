@@ -1,0 +1,177 @@
+"""Model paths: a model that is neither a local folder nor on the hub is one line naming the setting,
+exit 2, nothing written, whether the hub answers, cannot be reached, or is switched off."""
+
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from posttrain.errors import UserError
+from posttrain.models.hf import check_model_path, load_tokenizer
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MISSING = "runs/tiny-model"  # the examples' model before `posttrain make-tiny`: one "/", so maybe a hub id
+
+
+class _NoSuchRepo(http.server.BaseHTTPRequestHandler):
+    """Answers every file request as the hub does for a repository it does not have."""
+
+    def _answer(self):
+        self.send_response(401)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("X-Error-Message", "Repository not found")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def hub_without_repo():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoSuchRepo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hub_env(hub_without_repo, tmp_path):
+    """mode -> environment: the hub answers (without the repo), cannot be reached, or is off."""
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    base["HF_HOME"] = str(tmp_path / "hf-home")  # an empty hub cache
+    return {"missing": {**base, "HF_ENDPOINT": hub_without_repo},
+            "unreachable": {**base, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"},
+            "offline": {**base, "HF_ENDPOINT": hub_without_repo, "HF_HUB_OFFLINE": "1"}}
+
+
+REASON = {"missing": "has no model runs/", "unreachable": "could not be reached",
+          "offline": "HF_HUB_OFFLINE is set"}
+
+
+def posttrain(cwd: Path, env: dict, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "posttrain.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(proc, key: str, value: str, mode: str):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"{key}={value}: not a local folder" in lines[0]
+    assert REASON[mode] in lines[0], lines[0]
+
+
+def newcomer_folder(tmp_path) -> Path:
+    """A fresh folder with the examples and nothing built."""
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES, work / "examples")
+    return work
+
+
+@pytest.mark.parametrize("mode", ["missing", "unreachable", "offline"])
+def test_sft_example_before_make_tiny(mode, hub_env, tmp_path):
+    work = newcomer_folder(tmp_path)
+    proc = posttrain(work, hub_env[mode], "sft", "examples/sft_arith.yaml")
+    assert_one_line_error(proc, "model.path", MISSING, mode)
+    assert str(work / MISSING) in proc.stderr  # the local folder that was tried
+    assert sorted(p.name for p in work.iterdir()) == ["examples"]  # no run directory
+
+
+@pytest.mark.parametrize("command, config, mode", [
+    ("rl", "grpo_arith.yaml", "missing"),
+    ("dpo", "dpo_arith.yaml", "unreachable"),
+    ("rm", "rm_arith.yaml", "offline"),
+    ("distill", "distill_arith.yaml", "missing"),
+])
+def test_training_commands_name_model_path(command, config, mode, hub_env, tmp_path):
+    work = newcomer_folder(tmp_path)
+    proc = posttrain(work, hub_env[mode], command, f"examples/{config}", f"model.path={MISSING}")
+    assert_one_line_error(proc, "model.path", MISSING, mode)
+    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+
+
+@pytest.mark.parametrize("mode", ["missing", "offline"])
+def test_eval_names_model(mode, hub_env, tmp_path):
+    work = newcomer_folder(tmp_path)
+    proc = posttrain(work, hub_env[mode], "eval", f"model={MISSING}", "out_dir=runs/eval", "--no-progress")
+    assert_one_line_error(proc, "model", MISSING, mode)
+    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+
+
+@pytest.mark.parametrize("setting, extra, mode", [
+    ("kl.ref_path", [], "unreachable"),
+    ("reward_model.path", ["algorithm=ppo"], "missing"),
+])
+def test_rl_second_models_name_their_key(setting, extra, mode, hub_env, nano_model_dir, arith_data_dir, tmp_path):
+    work = newcomer_folder(tmp_path)
+    proc = posttrain(work, hub_env[mode], "rl", "examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
+                     f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=",
+                     f"{setting}=acme/ref-model", *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith(f"posttrain rl: error: {setting}=acme/ref-model: not a local folder")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+
+
+def test_distill_teacher_path(hub_env, nano_model_dir, tmp_path):
+    work = newcomer_folder(tmp_path)
+    proc = posttrain(work, hub_env["offline"], "distill", "examples/distill_arith.yaml",
+                     f"model.path={nano_model_dir}", "teacher.path=runs/teacher")
+    assert_one_line_error(proc, "teacher.path", "runs/teacher", "offline")
+    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+
+
+def _cache_as_hub_model(model_dir: Path, hf_home: Path, repo: str) -> None:
+    """Lay ``model_dir`` out in the hub cache the way a download of ``repo`` leaves it."""
+    root = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    shutil.copytree(model_dir, root / "snapshots" / commit)
+
+
+def test_cached_hub_model_loads_offline(hub_env, nano_model_dir, tmp_path):
+    """A hub id in the local cache needs no hub: the run gets past the model to the (missing) data."""
+    work = newcomer_folder(tmp_path)
+    env = hub_env["offline"]
+    _cache_as_hub_model(nano_model_dir, Path(env["HF_HOME"]), "acme/nano")
+    proc = posttrain(work, env, "sft", "examples/sft_arith.yaml", "model.path=acme/nano")
+    assert proc.returncode == 2, proc.stderr
+    assert "runs/arith-data/train.jsonl" in proc.stderr and "model.path" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------ in process
+
+def test_local_paths_are_not_hub_ids(tmp_path, monkeypatch):
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"^model.path=org/name: model folder has no config.json$"):
+        check_model_path("org/name")  # exists locally: a folder, never a hub id
+    with pytest.raises(UserError, match=r"^teacher.path=./x/y: model folder does not exist$"):
+        check_model_path("./x/y", "teacher.path")
+    with pytest.raises(UserError, match=r"^model.path: no model given"):
+        check_model_path("")
+
+
+def test_tokenizer_error_names_the_key(nano_model_dir, tmp_path):
+    broken = tmp_path / "no-tokenizer"
+    broken.mkdir()
+    shutil.copy(nano_model_dir / "config.json", broken / "config.json")
+    with pytest.raises(UserError, match=r"^ref_path=.*no-tokenizer: could not load the tokenizer"):
+        load_tokenizer(str(broken), "ref_path")
