@@ -315,13 +315,14 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
 def _load_engine(model_path: str, cfg: EvalConfig):
     import torch
 
-    from posttrain.models.hf import load_tokenizer, quiet_transformers, resolve_device
+    from posttrain.models.hf import load_errors, load_tokenizer, quiet_transformers, resolve_device
     from posttrain.rollout import TorchEngine
 
     quiet_transformers()
     tokenizer = load_tokenizer(model_path, "model")
-    engine = TorchEngine(model_path, tokenizer=tokenizer, device=resolve_device(cfg.device),
-                         dtype=getattr(torch, cfg.dtype))
+    with load_errors("model", model_path, "model"):
+        engine = TorchEngine(model_path, tokenizer=tokenizer, device=resolve_device(cfg.device),
+                             dtype=getattr(torch, cfg.dtype))
     return engine, tokenizer
 
 

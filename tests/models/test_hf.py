@@ -175,3 +175,14 @@ def test_tokenizer_error_names_the_key(nano_model_dir, tmp_path):
     shutil.copy(nano_model_dir / "config.json", broken / "config.json")
     with pytest.raises(UserError, match=r"^ref_path=.*no-tokenizer: could not load the tokenizer"):
         load_tokenizer(str(broken), "ref_path")
+
+
+def test_eval_of_a_folder_without_weights(nano_model_dir, tmp_path, capsys):
+    from posttrain.cli import main
+
+    broken = tmp_path / "no-weights"
+    shutil.copytree(nano_model_dir, broken, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    assert main(["eval", f"model={broken}", f"out_dir={tmp_path / 'out'}", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posttrain eval: error: model={broken}: could not load the model: ") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
