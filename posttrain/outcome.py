@@ -1,6 +1,6 @@
 """The verdict of anything that judges a completion: a verifier, the code sandbox, a reward model.
 
-Four classes (DESIGN.md):
+Four classes (docs/rl.md, "Outcomes"):
 
 - ``PASS``        the completion is right; reward is the verifier's score (1.0 for binary checks).
 - ``MODEL_FAIL``  the completion is wrong; ``reason`` says how: wrong_answer, runtime_error,

@@ -1,6 +1,6 @@
 """Per-step diagnostics that reveal a failing RL run before the reward does, and loud warnings.
 
-Metric names follow DESIGN.md: ``reward/mean``, ``entropy``, ``response_length/mean``,
+Metric names follow docs/rl.md: ``reward/mean``, ``entropy``, ``response_length/mean``,
 ``groups/zero_variance_frac``, ``mismatch/kl``, ``mismatch/logprob_abs_diff_max``,
 ``outcomes/<class>_frac`` and more.
 

@@ -1,6 +1,6 @@
 """The trainer side of RL: a policy model, its optimizer, and the frozen reference.
 
-Thin on purpose (DESIGN.md): ``score`` recomputes log-probs without gradients (old policy,
+Thin on purpose (docs/rl.md): ``score`` recomputes log-probs without gradients (old policy,
 reference, entropy), ``train_step(batch, loss_fn)`` runs epochs × mini-batches × micro-batches of
 forward/backward with global denominators, ``export_weights`` hands merged weights and their
 checksum to the rollout engine. The loss itself comes from ``posttrain.algos`` via ``loss_fn``.
