@@ -32,3 +32,22 @@ def arith_data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("arith")
     write_arithmetic(out, digits=2, ops="x", n_train=400, n_eval=50, fmt="trace", seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def torchrun():
+    """``torchrun(N, *args)``: ``torchrun --standalone --nproc-per-node N -m posttrain ARGS`` (gloo on
+    the CPU, one thread a rank); raises with the ranks' stderr unless ``check=False``."""
+    return _torchrun
+
+
+def _torchrun(nproc: int, *args, timeout: int = 300, check: bool = True):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "posttrain", *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if check and r.returncode != 0:
+        raise AssertionError(f"torchrun failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return r

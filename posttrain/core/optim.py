@@ -1,4 +1,4 @@
-"""AdamW with linear warmup and cosine decay, gradient clipping, and the seed/RNG helpers trainers share."""
+"""AdamW with linear warmup and cosine decay, and the seed helper every trainer uses."""
 
 from __future__ import annotations
 
@@ -65,25 +65,7 @@ def build_scheduler(optimizer, cfg: OptimConfig, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg, total_steps))
 
 
-def clip_gradients(params, max_norm: float) -> torch.Tensor:
-    params = [p for p in params if p.grad is not None]
-    if max_norm <= 0:
-        norms = [p.grad.detach().norm() for p in params]
-        return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.tensor(0.0)
-    return torch.nn.utils.clip_grad_norm_(params, max_norm)
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])

@@ -50,6 +50,9 @@ class ModelConfig:
     """torch device: cpu, cuda, cuda:1, or auto (cuda when available)."""
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     """LoRA settings."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (less memory, about a third more compute)."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

@@ -26,13 +26,16 @@ from pathlib import Path
 import torch
 
 from posttrain.algos import AGGREGATIONS, sft_token_nll
-from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
 from posttrain.models.hf import ModelConfig, load_model, load_tokenizer, quiet_transformers
-from posttrain.tracking import LoggingConfig, MetricsLogger, latest_checkpoint, progress_bar
-from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
-from posttrain.train.optim import (OptimConfig, build_optimizer, build_scheduler, clip_gradients, rng_state,
-                                   seed_everything, set_rng_state)
+from posttrain.core.checkpoint import load_checkpoint, save_checkpoint
+from posttrain.core.dist import init_world
+from posttrain.core.fsdp import export_state_dict, shard_model
+from posttrain.core.loop import Plan, drive, open_run
+from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler, seed_everything
+from posttrain.core.trainer import TrainCore
+from posttrain.tracking import LoggingConfig, latest_checkpoint
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -114,11 +117,12 @@ def autocast(precision: str, device: torch.device):
 
 
 class SFTTrainer:
-    """Thin: one optimizer step over a list of micro-batches; eval loss without gradients."""
+    """Thin: the next-token loss of a step's micro-batches on the training core; eval loss without gradients."""
 
-    def __init__(self, model, optimizer, scheduler, *, grad_clip: float, precision: str = "fp32"):
+    def __init__(self, model, optimizer, scheduler, *, grad_clip: float, precision: str = "fp32", world=None):
+        self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.grad_clip, self.precision = grad_clip, precision
+        self.precision, self.world = precision, self.core.world
         self.device = next(model.parameters()).device
 
     def _batch_nll(self, batch):
@@ -129,23 +133,18 @@ class SFTTrainer:
         return sft_token_nll(out.logits.float(), b.labels_BT, mask_BT), mask_BT
 
     def train_step(self, micro_batches) -> dict:
-        self.model.train()
-        total_tokens = sum(b.num_loss_tokens for b in micro_batches)
-        loss_sum = torch.zeros(())
-        for b in micro_batches:
+        """One optimizer step; ``micro_batches`` are this rank's share of the step's global batch."""
+        total_tokens = self.world.all_reduce(sum(b.num_loss_tokens for b in micro_batches))
+
+        def loss_fn(b):
             nll_BT, mask_BT = self._batch_nll(b)
-            loss = AGGREGATIONS["token_mean"](nll_BT, mask_BT, global_num_tokens=total_tokens)
-            loss.backward()
-            loss_sum += loss.detach().cpu()
-        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": float(loss_sum), "grad_norm": float(grad_norm), "lr": lr}
+            return AGGREGATIONS["token_mean"](nll_BT, mask_BT, global_num_tokens=total_tokens), {}
+
+        return self.core.step(micro_batches, loss_fn)
 
     @torch.no_grad()
     def eval_loss(self, batches) -> float:
+        """Token-mean loss over ``batches`` (every rank runs them all: a sharded forward is collective)."""
         self.model.eval()
         nll_sum, count = 0.0, 0
         for b in batches:
@@ -211,20 +210,30 @@ def load_sft_data(cfg: SFTDataConfig, tokenizer, path: str):
 
 
 def run_sft(cfg: SFTConfig, printer=print) -> dict:
-    """Train (or resume) SFT; returns a summary with the final losses and checkpoint path."""
+    """Train (or resume) SFT; returns a summary with the final losses and checkpoint path.
+
+    Under torchrun each rank takes every world_size-th micro-batch of a step (``grad_accum`` of them
+    in all), so the global batch, and with global denominators the update, is the same at any world
+    size; the model is sharded with FSDP2.
+    """
     from posttrain.models.hf import check_model_path
 
     quiet_transformers()
+    world = init_world(cfg.model.device)
+    if cfg.grad_accum % world.world_size:
+        raise UserError(f"grad_accum={cfg.grad_accum}: must be a multiple of the world size ({world.world_size}); "
+                        "each rank takes an equal share of a step's micro-batches")
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
     tokenizer = load_tokenizer(cfg.model.path)
     train = load_sft_data(cfg.data, tokenizer, cfg.data.path)
     held_out = load_sft_data(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_examples] \
         if cfg.data.eval_path else []
-    model = load_model(cfg.model)
+    model = shard_model(load_model(dataclasses.replace(cfg.model, device=str(world.device))), world,
+                        activation_checkpointing=cfg.model.activation_checkpointing)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     trainer = SFTTrainer(model, optimizer, build_scheduler(optimizer, cfg.optim, cfg.num_steps),
-                         grad_clip=cfg.optim.grad_clip, precision=cfg.precision)
+                         grad_clip=cfg.optim.grad_clip, precision=cfg.precision, world=world)
     seq_len = cfg.data.max_len
     stream = BatchStream(train, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
                          seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id)
@@ -232,25 +241,23 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
                                seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id).all_batches() if held_out else []
     accuracy = _accuracy_probe(cfg, tokenizer) if cfg.eval_generate else None
     run_dir = Path(cfg.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     start = _maybe_resume(cfg, run_dir, trainer, printer)
-    save_config(cfg, run_dir / "config.yaml")
-    logger = MetricsLogger(run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
-    summary = _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start, accuracy)
-    logger.close()
-    return summary
+    logger = open_run(run_dir, cfg, start, world)
+    try:
+        return _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start, accuracy)
+    finally:
+        if logger is not None:
+            logger.close()
 
 
 def _maybe_resume(cfg: SFTConfig, run_dir: Path, trainer: SFTTrainer, printer) -> int:
     ckpt = latest_checkpoint(run_dir) if cfg.resume else None
     if ckpt is None:
         return 0
-    state = load_trainer_state(ckpt)
-    restore_weights(trainer.model, ckpt)
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    state = load_checkpoint(ckpt, trainables={"model": (trainer.model, trainer.optimizer)}, world=trainer.world)
     trainer.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    printer(f"resumed from {ckpt} (step {state['step']})")
+    if trainer.world.main:
+        printer(f"resumed from {ckpt} (step {state['step']})")
     return state["step"]
 
 
@@ -278,29 +285,50 @@ def _accuracy_probe(cfg: SFTConfig, tokenizer):
     return probe
 
 
+def _probe_on_rank0(accuracy, trainer: SFTTrainer, cfg: SFTConfig, tokenizer) -> float:
+    """Greedy accuracy: on the model itself in one process; sharded, on rank 0 from gathered weights."""
+    world = trainer.world
+    if not world.distributed:
+        return accuracy(trainer.model)
+    weights = export_state_dict(trainer.model, world)
+    value = None
+    if world.main:
+        model = load_model(dataclasses.replace(cfg.model, device="cpu", lora=dataclasses.replace(cfg.model.lora, enabled=False)),
+                           trainable=False)
+        model.load_state_dict(weights, strict=False)
+        value = accuracy(model)
+    return world.broadcast_object(value)
+
+
 def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start, accuracy=None) -> dict:
+    world = trainer.world
     summary: dict = {"run_dir": str(run_dir)}
-    with progress_bar(cfg.logging.progress) as bar:
-        task = bar.add_task("sft", total=cfg.num_steps, completed=start, info="")
-        for step in range(start + 1, cfg.num_steps + 1):
-            t0 = time.perf_counter()
-            first = (step - 1) * cfg.grad_accum
-            micro = [stream.micro_batch(first + j) for j in range(cfg.grad_accum)]
-            metrics = trainer.train_step(micro)
-            dt = time.perf_counter() - t0
-            real = sum(b.num_real_tokens for b in micro)
-            metrics |= {"step": step, "time/step_s": dt, "tokens_per_s": real / dt, "tokens": real}
-            last = step == cfg.num_steps
-            if eval_batches and (last or cfg.eval_every and step % cfg.eval_every == 0):
-                metrics["eval/loss"] = trainer.eval_loss(eval_batches)
-                if accuracy is not None:
-                    metrics["eval/heldout/greedy/pass@1"] = accuracy(trainer.model)
-            logger.log(metrics)
-            if last or cfg.save_every and step % cfg.save_every == 0:
-                state = {"step": step, "optimizer": trainer.optimizer.state_dict(),
-                         "scheduler": trainer.scheduler.state_dict(), "rng": rng_state()}
-                summary["checkpoint"] = str(save_checkpoint(run_dir, step, trainer.model, tokenizer, state,
-                                                            cfg.keep_last))
-            bar.update(task, advance=1, info=f"loss {metrics['loss']:.3f} {metrics['tokens_per_s']:.0f} tok/s")
-            summary |= {k: metrics[k] for k in ("loss", "eval/loss", "eval/heldout/greedy/pass@1") if k in metrics}
+
+    def step(n: int, timer) -> dict:
+        t0 = time.perf_counter()
+        first = (n - 1) * cfg.grad_accum
+        mine = range(first + world.rank, first + cfg.grad_accum, world.world_size)  # this rank's share
+        micro = [stream.micro_batch(i) for i in mine]
+        metrics = trainer.train_step(micro)
+        real = world.all_reduce(sum(b.num_real_tokens for b in micro))
+        return metrics | {"tokens_per_s": real / (time.perf_counter() - t0), "tokens": real}
+
+    def evaluate() -> dict:
+        if not eval_batches:
+            return {}
+        out = {"eval/loss": trainer.eval_loss(eval_batches)}
+        if accuracy is not None:
+            out["eval/heldout/greedy/pass@1"] = _probe_on_rank0(accuracy, trainer, cfg, tokenizer)
+        return out
+
+    def save(n: int) -> None:
+        state = {"step": n, "scheduler": trainer.scheduler.state_dict()}
+        summary["checkpoint"] = str(save_checkpoint(
+            run_dir, n, trainables={"model": (trainer.model, trainer.optimizer)}, export_model=trainer.model,
+            tokenizer=tokenizer, state=state, keep_last=cfg.keep_last, world=world))
+
+    plan = Plan("sft", cfg.num_steps, start, cfg.eval_every, cfg.save_every, cfg.logging.progress)
+    last = drive(plan, step, logger=logger, save=save, evaluate=evaluate, world=world,
+                 describe=lambda m: f"loss {m['loss']:.3f} {m['tokens_per_s']:.0f} tok/s")
+    summary |= {k: last[k] for k in ("loss", "eval/loss", "eval/heldout/greedy/pass@1") if k in last}
     return summary

@@ -1,0 +1,112 @@
+"""The process group: who this process is, and the few collectives the trainers need.
+
+A run launched by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) joins the default
+process group: NCCL when the model is on a GPU, gloo on the CPU. Anything else is one plain
+process that never touches ``torch.distributed``, so the laptop path has no process group, no
+ports and no rendezvous. Every collective below is the identity at world size 1.
+
+Rank 0 is the controller: it owns the run directory, the metrics, the progress bar, the rollout
+engine and every other side effect that must happen once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        """Whether this process does the once-per-run side effects (rank 0)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce(self, x, op: str = "sum"):
+        """``x`` (float, int or tensor) reduced over ranks: sum or max; the same type comes back."""
+        if not self.distributed:
+            return x
+        t = torch.as_tensor(x, dtype=torch.float64).clone()
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        if isinstance(x, torch.Tensor):
+            return t.to(x.dtype)
+        return type(x)(t.item())
+
+    def all_gather_object(self, obj) -> list:
+        """Every rank's ``obj``, in rank order (small Python objects: counts, per-row scalars)."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj, src: int = 0):
+        """Rank ``src``'s ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+_WORLD: World | None = None
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_world(device: str = "cpu", timeout_s: float = 1800.0) -> World:
+    """This process's `World`, joining torchrun's process group on first call (idempotent).
+
+    ``device`` is the model's configured device: on a GPU each rank takes ``cuda:LOCAL_RANK``.
+    """
+    global _WORLD
+    if _WORLD is not None:
+        return _WORLD
+    if not launched_by_torchrun():
+        _WORLD = World(device=torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                                           (device if device != "auto" else "cpu")))
+        return _WORLD
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    dev = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    _WORLD = World(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+    return _WORLD
+
+
+def current_world() -> World:
+    """The world set up by `init_world`, or a single process if nothing was initialised."""
+    return _WORLD or World()
+
+
+def shard_range(n: int, world: World) -> range:
+    """The rows ``[start, stop)`` of ``n`` that this rank owns, in order: contiguous equal blocks.
+
+    ``n`` must divide evenly (callers check, with a message naming their setting): every rank runs
+    the same number of forward/backward passes, which sharded training requires.
+    """
+    per = n // world.world_size
+    return range(world.rank * per, (world.rank + 1) * per)

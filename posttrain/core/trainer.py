@@ -1,0 +1,67 @@
+"""The one optimizer step under every trainer: micro-batches → backward → clip → step → schedule.
+
+``TrainCore.step(micro_batches, loss_fn)`` is the tail every trainer used to carry its own copy of.
+``loss_fn(mb) -> (loss, metrics)`` returns this micro-batch's share of the step's loss, already
+divided by the step's *global* denominator (token or sequence counts summed over every micro-batch
+of every rank, see ``World.all_reduce``), and metrics already weighted so that their sum over the
+step is the step's value. Then gradient accumulation and sharding change nothing: the summed
+gradient is the gradient of one big batch, at any world size and any micro-batch size.
+
+Every rank must run the same number of micro-batches (sharded layers all-gather in lock step);
+the trainers split their data so that they do.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from posttrain.core.dist import World, current_world
+from posttrain.core.fsdp import backward_scale, clip_gradients
+
+LossFn = Callable[[object], tuple[torch.Tensor, dict]]
+
+
+class TrainCore:
+    """A trainable model with its optimizer and schedule; thin on purpose."""
+
+    def __init__(self, model, optimizer, scheduler, *, grad_clip: float, world: World | None = None):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.grad_clip = grad_clip
+        self.world = world or current_world()
+        self.updates = 0  # optimizer steps taken by this process
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a share of a global mean (FSDP averages over ranks; this makes it the sum)."""
+        (loss * backward_scale(self.world)).backward()
+
+    def step(self, micro_batches: Iterable, loss_fn: LossFn) -> dict:
+        """One optimizer step over this rank's ``micro_batches``; metrics summed over all ranks."""
+        self.model.train()
+        sums: dict[str, float] = {"loss": 0.0}
+        for mb in micro_batches:
+            loss, metrics = loss_fn(mb)
+            self.backward(loss)
+            sums["loss"] += float(loss.detach())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        return self.reduce(sums) | self.apply_gradients()
+
+    def apply_gradients(self) -> dict:
+        """Clip the accumulated gradients, step the optimizer and the schedule, clear the gradients."""
+        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        return {"grad_norm": float(grad_norm), "lr": lr}
+
+    def reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        """Per-rank sums → sums over ranks, in one collective (same key order on every rank)."""
+        if not self.world.distributed:
+            return sums
+        keys = sorted(sums)
+        total = self.world.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, total.tolist()))
