@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from posttrain.config import add_recipe_arguments, load_recipe
-from posttrain.train.distill import DistillConfig
+from posttrain.rl.distill import DistillConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         teacher = make_teacher(args.make_teacher, steps=args.teacher_steps)
         print(f"teacher: {teacher.checkpoint} (held-out greedy pass@1 {teacher.pass_at_1:.3f})")
         return 0
-    from posttrain.train.distill import run_distill
+    from posttrain.rl.distill import run_distill
 
     cfg = load_recipe(DistillConfig, args)
     last = run_distill(cfg)

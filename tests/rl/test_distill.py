@@ -16,7 +16,7 @@ from posttrain.errors import UserError
 from posttrain.rl.batch import build_batch
 from posttrain.rl.policy import Policy
 from posttrain.rollout import Rollouts, SamplingParams
-from posttrain.train.distill import (LOSSES, DistillConfig, DistillRun, check_same_vocabulary, position_profile,
+from posttrain.rl.distill import (LOSSES, DistillConfig, DistillRun, check_same_vocabulary, position_profile,
                                      row_chunks, run_distill, score_teacher, update)
 
 

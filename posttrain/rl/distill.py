@@ -54,7 +54,7 @@ from posttrain.rl.loop import setup as rl_setup
 from posttrain.rl.loop import sync_weights
 from posttrain.rl.losses import importance_weights
 from posttrain.tracking import LoggingConfig, MetricsLogger, StageTimer, progress_bar, read_metrics
-from posttrain.train.optim import OptimConfig, clip_gradients
+from posttrain.core.optim import OptimConfig, clip_gradients
 
 
 @dataclasses.dataclass(kw_only=True)
