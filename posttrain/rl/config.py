@@ -9,7 +9,7 @@ from posttrain.models.hf import DTYPES, ModelConfig
 from posttrain.rl.async_.config import AsyncConfig
 from posttrain.rl.curriculum import CurriculumConfig
 from posttrain.tracking import LoggingConfig
-from posttrain.train.optim import OptimConfig
+from posttrain.core.optim import OptimConfig
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 # Each algorithm's default way of turning per-token losses into a scalar.

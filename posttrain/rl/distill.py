@@ -35,26 +35,24 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
-import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from posttrain.algos import (ADVANTAGES, AGGREGATIONS, distill_reward, pg_loss, reverse_kl_full,
                              reverse_kl_sampled, token_logprobs)
-from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
 from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_model, load_tokenizer
 from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
 from posttrain.rl.config import CorrectionConfig, RLConfig, RLDataConfig, RolloutConfig
-from posttrain.rl.diagnostics import Watchdog, rollout_metrics
-from posttrain.rl.loop import RLRun, checkpoint, generate_groups, held_out_eval, maybe_resume
+from posttrain.rl.diagnostics import rollout_metrics
+from posttrain.rl.loop import RLRun, drive_rl, generate_groups, own_rows, share_step, sync_weights
 from posttrain.rl.loop import setup as rl_setup
-from posttrain.rl.loop import sync_weights
 from posttrain.rl.losses import importance_weights
-from posttrain.tracking import LoggingConfig, MetricsLogger, StageTimer, progress_bar, read_metrics
-from posttrain.core.optim import OptimConfig, clip_gradients
+from posttrain.tracking import LoggingConfig, StageTimer
+from posttrain.core.fsdp import shard_model
+from posttrain.core.optim import OptimConfig
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -204,7 +202,9 @@ def setup(cfg: DistillConfig) -> DistillRun:
     check_same_vocabulary(cfg.model.path, cfg.teacher.path)
     rl = rl_setup(cfg.rl_config())
     t = cfg.teacher
-    teacher = load_model(ModelConfig(path=t.path, device=t.device, dtype=t.dtype), trainable=False)
+    device = str(rl.world.device) if rl.world.distributed else t.device  # under torchrun: sharded like the student
+    teacher = shard_model(load_model(ModelConfig(path=t.path, device=device, dtype=t.dtype), trainable=False,
+                                     key="teacher.path"), rl.world)
     if _output_size(teacher) != _output_size(rl.policy.model):
         raise UserError(f"teacher.path={t.path}: the teacher has {_output_size(teacher)} output logits, "
                         f"the student {_output_size(rl.policy.model)}; they must match to compare distributions")
@@ -246,13 +246,13 @@ def score_teacher(teacher, batch: RLBatch, chunks: list[torch.Tensor], *, temper
 
 
 def update(run: DistillRun, batch: RLBatch, teacher: list[TeacherChunk]) -> tuple[dict, torch.Tensor]:
-    """One optimizer step on the token-mean loss over the whole step; returns metrics and KL per token."""
+    """One optimizer step on the token-mean loss over the whole step (every rank's tokens); returns
+    metrics and this rank's KL per token."""
     policy, cfg = run.rl.policy, run.cfg
-    policy.model.train()
-    total_tokens = batch.mask_BT.sum().clamp_min(1)
+    total_tokens = max(policy.world.all_reduce(int(batch.mask_BT.sum())), 1)
     kl_BT = torch.zeros_like(batch.mask_BT, dtype=torch.float32)
-    loss_total = 0.0
-    for t in teacher:
+
+    def loss_fn(t: TeacherChunk):
         mb = batch.select(t.rows)
         logits = _logits(policy.model, mb, cfg.rollout.temperature).cpu()
         logp = token_logprobs(logits, mb.input_ids_BT[:, 1:])
@@ -260,16 +260,10 @@ def update(run: DistillRun, batch: RLBatch, teacher: list[TeacherChunk]) -> tupl
         if cfg.reward_coef:
             adv_BT = mb.adv_B[:, None].expand_as(logp)
             loss_BT = loss_BT + cfg.reward_coef * pg_loss(logp, adv_BT, mb.train_mask_BT)[0]
-        loss = AGGREGATIONS["token_mean"](loss_BT, mb.mask_BT, global_num_tokens=total_tokens)
-        loss.backward()
-        loss_total += float(loss.detach())
         kl_BT[t.rows, : kl_mb.shape[1]] = kl_mb.detach()
-    grad_norm = clip_gradients(policy.model.parameters(), policy.grad_clip)
-    lr = policy.optimizer.param_groups[0]["lr"]
-    policy.optimizer.step()
-    policy.scheduler.step()
-    policy.optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss_total, "grad_norm": float(grad_norm), "lr": lr}, kl_BT
+        return AGGREGATIONS["token_mean"](loss_BT, mb.mask_BT, global_num_tokens=total_tokens), {}
+
+    return policy.core.step(teacher, loss_fn), kl_BT
 
 
 def position_profile(kl_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
@@ -300,13 +294,16 @@ def teacher_metrics(batch: RLBatch, teacher: list[TeacherChunk]) -> dict:
 
 def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     cfg, rl = run.cfg, run.rl
-    G = cfg.rollout.group_size
+    G, world = cfg.rollout.group_size, rl.world
     with timer("rollout"):
-        ro, outcomes = generate_groups(rl, step, 0, cfg.prompts_per_step)
+        made = generate_groups(rl, step, 0, cfg.prompts_per_step) if world.main else (None, None)
+        ro, outcomes, _ = share_step(rl, *made, {})
     with timer("reward"):
+        rows = own_rows(len(ro), G, world)
+        mine = ro.select(rows, [i // G for i in range(len(rows))])
+        batch = outcome_batch(mine, [outcomes[r] for r in rows], rl.tokenizer.pad_token_id)
         rewards_PG, valid_PG, zero_var_P = group_outcomes(outcomes, G)
-        batch = outcome_batch(ro, outcomes, rl.tokenizer.pad_token_id)
-        batch.adv_B = ADVANTAGES["grpo"](rewards_PG, valid_PG)[0].flatten().float()
+        batch.adv_B = ADVANTAGES["grpo"](rewards_PG, valid_PG)[0].flatten().float()[rows]
     with timer("logprobs"):
         metrics = rl.policy.score(batch)
         metrics |= importance_weights(batch, CorrectionConfig(kind="none"))
@@ -318,63 +315,21 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
         upd, kl_BT = update(run, batch, teacher)
     with timer("sync"):
         sync_weights(rl)
-    metrics |= upd | rollout_metrics(ro, outcomes, float(zero_var_P.float().mean())) | teacher_metrics(batch, teacher)
+    tokens = float(batch.mask_BT.sum())
+    local = metrics | teacher_metrics(batch, teacher) | {"distill/reverse_kl": _masked_mean(kl_BT, batch.mask_BT)}
+    metrics = upd | world.mean_metrics(local, tokens) | rollout_metrics(ro, outcomes, float(zero_var_P.float().mean()))
     if not cfg.reward_coef:  # equal rewards only starve the gradient when the reward is trained on
         metrics.pop("groups/zero_variance_frac")
-    metrics["distill/reverse_kl"] = _masked_mean(kl_BT, batch.mask_BT)
-    metrics |= position_profile(kl_BT, batch.mask_BT)
+    parts = world.all_gather_object((kl_BT, batch.mask_BT))  # the profile over the whole step
+    width = max(k.shape[1] for k, _ in parts)
+    pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]))  # noqa: E731
+    metrics |= position_profile(torch.cat([pad(k) for k, _ in parts]), torch.cat([pad(m) for _, m in parts]))
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     return metrics
-
-
-# ------------------------------------------------------------------------------------ driver
-
-def drive(run: RLRun, step_fn: Callable[[int, StageTimer], dict], *, config, max_tokens: int = 0,
-          name: str = "distill", printer=print) -> dict:
-    """Run (or resume) ``step_fn`` until ``run.cfg.num_steps`` steps or ``max_tokens`` generated tokens.
-
-    Logs every step to metrics.jsonl with ``tokens/total`` (generated tokens so far), evaluates on
-    the held-out prompts (when the run has them) at the start, every ``eval_every`` steps and at the
-    end, and checkpoints every ``save_every`` steps and at the end. ``config`` is what config.yaml holds.
-    """
-    cfg = run.cfg
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    start = maybe_resume(run)
-    save_config(config, run.run_dir / "config.yaml")
-    logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(config))
-    tokens = sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir))
-    watchdog, timer = Watchdog(printer, zero_variance_warning=False), StageTimer()
-    last: dict = held_out_eval(run) if start == 0 else {}
-    if last:
-        logger.log({"step": 0, "tokens/total": 0, **last})
-    with progress_bar(cfg.logging.progress) as bar:
-        task = bar.add_task(name, total=cfg.num_steps, completed=start, info="")
-        for step in range(start + 1, cfg.num_steps + 1):
-            if max_tokens and tokens >= max_tokens:
-                break
-            t0 = time.perf_counter()
-            metrics = step_fn(step, timer)
-            tokens += metrics["tokens/generated"]
-            done = step == cfg.num_steps or 0 < max_tokens <= tokens
-            if cfg.eval_every and step % cfg.eval_every == 0 or done:
-                with timer("eval"):
-                    metrics |= held_out_eval(run)
-            metrics |= timer.pop()
-            metrics |= {"time/step_s": time.perf_counter() - t0, "tokens/total": tokens,
-                        "policy_version": run.engine.version}
-            metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
-            logger.log({"step": step, **metrics})
-            watchdog.check(step, metrics)
-            if cfg.save_every and step % cfg.save_every == 0 or done:
-                checkpoint(run, step)
-            bar.update(task, advance=1, info=f"reward {metrics['reward/mean']:.3f} {tokens} tok")
-            last = metrics
-    logger.close()
-    return last
 
 
 def run_distill(cfg: DistillConfig, printer=print) -> dict:
     """Run (or resume) on-policy distillation; returns the last step's metrics."""
     run = setup(cfg)
-    return drive(run.rl, lambda step, timer: distill_step(run, step, timer), config=cfg,
-                 max_tokens=cfg.max_tokens, name="distill", printer=printer)
+    return drive_rl(run.rl, lambda rl, step, timer: distill_step(run, step, timer), config=cfg,
+                    max_tokens=cfg.max_tokens, name="distill", printer=printer)

@@ -20,7 +20,12 @@ import torch
 
 from posttrain.algos import ADVANTAGES
 from posttrain.algos.advantages import zero_variance
-from posttrain.config import save_config, to_dict
+from posttrain.core.checkpoint import load_checkpoint, save_checkpoint
+from posttrain.core.dist import World, init_world, shard_range
+from posttrain.core.fsdp import shard_model
+from posttrain.core.loop import Plan, drive, open_run
+from posttrain.core.optim import build_optimizer, build_scheduler, seed_everything
+from posttrain.errors import UserError
 from posttrain.models.hf import check_model_path, disable_dropout, load_model, load_tokenizer, quiet_transformers
 from posttrain.outcome import Outcome
 from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
@@ -32,9 +37,7 @@ from posttrain.rl.policy import Policy
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout import SamplingParams, TorchEngine, weights_checksum
 from posttrain.rollout.types import Rollouts
-from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
-from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
-from posttrain.train.optim import build_optimizer, build_scheduler, rng_state, seed_everything, set_rng_state
+from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
 
 @dataclasses.dataclass
@@ -52,7 +55,9 @@ class RLRun:
     verifier: object
     loss_fn: object
     run_dir: Path
+    world: World = dataclasses.field(default_factory=World)
     start_step: int = 0
+    version: int = 0  # the policy version the engine holds (every rank keeps count; rank 0 has the engine)
     ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
 
 
@@ -103,56 +108,73 @@ def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
     return Rollouts.concat(kept_ro), kept_out, info
 
 
-def advantages(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
-    """(N,) group-relative advantages of the GRPO family, and their metrics.
+def advantages(cfg: RLConfig, batch: RLBatch, world: World) -> tuple[torch.Tensor, dict]:
+    """(N,) group-relative advantages of this rank's rows, computed on the whole step, and their metrics.
 
     One rule for what reaches the optimizer: a group whose task rewards are all equal (or that has
     fewer than two valid samples) gets advantage exactly 0, whatever else happens, so
     ``groups/zero_variance_frac`` is the fraction of groups that send no gradient. With
     ``kl.mode=reward`` the per-sequence KL (``kl.coef`` · the sum over the sample's tokens) is
     subtracted from the rewards of the other groups before their normalisation.
+
+    Every rank holds whole groups; the per-row inputs are gathered so that statistics over the
+    batch (REINFORCE++'s token whitening) are those of the whole step at any world size.
     """
     G = cfg.rollout.group_size
-    rewards_PG, valid_PG = batch.rewards_B.view(-1, G), batch.valid_B.view(-1, G)
-    zero_var_P = zero_variance(rewards_PG, valid_PG)
-    metrics, shaped_PG = {}, rewards_PG
+    metrics, kl_seq_B = {}, torch.zeros(len(batch))
     if batch.ref_logp_BT is not None:
-        kl_BT, metrics = reference_kl(cfg, batch)
-        if cfg.kl.mode == "reward":
-            shaped_PG = rewards_PG - cfg.kl.coef * kl_BT.sum(1).view(-1, G)
-    lengths_PG = batch.train_mask_BT.sum(1).view(-1, G)
-    adv_PG, _ = ADVANTAGES[cfg.algorithm](shaped_PG, valid_PG, lengths_PG=lengths_PG)
+        kl_BT, metrics = reference_kl(cfg, batch, world)
+        kl_seq_B = kl_BT.sum(1)
+    parts = world.all_gather_object((batch.rewards_B, batch.valid_B, kl_seq_B, batch.train_mask_BT.sum(1)))
+    rewards_B, valid_B, kl_seq_B, lengths_B = (torch.cat(x) for x in zip(*parts))
+    rewards_PG, valid_PG = rewards_B.view(-1, G), valid_B.view(-1, G)
+    zero_var_P = zero_variance(rewards_PG, valid_PG)
+    shaped_PG = rewards_PG - cfg.kl.coef * kl_seq_B.view(-1, G) if cfg.kl.mode == "reward" else rewards_PG
+    adv_PG, _ = ADVANTAGES[cfg.algorithm](shaped_PG, valid_PG, lengths_PG=lengths_B.view(-1, G))
     adv_B = torch.where(zero_var_P[:, None], 0.0, adv_PG).flatten().float()
-    return adv_B, metrics | {"adv/abs_mean": float(adv_B.abs().mean()),
-                             "groups/zero_variance_frac": float(zero_var_P.float().mean())}
+    return adv_B[own_rows(len(adv_B), G, world)], metrics | {
+        "adv/abs_mean": float(adv_B.abs().mean()), "groups/zero_variance_frac": float(zero_var_P.float().mean())}
+
+
+def own_rows(n: int, group_size: int, world: World) -> list[int]:
+    """This rank's rows of a step of ``n`` samples: whole groups, in contiguous equal blocks."""
+    groups = shard_range(n // group_size, world)
+    return list(range(groups.start * group_size, groups.stop * group_size))
+
+
+def share_step(run: RLRun, ro: Rollouts | None, outcomes: list | None, info: dict | None):
+    """Rank 0's generated step on every rank (the others pass None)."""
+    return run.world.broadcast_object((ro, outcomes, info) if run.world.main else None)
 
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
     with timer("rollout"):
-        ro, outcomes, info = collect(run, step)
+        ro, outcomes, info = share_step(run, *(collect(run, step) if run.world.main else (None, None, None)))
     return learn(run, step, timer, ro, outcomes, info)
 
 
 def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
     """Everything after generation, shared by sync and async and by every algorithm: batch,
-    log-probs, advantages (or PPO's critic targets), off-policy correction, update, weight sync."""
-    cfg = run.cfg
+    log-probs, advantages (or PPO's critic targets), off-policy correction, update, weight sync.
+    Every rank gets the whole step and trains on its own groups."""
+    cfg, world = run.cfg, run.world
+    rows = own_rows(len(ro), cfg.rollout.group_size, world)
     with timer("reward"):
-        batch = outcome_batch(ro, outcomes, run.tokenizer.pad_token_id)
+        mine = ro.select(rows, [i // cfg.rollout.group_size for i in range(len(rows))])
+        batch = outcome_batch(mine, [outcomes[r] for r in rows], run.tokenizer.pad_token_id)
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     with timer("logprobs"):
         metrics |= run.policy.score(batch)
     if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
         targets, m = run.ppo.targets(run, batch, timer)
         G = cfg.rollout.group_size
-        m["groups/zero_variance_frac"] = float(zero_variance(batch.rewards_B.view(-1, G),
-                                                             batch.valid_B.view(-1, G)).float().mean())
+        m["groups/zero_variance_frac"] = float(group_outcomes(outcomes, G)[2].float().mean())
     else:
         with timer("adv"):
-            batch.adv_B, m = advantages(cfg, batch)
-    metrics |= m | off_policy_correction(batch, cfg)
+            batch.adv_B, m = advantages(cfg, batch, world)
+    metrics |= m | world.mean_metrics(off_policy_correction(batch, cfg), float(batch.train_mask_BT.sum()))
     metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
-    metrics |= run.source.metrics()
+    metrics |= run.source.metrics() if world.main else {}
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     if info.get("dynamic_sampling/starved"):
         return metrics | {"update/skipped": 1}
@@ -168,9 +190,12 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
     return metrics
 
 
-def sync_weights(run: RLRun) -> None:
-    weights = run.policy.export_weights()
-    run.engine.load_weights(weights, run.engine.version + 1, weights_checksum(weights))
+def sync_weights(run: RLRun, version: int | None = None) -> None:
+    """Hand the policy's full weights to the engine (on rank 0) as the next version, checksummed."""
+    run.version = run.version + 1 if version is None else version
+    weights = run.policy.export_weights()  # a collective when sharded: every rank calls it
+    if run.engine is not None:
+        run.engine.load_weights(weights, run.version, weights_checksum(weights))
 
 
 def encode_prompts(tokenizer, examples: list[dict], use_chat_template: bool) -> list[list[int]]:
@@ -190,6 +215,8 @@ def setup(cfg: RLConfig) -> RLRun:
     from posttrain.verifiers import build_reward
 
     quiet_transformers()
+    world = init_world(cfg.model.device)
+    check_world(cfg, world)
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
     train_examples = load_prompt_records(cfg.data.path)
@@ -197,31 +224,34 @@ def setup(cfg: RLConfig) -> RLRun:
         if cfg.data.eval_path else []
     verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
     tokenizer = load_tokenizer(cfg.model.path)
-    model = load_model(cfg.model)
+    model_cfg = dataclasses.replace(cfg.model, device=str(world.device))
+    model = load_model(model_cfg)
     disable_dropout(model)  # old, new and reference log-probs must come from the same function
+    model = shard_model(model, world, activation_checkpointing=cfg.model.activation_checkpointing)
     ref = None
     if cfg.kl.coef > 0 or cfg.kl.track:
-        ref_cfg = dataclasses.replace(cfg.model, path=cfg.kl.ref_path or cfg.model.path)
+        ref_cfg = dataclasses.replace(model_cfg, path=cfg.kl.ref_path or cfg.model.path)
         ref = load_model(ref_cfg, trainable=False, key="kl.ref_path" if cfg.kl.ref_path else "model.path")
         disable_dropout(ref)
+        ref = shard_model(ref, world)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
     policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),
                     temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
-                    micro_batch_size=cfg.micro_batch_size, ref_model=ref,
+                    micro_batch_size=cfg.micro_batch_size, ref_model=ref, world=world,
                     reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
-    engine = None  # async: the engine runs in its own process, started by run_async
-    if cfg.mode == "sync":
-        engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=cfg.model.device,
+    engine = None  # async: the engine runs in its own process, started by run_async; rank 0 generates
+    if cfg.mode == "sync" and world.main:
+        engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
                              dtype=getattr(torch, cfg.rollout.engine_dtype))
-    if cfg.model.lora.enabled and engine is not None:
-        sync_weights_to(engine, policy, version=0)
     train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
     run = RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
                 eval_examples=eval_examples,
                 eval_prompts=encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
-                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir))
+                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world)
+    if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
+        sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo
 
@@ -229,40 +259,60 @@ def setup(cfg: RLConfig) -> RLRun:
     return run
 
 
-def sync_weights_to(engine, policy: Policy, version: int) -> None:
-    weights = policy.export_weights()
-    engine.load_weights(weights, version, weights_checksum(weights))
+def check_world(cfg: RLConfig, world: World) -> None:
+    """What a run under torchrun needs: whole groups in equal shares, the sync driver."""
+    if not world.distributed:
+        return
+    if cfg.prompts_per_step % world.world_size:
+        raise UserError(f"prompts_per_step={cfg.prompts_per_step}: must be a multiple of the world size "
+                        f"({world.world_size}); each rank trains on an equal share of the step's groups")
+    if cfg.mode == "async":
+        raise UserError("mode=async: runs in one process (its engine is a child process); under torchrun use "
+                        "mode=sync")
+    if cfg.dynamic_sampling.enabled:
+        raise UserError("dynamic_sampling.enabled: runs in one process; under torchrun leave it off")
+
+
+def trainables(run: RLRun) -> dict:
+    out = {"policy": (run.policy.model, run.policy.optimizer)}
+    if run.ppo is not None:
+        out["critic"] = (run.ppo.critic.model, run.ppo.critic.optimizer)
+    return out
 
 
 def checkpoint(run: RLRun, step: int, extra: dict | None = None) -> Path:
-    state = {"step": step, "optimizer": run.policy.optimizer.state_dict(),
-             "scheduler": run.policy.scheduler.state_dict(), "rng": rng_state(),
-             "prompts": run.source.state_dict(), "engine_version": run.engine.version, **(extra or {})}
-    path = save_checkpoint(run.run_dir, step, run.policy.model, run.tokenizer, state, run.cfg.keep_last)
+    """Every rank calls it: sharded state, the consolidated policy (and critic) folders, the run state."""
+    state = {"step": step, "scheduler": run.policy.scheduler.state_dict(), "prompts": run.source.state_dict(),
+             "engine_version": run.version, **(extra or {})}
+    critic = {}
     if run.ppo is not None:
-        run.ppo.save(path)
-    return path
+        state["critic_scheduler"] = run.ppo.critic.scheduler.state_dict()
+        critic = {"critic": run.ppo.critic.model}
+    return save_checkpoint(run.run_dir, step, trainables=trainables(run), export_model=run.policy.model,
+                           tokenizer=run.tokenizer, state=state, keep_last=run.cfg.keep_last, world=run.world,
+                           extra_exports=critic)
 
 
-def maybe_resume(run: RLRun) -> int:
+def maybe_resume(run: RLRun, printer=print) -> int:
     ckpt = latest_checkpoint(run.run_dir) if run.cfg.resume else None
     if ckpt is None:
         return 0
-    state = load_trainer_state(ckpt)
-    restore_weights(run.policy.model, ckpt)
-    if run.ppo is not None:
-        run.ppo.load(ckpt)
-    run.policy.optimizer.load_state_dict(state["optimizer"])
+    if run.ppo is not None and not (ckpt / "critic" / "config.json").is_file():
+        raise UserError(f"{ckpt}: checkpoint has no critic/ (not a PPO run, or a save was cut short)")
+    state = load_checkpoint(ckpt, trainables=trainables(run), world=run.world)
     run.policy.scheduler.load_state_dict(state["scheduler"])
+    if run.ppo is not None:
+        run.ppo.critic.scheduler.load_state_dict(state["critic_scheduler"])
     run.source.load_state_dict(state["prompts"])
-    set_rng_state(state["rng"])
-    sync_weights_to(run.engine, run.policy, version=state["engine_version"])
-    print(f"resumed from {ckpt} (step {state['step']})")
+    sync_weights(run, version=state["engine_version"])
+    if run.world.main:
+        printer(f"resumed from {ckpt} (step {state['step']})")
     return state["step"]
 
 
 def held_out_eval(run: RLRun) -> dict:
-    if not run.eval_examples:
+    """Greedy pass@1 on the held-out prompts, by the engine on rank 0 (other ranks: {})."""
+    if not run.eval_examples or run.engine is None:
         return {}
     greedy = dataclasses.replace(sampling_params(run.cfg, run.cfg.seed), temperature=0.0)
     summary = evaluate(run.engine, run.eval_prompts, run.eval_examples, run.verifier,
@@ -270,17 +320,40 @@ def held_out_eval(run: RLRun) -> dict:
     return eval_metrics(summary, "heldout")
 
 
-def finish_step(run: RLRun, step: int, timer: StageTimer, t0: float, metrics: dict) -> dict:
-    """The tail of every step, sync or async: eval when due, stage times, throughput, version."""
-    cfg = run.cfg
-    if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.num_steps:
-        with timer("eval"):
-            metrics |= held_out_eval(run)
-    metrics |= timer.pop()
-    metrics["time/step_s"] = time.perf_counter() - t0
-    metrics["tokens_per_s"] = metrics["tokens/generated"] / metrics["time/step_s"]
-    metrics["policy_version"] = run.engine.version
-    return metrics
+def drive_rl(run: RLRun, step_fn, *, config, name: str, printer=print, max_tokens: int = 0) -> dict:
+    """Run (or resume) ``step_fn(run, step, timer)`` under the core's driver: held-out eval at the
+    start (rank 0), every ``eval_every`` steps and at the end; checkpoints; metrics on rank 0.
+
+    ``max_tokens`` > 0 stops the run once that many completion tokens were generated (the budget
+    the study uses to compare methods); every step logs ``tokens/total``.
+    """
+    cfg, world = run.cfg, run.world
+    start = maybe_resume(run, printer)
+    logger = open_run(run.run_dir, config, start, world)
+    tokens = sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir)) if start else 0
+    first = held_out_eval(run) if start == 0 else {}
+    if first and world.main:
+        logger.log({"step": 0, "tokens/total": 0, **first})
+    watchdog = Watchdog(printer if world.main else (lambda *_: None), zero_variance_warning=name == "rl"
+                        and cfg.algorithm != "ppo")
+
+    def step(n: int, timer: StageTimer) -> dict:
+        nonlocal tokens
+        t0 = time.perf_counter()
+        metrics = step_fn(run, n, timer)
+        tokens += metrics["tokens/generated"]
+        return metrics | {"tokens/total": tokens, "policy_version": run.version,
+                          "tokens_per_s": metrics["tokens/generated"] / (time.perf_counter() - t0)}
+
+    plan = Plan(name, cfg.num_steps, start, cfg.eval_every, cfg.save_every, cfg.logging.progress)
+    try:
+        return drive(plan, step, logger=logger, save=lambda n: checkpoint(run, n), evaluate=lambda: held_out_eval(run),
+                     check=watchdog.check, stop=lambda n, m: 0 < max_tokens <= m["tokens/total"], world=world,
+                     describe=lambda m: f"reward {m['reward/mean']:.3f} ent {m['entropy']:.3f} "
+                                        f"{m['tokens_per_s']:.0f} tok/s") or first
+    finally:
+        if logger is not None:
+            logger.close()
 
 
 def run_rl(cfg: RLConfig, printer=print) -> dict:
@@ -290,25 +363,4 @@ def run_rl(cfg: RLConfig, printer=print) -> dict:
 
         return run_async(cfg, printer)
     run = setup(cfg)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    start = maybe_resume(run)
-    save_config(cfg, run.run_dir / "config.yaml")
-    logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
-    watchdog, timer = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo"), StageTimer()
-    last: dict = held_out_eval(run) if start == 0 else {}
-    if last:
-        logger.log({"step": 0, **last})
-    with progress_bar(cfg.logging.progress) as bar:
-        task = bar.add_task("rl", total=cfg.num_steps, completed=start, info="")
-        for step in range(start + 1, cfg.num_steps + 1):
-            t0 = time.perf_counter()
-            metrics = finish_step(run, step, timer, t0, rl_step(run, step, timer))
-            logger.log({"step": step, **metrics})
-            watchdog.check(step, metrics)
-            if cfg.save_every and step % cfg.save_every == 0 or step == cfg.num_steps:
-                checkpoint(run, step)
-            bar.update(task, advance=1, info=f"reward {metrics['reward/mean']:.3f} "
-                       f"ent {metrics['entropy']:.3f} {metrics['tokens_per_s']:.0f} tok/s")
-            last = metrics
-    logger.close()
-    return last
+    return drive_rl(run, rl_step, config=cfg, name="rl", printer=printer)

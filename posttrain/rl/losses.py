@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.algos import IS_CORRECTIONS, KL_ESTIMATORS, mismatch_metrics, pg_loss, ppo_clip_loss
+from posttrain.core.dist import World, current_world
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import CorrectionConfig, RLConfig
 
@@ -37,13 +38,15 @@ def make_loss_fn(cfg: RLConfig):
     return loss_fn
 
 
-def reference_kl(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
-    """Per-token KL to the reference, ``kl.estimator`` of the sampled tokens, 0 off the train mask."""
-    mask = batch.train_mask_BT
+def reference_kl(cfg: RLConfig, batch: RLBatch, world: World | None = None) -> tuple[torch.Tensor, dict]:
+    """Per-token KL to the reference, ``kl.estimator`` of the sampled tokens, 0 off the train mask;
+    the metrics are over the whole step (every rank's rows)."""
+    world = world or current_world()
+    mask, valid = batch.train_mask_BT, batch.valid_B
     kl_BT = KL_ESTIMATORS[cfg.kl.estimator](batch.old_logp_BT, batch.ref_logp_BT) * mask
-    valid = batch.valid_B
-    return kl_BT, {"kl/ref": float(kl_BT.sum() / mask.sum().clamp_min(1)),
-                   "kl/ref_seq_mean": float(kl_BT.sum(1)[valid].mean()) if valid.any() else 0.0}
+    kl_sum, tokens = world.all_reduce(float(kl_BT.sum())), world.all_reduce(float(mask.sum()))
+    seq_sum, seqs = world.all_reduce(float(kl_BT.sum(1)[valid].sum())), world.all_reduce(float(valid.sum()))
+    return kl_BT, {"kl/ref": kl_sum / max(tokens, 1.0), "kl/ref_seq_mean": seq_sum / seqs if seqs else 0.0}
 
 
 def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> dict:

@@ -1,9 +1,13 @@
 """The trainer side of RL: a policy model, its optimizer, and the frozen reference.
 
 Thin on purpose (docs/rl.md): ``score`` recomputes log-probs without gradients (old policy,
-reference, entropy), ``train_step(batch, loss_fn)`` runs epochs × mini-batches × micro-batches of
-forward/backward with global denominators, ``export_weights`` hands merged weights and their
-checksum to the rollout engine. The loss itself comes from ``posttrain.algos`` via ``loss_fn``.
+reference, entropy), ``train_step(batch, loss_fn)`` runs epochs × mini-batches of optimizer steps
+on the training core (`posttrain.core.trainer`), micro-batches with denominators summed over every
+rank, ``export_weights`` hands merged weights to the rollout engine. The loss itself comes from
+``posttrain.algos`` via ``loss_fn``.
+
+Under torchrun every rank holds its own rows of the step (whole groups); the models are sharded
+with FSDP2, so every rank runs the same number of forwards (equal row counts per rank).
 
 Log-probs are of the full temperature-scaled distribution, ``log_softmax(logits / T)``, the same
 quantity the engine reports, so sampler and trainer compare like with like.
@@ -23,25 +27,28 @@ from typing import Callable
 import torch
 
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
-from posttrain.models.hf import merged_state_dict
+from posttrain.core.dist import World
+from posttrain.core.fsdp import export_state_dict
+from posttrain.core.trainer import TrainCore
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import completion_logits
-from posttrain.train.optim import clip_gradients
 
 LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
 
 
 class Policy:
     def __init__(self, model, optimizer, scheduler, *, temperature: float, grad_clip: float,
-                 micro_batch_size: int, ref_model=None, reuse_score_forward: bool = False):
+                 micro_batch_size: int, ref_model=None, reuse_score_forward: bool = False,
+                 world: World | None = None):
+        self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.world = self.core.world
         self.ref_model = ref_model
         self.temperature, self.grad_clip = temperature, grad_clip
         self.micro_batch_size = micro_batch_size
         self.device = next(model.parameters()).device
         self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
-        self._updates = 0  # optimizer steps taken; a kept forward is valid for the weights it saw
-        self._kept = None  # (batch, self._updates, logp_BT with graph) recorded by score
+        self._kept = None  # (batch, core.updates, logp_BT with graph) recorded by score
 
     def _target_logits(self, model, mb: RLBatch) -> torch.Tensor:
         """(N, L-1, V) logits scoring ``input_ids[:, 1:]``; each shared prompt runs once when it can."""
@@ -72,7 +79,7 @@ class Policy:
         with torch.set_grad_enabled(keep):
             metrics, logp = self._score(batch, n, width)
         if keep:
-            self._kept = (batch, self._updates, logp)
+            self._kept = (batch, self.core.updates, logp)
         return metrics
 
     def _score(self, batch: RLBatch, n: int, width: int) -> tuple[dict, torch.Tensor]:
@@ -91,6 +98,7 @@ class Policy:
                     ref[idx, : logp.shape[1]] = self._forward(self.ref_model, mb)[0]
         batch.old_logp_BT = old * batch.mask_BT
         batch.ref_logp_BT = ref * batch.mask_BT if ref is not None else None
+        ent_sum, ent_count = self.world.all_reduce(ent_sum), self.world.all_reduce(ent_count)
         return {"entropy": ent_sum / max(ent_count, 1)}, logp
 
     def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
@@ -111,13 +119,11 @@ class Policy:
         return {k: v / n_updates for k, v in sums.items()}
 
     def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float) -> dict:
-        """One optimizer step; denominators are over the whole mini-batch (accumulation-invariant)."""
-        mask = batch.train_mask_BT[rows]
-        global_tokens = mask.sum().clamp_min(1)
-        global_seqs = max(int(batch.valid_B[rows].sum()), 1)
-        loss_total = 0.0
-        metric_sums: dict[str, float] = {}
-        for idx in self._micro_batches(rows):
+        """One optimizer step; denominators are over the whole mini-batch of every rank."""
+        global_tokens = max(self.world.all_reduce(int(batch.train_mask_BT[rows].sum())), 1)
+        global_seqs = max(self.world.all_reduce(int(batch.valid_B[rows].sum())), 1)
+
+        def micro_loss(idx: torch.Tensor):
             mb = batch.select(idx)
             logp = self._kept_forward(batch, idx)
             if logp is None:
@@ -125,18 +131,10 @@ class Policy:
             loss_BT, metrics = loss_fn(logp, mb)
             loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens,
                        global_num_seqs=global_seqs, norm_constant=norm_constant)
-            loss.backward()
-            loss_total += float(loss.detach())
-            weight = float(mb.train_mask_BT.sum()) / float(global_tokens)
-            for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight
-        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self._updates += 1
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_total, "grad_norm": float(grad_norm), "lr": lr, **metric_sums}
+            weight = float(mb.train_mask_BT.sum()) / global_tokens
+            return loss, {k: float(v) * weight for k, v in metrics.items()}
+
+        return self.core.step(self._micro_batches(rows), micro_loss)
 
     def _kept_forward(self, batch: RLBatch, idx: torch.Tensor) -> torch.Tensor | None:
         """The log-probs ``score`` recorded for ``batch``, in ``idx`` order, if they still hold."""
@@ -144,7 +142,7 @@ class Policy:
             return None
         kept_batch, updates, logp = self._kept
         self._kept = None  # a graph is differentiated once
-        if kept_batch is not batch or updates != self._updates or len(idx) != len(batch):
+        if kept_batch is not batch or updates != self.core.updates or len(idx) != len(batch):
             return None
         return logp[idx.to(logp.device)]
 
@@ -154,8 +152,9 @@ class Policy:
         return logp.cpu() if logp.device.type != "cpu" else logp, None
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """Merged full-model weights (LoRA folded in) for the rollout engine."""
-        return merged_state_dict(self.model)
+        """Merged full-model weights (LoRA folded in) for the rollout engine: on rank 0 (others get {});
+        every rank must call it when the model is sharded."""
+        return export_state_dict(self.model, self.world)
 
 
 def has_active_dropout(model) -> bool:

@@ -30,7 +30,6 @@ when the reference is the starting policy (``kl.ref_path`` empty), the x axis of
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,12 +38,14 @@ from posttrain.algos import AGGREGATIONS, explained_variance, gae, value_loss
 from posttrain.algos._masked import masked_mean
 from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
-from posttrain.models.hf import disable_dropout, save_pretrained
+from posttrain.core.dist import current_world
+from posttrain.core.fsdp import shard_model
+from posttrain.core.trainer import TrainCore
+from posttrain.models.hf import disable_dropout
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.losses import reference_kl
-from posttrain.train.checkpoint import restore_weights
-from posttrain.train.optim import build_optimizer, build_scheduler, clip_gradients
+from posttrain.core.optim import build_optimizer, build_scheduler
 
 if TYPE_CHECKING:
     from posttrain.rl.loop import RLRun
@@ -62,8 +63,9 @@ class PPOTargets:
 class Critic:
     """The value model, its optimizer and schedule; ``values`` is target-aligned like RLBatch."""
 
-    def __init__(self, model, optimizer, scheduler, grad_clip: float):
-        self.model, self.optimizer, self.scheduler, self.grad_clip = model, optimizer, scheduler, grad_clip
+    def __init__(self, model, optimizer, scheduler, grad_clip: float, world=None):
+        self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
 
     def forward(self, mb: RLBatch) -> torch.Tensor:
         return token_values(self.model, mb.input_ids_BT, mb.attention_mask_BT, mb.position_ids_BT()).cpu()
@@ -78,12 +80,6 @@ class Critic:
             out[idx, : v.shape[1]] = v
         return out * batch.train_mask_BT
 
-    def step(self) -> float:
-        grad_norm = clip_gradients(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
 
 
 @dataclasses.dataclass
@@ -102,38 +98,27 @@ class PPOState:
         with timer("values"):
             old_values_BT = self.critic.values(batch, run.cfg.micro_batch_size)
         with timer("adv"):
-            return ppo_targets(run.cfg, batch, old_values_BT)
+            return ppo_targets(run.cfg, batch, old_values_BT, run.world)
 
     def update(self, run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> dict:
         return ppo_update(run, batch, targets, seed)
-
-    def save(self, ckpt: Path) -> None:
-        save_pretrained(self.critic.model, None, ckpt / "critic")
-        torch.save({"optimizer": self.critic.optimizer.state_dict(), "scheduler": self.critic.scheduler.state_dict()},
-                   ckpt / "critic" / "critic_state.pt")
-
-    def load(self, ckpt: Path) -> None:
-        if not (ckpt / "critic" / "critic_state.pt").is_file():
-            raise UserError(f"{ckpt}: checkpoint has no critic/ (not a PPO run, or a save was cut short)")
-        restore_weights(self.critic.model, ckpt / "critic")
-        state = torch.load(ckpt / "critic" / "critic_state.pt", weights_only=False)
-        self.critic.optimizer.load_state_dict(state["optimizer"])
-        self.critic.scheduler.load_state_dict(state["scheduler"])
 
 
 def setup_ppo(run: RLRun) -> PPOState:
     """Load the critic and the (frozen) reward model; the policy and reference are the loop's."""
     cfg, pad = run.cfg, run.tokenizer.pad_token_id
-    critic_model_cfg = dataclasses.replace(cfg.model, path=cfg.critic.path or cfg.model.path)
+    world = run.world
+    critic_model_cfg = dataclasses.replace(cfg.model, path=cfg.critic.path or cfg.model.path, device=str(world.device))
     critic_model = load_value_model(critic_model_cfg, pad_token_id=pad)
     disable_dropout(critic_model)  # values before and during the update come from one function
+    critic_model = shard_model(critic_model, world, activation_checkpointing=cfg.model.activation_checkpointing)
     optimizer = build_optimizer(critic_model.parameters(), cfg.critic.optim)
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
     critic = Critic(critic_model, optimizer, build_scheduler(optimizer, cfg.critic.optim, updates),
-                    cfg.critic.optim.grad_clip)
+                    cfg.critic.optim.grad_clip, world=world)
     reward_model = None
-    if cfg.reward_model.path:
-        rm_cfg = dataclasses.replace(cfg.model, path=cfg.reward_model.path)
+    if cfg.reward_model.path:  # frozen and small next to the policy: kept whole on every rank
+        rm_cfg = dataclasses.replace(cfg.model, path=cfg.reward_model.path, device=str(world.device))
         reward_model = load_reward_model(rm_cfg, trainable=False, pad_token_id=pad, key="reward_model.path")
         if reward_model.config.vocab_size != run.policy.model.config.vocab_size:
             raise UserError(f"reward_model.path={cfg.reward_model.path}: vocabulary size "
@@ -157,24 +142,25 @@ def combine_rewards(run: RLRun, batch: RLBatch) -> dict:
     valid = batch.valid_B
     gold_B = batch.rewards_B.clone()
     metrics = {"reward/gold": float(gold_B[valid].mean()) if valid.any() else 0.0}
-    if rm is None:
-        return metrics
-    proxy_B = reward_model_scores(rm, batch, run.cfg.micro_batch_size)
-    batch.rewards_B = torch.where(valid, cfg.weight * proxy_B + cfg.verifier_weight * gold_B, 0.0)
-    metrics["reward/proxy"] = float(proxy_B[valid].mean()) if valid.any() else 0.0
-    metrics["reward/train"] = float(batch.rewards_B[valid].mean()) if valid.any() else 0.0
-    return metrics
+    if rm is not None:
+        proxy_B = reward_model_scores(rm, batch, run.cfg.micro_batch_size)
+        batch.rewards_B = torch.where(valid, cfg.weight * proxy_B + cfg.verifier_weight * gold_B, 0.0)
+        metrics["reward/proxy"] = float(proxy_B[valid].mean()) if valid.any() else 0.0
+        metrics["reward/train"] = float(batch.rewards_B[valid].mean()) if valid.any() else 0.0
+    return run.world.mean_metrics(metrics, float(valid.sum()))
 
 
-def token_rewards(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
+def token_rewards(cfg: RLConfig, batch: RLBatch, world=None) -> tuple[torch.Tensor, dict]:
     """(N, L-1) rewards: ``-β·KL_t`` per token (kl.mode=reward) plus the sequence reward at the last token."""
+    world = world or current_world()
     mask = batch.train_mask_BT
     rewards_BT = torch.zeros(mask.shape)
     metrics = {}
     if batch.ref_logp_BT is not None:
-        kl_BT, metrics = reference_kl(cfg, batch)
+        kl_BT, metrics = reference_kl(cfg, batch, world)
         log_ratio_B = ((batch.old_logp_BT - batch.ref_logp_BT) * mask).sum(1)
-        metrics["kl/from_start"] = float(log_ratio_B[batch.valid_B].mean()) if batch.valid_B.any() else 0.0
+        n = world.all_reduce(float(batch.valid_B.sum()))
+        metrics["kl/from_start"] = world.all_reduce(float(log_ratio_B[batch.valid_B].sum())) / n if n else 0.0
         if cfg.kl.mode == "reward":
             rewards_BT = rewards_BT - cfg.kl.coef * kl_BT
     last_B = (mask * torch.arange(mask.shape[1])).argmax(1)
@@ -184,16 +170,20 @@ def token_rewards(cfg: RLConfig, batch: RLBatch) -> tuple[torch.Tensor, dict]:
     return rewards_BT, metrics
 
 
-def ppo_targets(cfg: RLConfig, batch: RLBatch, old_values_BT: torch.Tensor) -> tuple[PPOTargets, dict]:
-    """GAE advantages and returns from token rewards and the critic's values before the update."""
+def ppo_targets(cfg: RLConfig, batch: RLBatch, old_values_BT: torch.Tensor, world=None) -> tuple[PPOTargets, dict]:
+    """GAE advantages and returns from token rewards and the critic's values before the update;
+    advantages whitened over the tokens of the whole step (every rank's rows)."""
+    world = world or current_world()
     mask = batch.train_mask_BT
-    rewards_BT, metrics = token_rewards(cfg, batch)
+    rewards_BT, metrics = token_rewards(cfg, batch, world)
     adv_BT, returns_BT = gae(rewards_BT, old_values_BT, mask, gamma=cfg.critic.gamma, lam=cfg.critic.lam)
-    metrics["critic/explained_variance"] = float(explained_variance(old_values_BT, returns_BT, mask))
-    metrics["adv/abs_mean"] = float(masked_mean(adv_BT.abs(), mask))
-    if cfg.critic.whiten_advantages and mask.sum() > 1:
-        mean = masked_mean(adv_BT, mask)
-        std = masked_mean((adv_BT - mean) ** 2, mask).sqrt()
+    local = {"critic/explained_variance": float(explained_variance(old_values_BT, returns_BT, mask)),
+             "adv/abs_mean": float(masked_mean(adv_BT.abs(), mask))}
+    metrics |= world.mean_metrics(local, float(mask.sum()))
+    n = world.all_reduce(float(mask.sum()))
+    if cfg.critic.whiten_advantages and n > 1:
+        mean = world.all_reduce(float((adv_BT * mask).sum())) / n
+        std = (world.all_reduce(float((((adv_BT - mean) ** 2) * mask).sum())) / n) ** 0.5
         adv_BT = torch.where(mask, (adv_BT - mean) / (std + 1e-8), 0.0)
     return PPOTargets(adv_BT, returns_BT, old_values_BT), metrics
 
@@ -215,35 +205,34 @@ def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> di
 
 
 def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.Tensor) -> dict:
-    """One optimizer step of policy and critic; token denominators span the whole mini-batch."""
-    cfg, policy, critic = run.cfg, run.policy, run.ppo.critic
-    tokens = batch.train_mask_BT[rows].sum().clamp_min(1)
-    seqs = max(int(batch.valid_B[rows].sum()), 1)
+    """One optimizer step of the policy, then one of the critic, on the training core; token
+    denominators span the whole mini-batch of every rank."""
+    cfg, policy, critic, world = run.cfg, run.policy, run.ppo.critic, run.world
+    tokens = max(world.all_reduce(int(batch.train_mask_BT[rows].sum())), 1)
+    seqs = max(world.all_reduce(int(batch.valid_B[rows].sum())), 1)
     agg = AGGREGATIONS[cfg.aggregation_mode]
-    sums: dict[str, float] = {"loss": 0.0, "critic/loss": 0.0}
-    for idx in policy._micro_batches(rows):
+
+    def select(idx):
         mb = batch.select(idx)
-        mask, width = mb.train_mask_BT, mb.mask_BT.shape[1]
+        width = mb.mask_BT.shape[1]
         mb.token_adv_BT = targets.adv_BT[idx, :width]  # the loop's loss, with GAE's per-token advantages
-        logp_BT, _ = policy._forward_grad(mb)
-        loss_BT, pm = run.loss_fn(logp_BT, mb)
-        loss = agg(loss_BT, mask, global_num_tokens=tokens, global_num_seqs=seqs,
+        return mb, width, float(mb.train_mask_BT.sum()) / tokens
+
+    def policy_loss(idx):
+        mb, _, share = select(idx)
+        loss_BT, pm = run.loss_fn(policy._forward_grad(mb)[0], mb)
+        loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=tokens, global_num_seqs=seqs,
                    norm_constant=float(cfg.rollout.max_new_tokens))
-        loss.backward()
+        return loss, {k: float(v) * share for k, v in pm.items()}
+
+    def critic_loss(idx):
+        mb, width, share = select(idx)
         vloss_BT, vm = value_loss(critic.forward(mb), targets.old_values_BT[idx, :width],
-                                  targets.returns_BT[idx, :width], mask, clip=cfg.critic.value_clip or None)
-        vloss = AGGREGATIONS["token_mean"](vloss_BT, mask, global_num_tokens=tokens)
-        vloss.backward()
-        share = float(mask.sum()) / float(tokens)
-        sums["loss"] += float(loss.detach())
-        sums["critic/loss"] += float(vloss.detach())
-        for k, v in {**pm,
-                     **{f"critic/{k}": v for k, v in vm.items() if k != "explained_variance"}}.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * share
-    sums["grad_norm"] = float(clip_gradients(policy.model.parameters(), policy.grad_clip))
-    sums["lr"] = policy.optimizer.param_groups[0]["lr"]
-    policy.optimizer.step()
-    policy.scheduler.step()
-    policy.optimizer.zero_grad(set_to_none=True)
-    sums["critic/grad_norm"] = critic.step()
-    return sums
+                                  targets.returns_BT[idx, :width], mb.train_mask_BT, clip=cfg.critic.value_clip or None)
+        vloss = AGGREGATIONS["token_mean"](vloss_BT, mb.train_mask_BT, global_num_tokens=tokens)
+        return vloss, {f"critic/{k}": float(v) * share for k, v in vm.items() if k != "explained_variance"}
+
+    out = policy.core.step(policy._micro_batches(rows), policy_loss)
+    c = critic.core.step(policy._micro_batches(rows), critic_loss)
+    return out | {k: v for k, v in c.items() if k.startswith("critic/")} | {
+        "critic/loss": c["loss"], "critic/grad_norm": c["grad_norm"]}

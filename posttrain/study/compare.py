@@ -223,8 +223,7 @@ def on_policy_overrides(study: Study, name: str, lr: float, group_size: int) -> 
 def arm_grpo(study: Study) -> dict:
     """(b) GRPO with the answer verifier, driven to the token budget."""
     from posttrain.rl.config import RLConfig
-    from posttrain.rl.loop import rl_step, setup
-    from posttrain.train.distill import drive
+    from posttrain.rl.loop import drive_rl, rl_step, setup
 
     cfg = load_config(RLConfig, None, [*on_policy_overrides(study, "grpo", study.profile["rl_lr"], 8),
                                        "algorithm=grpo", "verifier=arithmetic",
@@ -232,14 +231,13 @@ def arm_grpo(study: Study) -> dict:
                                        # sign-like first steps on sparse, noisy gradients
                                        "optim.beta2=0.999"])
     run = setup(cfg)
-    drive(run, lambda step, timer: rl_step(run, step, timer), config=cfg, max_tokens=study.profile["budget"],
-          name="grpo", printer=lambda *_: None)
+    drive_rl(run, rl_step, config=cfg, max_tokens=study.profile["budget"], name="grpo", printer=lambda *_: None)
     return on_policy_result(run.run_dir)
 
 
 def arm_distill(study: Study) -> dict:
     """(c) On-policy distillation from the teacher (full reverse KL), driven to the token budget."""
-    from posttrain.train.distill import DistillConfig, run_distill
+    from posttrain.rl.distill import DistillConfig, run_distill
 
     cfg = load_config(DistillConfig, None, [
         *on_policy_overrides(study, "distill", study.profile["distill_lr"], 4),

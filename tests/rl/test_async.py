@@ -280,7 +280,7 @@ def test_engine_process_restarts_after_death_and_hangs_time_out(nano_model_dir):
 def test_engine_dying_for_good_stops_with_a_checkpoint_and_resume_finishes(rl_overrides, reward_plugin, tmp_path,
                                                                            monkeypatch):
     from posttrain.rl.ledger import PromptLedger
-    from posttrain.train.checkpoint import load_trainer_state
+    from posttrain.core.checkpoint import load_trainer_state
 
     take = AsyncController.take
 

@@ -14,7 +14,7 @@ import pytest
 
 from posttrain.rl.ledger import LedgerError, PromptLedger
 from posttrain.rl.prompts import PromptSource
-from posttrain.train.checkpoint import load_trainer_state
+from posttrain.core.checkpoint import load_trainer_state
 
 
 def test_entries_move_pending_in_flight_completed_trained():

@@ -123,7 +123,7 @@ def test_kl_in_reward_leaves_zero_variance_groups_without_advantage(rl_overrides
     ro, outcomes = _step_inputs(run)
     batch = outcome_batch(ro, outcomes, run.tokenizer.pad_token_id)
     run.policy.score(batch)
-    adv_B, m = advantages(cfg, batch)
+    adv_B, m = advantages(cfg, batch, run.world)
     assert torch.all(adv_B[4:8] == 0) and torch.all(adv_B[:4] != 0)
     assert m["groups/zero_variance_frac"] == pytest.approx(1 / 3)
     assert m["kl/ref_seq_mean"] > 0  # the reference differs, so the KL had something to add

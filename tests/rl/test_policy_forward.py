@@ -11,7 +11,7 @@ from posttrain.rl.losses import make_loss_fn
 from posttrain.rl.policy import Policy, has_active_dropout
 from posttrain.rl.shared_prefix import completion_logits
 from posttrain.rollout import Rollouts, SamplingParams
-from posttrain.train.optim import OptimConfig, build_optimizer, build_scheduler
+from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler
 
 
 @pytest.fixture(autouse=True)

@@ -110,7 +110,7 @@ def test_ppo_smoke_four_roles_frozen_models_and_metrics(rl_overrides, rm_dir, tm
                 "time/values_s", "time/update_s", "time/step_s", "groups/zero_variance_frac"):
         assert key in last, key
     ckpt = tmp_path / "run" / "checkpoints" / "step-2"
-    assert (ckpt / "critic" / "critic_state.pt").is_file()
+    assert (ckpt / "dcp").is_dir() and (ckpt / "critic" / "config.json").is_file()  # critic state sharded with the policy
     from transformers import AutoModelForTokenClassification
 
     assert AutoModelForTokenClassification.from_pretrained(ckpt / "critic").score.out_features == 1

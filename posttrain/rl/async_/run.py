@@ -20,16 +20,16 @@ import time
 
 import torch
 
-from posttrain.config import save_config, to_dict
+from posttrain.core.checkpoint import load_trainer_state
+from posttrain.core.loop import Plan, drive, open_run
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
 from posttrain.rl.async_.protocol import EngineError
 from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import checkpoint, finish_step, held_out_eval, learn, maybe_resume, setup
-from posttrain.tracking import MetricsLogger, StageTimer, latest_checkpoint, progress_bar
-from posttrain.train.checkpoint import load_trainer_state
+from posttrain.rl.loop import checkpoint, held_out_eval, learn, maybe_resume, setup
+from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
 
 def split_threads(cfg: RLConfig) -> tuple[int, int]:
@@ -81,12 +81,11 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
 
 def _train(run, engine, printer) -> dict:
     cfg = run.cfg
-    start = maybe_resume(run)
+    start = maybe_resume(run, printer)
     ctl = AsyncController(run, engine)
     if start:
         ctl.load_state_dict(load_trainer_state(latest_checkpoint(run.run_dir))["async"])
-    save_config(cfg, run.run_dir / "config.yaml")
-    logger = MetricsLogger(run.run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
+    logger = open_run(run.run_dir, cfg, start, run.world)
     first = self_test(run, engine) if cfg.asynchrony.self_test else {}
     if first:
         printer(f"async self-test passed: mismatch KL {first['selftest/mismatch_kl']:.1e}, "
@@ -94,27 +93,26 @@ def _train(run, engine, printer) -> dict:
     first |= held_out_eval(run) if start == 0 else {}
     if first and start == 0:
         logger.log({"step": 0, **first})
-    watchdog, timer = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo"), StageTimer()
-    last, done = first, start
+    watchdog = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo")
+    done, tokens = start, sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir)) if start else 0
+
+    def step(n: int, timer: StageTimer) -> dict:
+        nonlocal done, tokens
+        t0 = time.perf_counter()
+        metrics = one_step(run, ctl, n, timer)
+        done, tokens = n, tokens + metrics["tokens/generated"]
+        return metrics | {"policy_version": run.version, "tokens/total": tokens,
+                          "tokens_per_s": metrics["tokens/generated"] / (time.perf_counter() - t0)}
+
+    plan = Plan("rl-async", cfg.num_steps, start, cfg.eval_every, cfg.save_every, cfg.logging.progress)
     try:
-        with progress_bar(cfg.logging.progress) as bar:
-            task = bar.add_task("rl-async", total=cfg.num_steps, completed=start, info="")
-            for step in range(start + 1, cfg.num_steps + 1):
-                t0 = time.perf_counter()
-                metrics = one_step(run, ctl, step, timer)
-                done = step
-                metrics = finish_step(run, step, timer, t0, metrics)
-                logger.log({"step": step, **metrics})
-                watchdog.check(step, metrics)
-                if cfg.save_every and step % cfg.save_every == 0 or step == cfg.num_steps:
-                    save(run, ctl, step)
-                bar.update(task, advance=1, info=f"reward {metrics.get('reward/mean', float('nan')):.3f} "
-                           f"stale {metrics['async/staleness_mean']:.2f} idle {metrics['time/trainer_idle_s']:.2f}s")
-                last = metrics
+        return drive(plan, step, logger=logger, save=lambda n: save(run, ctl, n), evaluate=lambda: held_out_eval(run),
+                     check=watchdog.check, world=run.world,
+                     describe=lambda m: f"reward {m.get('reward/mean', float('nan')):.3f} "
+                                        f"stale {m['async/staleness_mean']:.2f} idle {m['time/trainer_idle_s']:.2f}s") or first
     except EngineError:
         save(run, ctl, done)
         printer(f"the rollout engine failed; saved a checkpoint at step {done} (re-run to resume)")
         raise
     finally:
         logger.close()
-    return last
