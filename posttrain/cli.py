@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family, PPO)"),
     "rm": ("posttrain.train.rm_cli", "reward model on pairwise preferences (Bradley-Terry)"),
     "dpo": ("posttrain.train.dpo_cli", "direct preference optimisation against a frozen reference"),
-    "distill": ("posttrain.train.distill_cli", "on-policy distillation from a frozen teacher"),
+    "distill": ("posttrain.rl.distill_cli", "on-policy distillation from a frozen teacher"),
     "study": ("posttrain.study.cli", "studies: `study compare` runs SFT vs RLVR vs distillation"),
     "eval": ("posttrain.eval.eval_cli", "pass@k of a model on benchmarks (resumable)"),
     "report": ("posttrain.eval.report_cli", "self-contained HTML report of run directories"),

@@ -50,7 +50,7 @@ def test_grad_accum_matches_one_big_batch(nano_model_dir, arith_data_dir, tmp_pa
     """2 micro-batches of 256 tokens vs 1 of 512 give the same step when packing yields the same rows."""
     from posttrain.data.packing import collate
     from posttrain.models.hf import ModelConfig, load_model, load_tokenizer
-    from posttrain.train.optim import OptimConfig, build_optimizer, build_scheduler
+    from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler
     from posttrain.train.sft import SFTDataConfig, SFTTrainer, load_sft_data
 
     tok = load_tokenizer(str(nano_model_dir))
