@@ -122,3 +122,12 @@ def shard_range(n: int, world: World) -> range:
     """
     per = n // world.world_size
     return range(world.rank * per, (world.rank + 1) * per)
+
+
+def gather_rows(world: World, *tensors_BT: torch.Tensor) -> list[torch.Tensor]:
+    """Each (rows, width) tensor of every rank, concatenated in rank order and right-padded with 0
+    to one width: for a statistic over the whole step (small per-row tensors only)."""
+    parts = world.all_gather_object(tensors_BT)
+    width = max(t.shape[1] for part in parts for t in part)
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    return [torch.cat([pad(part[i]) for part in parts]) for i in range(len(tensors_BT))]

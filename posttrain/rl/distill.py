@@ -51,6 +51,7 @@ from posttrain.rl.loop import RLRun, drive_rl, generate_groups, own_rows, share_
 from posttrain.rl.loop import setup as rl_setup
 from posttrain.rl.losses import importance_weights
 from posttrain.tracking import LoggingConfig, StageTimer
+from posttrain.core.dist import gather_rows
 from posttrain.core.fsdp import shard_model
 from posttrain.core.optim import OptimConfig
 
@@ -320,10 +321,7 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     metrics = upd | world.mean_metrics(local, tokens) | rollout_metrics(ro, outcomes, float(zero_var_P.float().mean()))
     if not cfg.reward_coef:  # equal rewards only starve the gradient when the reward is trained on
         metrics.pop("groups/zero_variance_frac")
-    parts = world.all_gather_object((kl_BT, batch.mask_BT))  # the profile over the whole step
-    width = max(k.shape[1] for k, _ in parts)
-    pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]))  # noqa: E731
-    metrics |= position_profile(torch.cat([pad(k) for k, _ in parts]), torch.cat([pad(m) for _, m in parts]))
+    metrics |= position_profile(*gather_rows(world, kl_BT, batch.mask_BT))  # over the whole step
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     return metrics
 

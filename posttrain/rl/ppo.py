@@ -38,7 +38,7 @@ from posttrain.algos import AGGREGATIONS, explained_variance, gae, value_loss
 from posttrain.algos._masked import masked_mean
 from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
-from posttrain.core.dist import current_world
+from posttrain.core.dist import current_world, gather_rows
 from posttrain.core.fsdp import shard_model
 from posttrain.core.trainer import TrainCore
 from posttrain.models.hf import disable_dropout
@@ -177,9 +177,8 @@ def ppo_targets(cfg: RLConfig, batch: RLBatch, old_values_BT: torch.Tensor, worl
     mask = batch.train_mask_BT
     rewards_BT, metrics = token_rewards(cfg, batch, world)
     adv_BT, returns_BT = gae(rewards_BT, old_values_BT, mask, gamma=cfg.critic.gamma, lam=cfg.critic.lam)
-    local = {"critic/explained_variance": float(explained_variance(old_values_BT, returns_BT, mask)),
-             "adv/abs_mean": float(masked_mean(adv_BT.abs(), mask))}
-    metrics |= world.mean_metrics(local, float(mask.sum()))
+    metrics |= world.mean_metrics({"adv/abs_mean": float(masked_mean(adv_BT.abs(), mask))}, float(mask.sum()))
+    metrics["critic/explained_variance"] = float(explained_variance(*gather_rows(world, old_values_BT, returns_BT, mask)))
     n = world.all_reduce(float(mask.sum()))
     if cfg.critic.whiten_advantages and n > 1:
         mean = world.all_reduce(float((adv_BT * mask).sum())) / n

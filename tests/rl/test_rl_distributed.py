@@ -1,0 +1,77 @@
+"""RL under torchrun: 2 ranks (gloo, FSDP2; rank 0 generates, each rank trains its own groups)
+equal 1 process, step by step, for the GRPO family (same rollouts) and PPO's critic."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.cli import main
+
+
+def _metrics(run_dir):
+    return [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_close_weights(a: Path, b: Path):
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-5, msg=k)
+
+
+# Adam moves an entry by ~lr·sign(g) however small g is, so rounding noise in near-zero gradients
+# (sums in another order across ranks) would become lr-sized weight differences; an eps above that
+# noise keeps the comparison about the gradients.
+ADAM = {"optim.eps": 1e-6}
+
+
+def _run_both(torchrun, args, tmp_path):
+    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
+    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert [m["step"] for m in one] == [m["step"] for m in two]
+    return one, two
+
+
+@pytest.fixture
+def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the ranks import the user's reward module too
+    return reward_plugin
+
+
+@pytest.mark.parametrize("extra", [
+    {"algorithm": "grpo"},
+    {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
+])
+def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
+    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=3, save_every=3,
+                                    **{"optim.lr": 1e-2, **ADAM, **extra}) if not a.startswith("out_dir=")]
+    one, two = _run_both(torchrun, args, tmp_path)
+    for a, b in zip(one, two):
+        assert b["reward/mean"] == a["reward/mean"]  # the same rollouts
+        for key in ("loss", "grad_norm", "kl/ref", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    assert all(m["grad_norm"] > 0 for m in one)
+    _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-3", tmp_path / "two" / "checkpoints" / "step-3")
+
+
+def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
+    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", algorithm="ppo", num_steps=2, save_every=2,
+                                    **{"kl.coef": 0.05, "kl.mode": "reward", "critic.optim.lr": 3e-3, "critic.optim.eps": 1e-6,
+                                       **ADAM})
+            if not a.startswith("out_dir=")]
+    one, two = _run_both(torchrun, args, tmp_path)
+    for a, b in zip(one, two):
+        for key in ("loss", "grad_norm", "critic/loss", "critic/grad_norm", "critic/explained_variance"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    ckpt = "checkpoints/step-2"
+    _assert_close_weights(tmp_path / "one" / ckpt / "critic", tmp_path / "two" / ckpt / "critic")
+    _assert_close_weights(tmp_path / "one" / ckpt, tmp_path / "two" / ckpt)
+
+
+def test_prompts_not_divisible_by_world_size_is_one_line(rl_overrides, tmp_path, torchrun):
+    r = torchrun(2, "rl", *rl_overrides(prompts_per_step=3), check=False)
+    assert r.returncode != 0 and "prompts_per_step=3: must be a multiple of the world size (2)" in r.stderr
