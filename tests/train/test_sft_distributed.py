@@ -1,7 +1,14 @@
 """SFT under torchrun: 2 ranks (gloo, FSDP2) equal 1 process on the same global batch, and resume
 across world sizes."""
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +53,60 @@ def test_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, t
 def test_grad_accum_not_divisible_by_world_size_is_one_line(nano_model_dir, arith_data_dir, tmp_path, torchrun):
     r = torchrun(2, "sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "x", "grad_accum=3"), check=False)
     assert r.returncode != 0 and "grad_accum=3: must be a multiple of the world size (2)" in r.stderr
+
+
+def _torchrun_cmd(nproc, *args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "posttrain", *map(str, args)]
+
+
+def _greedy(ckpt, prompt="Solve: 12 × 34", new_tokens=6):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt))
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    return model.generate(**tok(prompt, return_tensors="pt"), max_new_tokens=new_tokens, do_sample=False,
+                          min_new_tokens=new_tokens)[0].tolist()
+
+
+def test_kill_two_ranks_then_resume_on_two_and_on_one(nano_model_dir, arith_data_dir, tmp_path, torchrun):
+    """kill -9 of a 2-rank run after a checkpoint; resuming its run directory at world size 2 and at
+    world size 1 (DCP re-shards) both reach the uninterrupted 2-rank run's losses and weights."""
+    steps = 10
+    common = [f"num_steps={steps}", "grad_accum=2", "save_every=2", "keep_last=3", "eval_every=0",
+              "data.eval_path="]
+    ref = tmp_path / "ref"
+    torchrun(2, "sft", *sft_args(nano_model_dir, arith_data_dir, ref, *common))
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_torchrun_cmd(2, "sft", *sft_args(nano_model_dir, arith_data_dir, killed, *common)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while not (killed / "checkpoints" / "step-2" / "trainer_state.pt").exists():
+            assert proc.poll() is None and time.time() < deadline, "run ended before its step-2 checkpoint"
+            time.sleep(0.01)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
+        proc.wait()
+    done = len(_metrics(killed))
+    assert done < steps, "the run finished before it was killed"
+
+    two, one = tmp_path / "resumed-2", tmp_path / "resumed-1"
+    shutil.copytree(killed, two)
+    shutil.copytree(killed, one)
+    r = torchrun(2, "sft", *sft_args(nano_model_dir, arith_data_dir, two, *common))
+    assert "resumed from" in r.stdout
+    one_process = [sys.executable, "-m", "posttrain", "sft", *sft_args(nano_model_dir, arith_data_dir, one, *common)]
+    r = subprocess.run(one_process, check=False, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "resumed from" in r.stdout
+
+    final = f"checkpoints/step-{steps}"
+    expected = _greedy(ref / final)
+    for run in (two, one):
+        assert_same_run(ref, run, steps)  # per-step losses, grad norms, tokens and the final weights
+        assert _greedy(run / final) == expected

@@ -1,0 +1,40 @@
+"""FSDP2 under torchrun (2 gloo ranks): each rank holds half of the parameters, gradients and AdamW
+state, and exporting the full weights materialises them on rank 0 only."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPT = Path(__file__).with_name("export_ranks.py")
+
+
+def test_shards_are_halves_and_only_rank0_gets_the_full_weights(nano_model_dir, tmp_path):
+    out = tmp_path / "exported.safetensors"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(SCRIPT), str(nano_model_dir), str(out)]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = sorted((json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")), key=lambda x: x["rank"])
+    assert [x["rank"] for x in rows] == [0, 1] and all(x["world_size"] == 2 for x in rows)
+    total = rows[0]["total"]
+    assert total > 100_000
+    for x in rows:
+        # dim-0 shards: halves up to the rounding of odd first dimensions
+        assert x["params"] == pytest.approx(total / 2, rel=0.02), x
+        assert x["grads"] == x["params"], x
+        assert x["optim_state"] == 2 * x["params"], x  # AdamW: exp_avg and exp_avg_sq per element
+    assert sum(x["params"] for x in rows) == total
+    assert rows[0]["exported"] == total
+    assert rows[1]["exported"] == 0, "only rank 0 may materialise the full weights"
+    exported = load_file(str(out))
+    original = load_file(str(Path(nano_model_dir) / "model.safetensors"))
+    assert exported.keys() == original.keys()
+    for k in original:
+        torch.testing.assert_close(exported[k], original[k], rtol=0, atol=0, msg=k)
