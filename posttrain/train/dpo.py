@@ -12,6 +12,8 @@ tensor; training then runs only the policy. When ``ref_path`` is empty the refer
 starting policy itself (read before any update: a LoRA policy equals its base at init), so no
 second model is ever held in memory; otherwise the reference is loaded, scored and freed.
 A resumed run recomputes them from the reference (the policy's weights are restored afterwards).
+Under torchrun the policy and the reference are sharded (FSDP2); the reference's batches are split
+over the ranks and its log-probs gathered, so every rank holds the whole (N, 2) table.
 
 Metrics per step: ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margin``,
 ``rewards/accuracy`` (implicit rewards β·(log π − log π_ref)), ``logps/chosen``,
@@ -27,11 +29,13 @@ import torch
 
 from posttrain.algos import dpo_loss, token_logprobs
 from posttrain.config import ConfigValueError
+from posttrain.core.fsdp import shard_model
+from posttrain.core.optim import OptimConfig, seed_everything
 from posttrain.data.preference import PairBatch, load_tokenized_pairs
 from posttrain.models.hf import (ModelConfig, check_model_path, disable_dropout, load_model, load_tokenizer,
                                  quiet_transformers)
-from posttrain.train.optim import OptimConfig, seed_everything
-from posttrain.train.pairwise import PairwiseConfig, PairwiseRun, eval_in_batches, run_pairwise
+from posttrain.train.pairwise import (PairwiseConfig, PairwiseRun, eval_in_batches, pairwise_world, reshard,
+                                      run_pairwise)
 
 DPO_LOSSES = ("sigmoid", "ipo")
 
@@ -87,12 +91,15 @@ def sequence_logps(model, batch: PairBatch, *, mean: bool = False) -> torch.Tens
     return total / mask.sum(1).clamp_min(1) if mean else total
 
 
-def reference_logps(model, pairs, *, batch_pairs: int, pad_id: int, mean: bool) -> torch.Tensor:
-    """(N, 2) reference log-probs [chosen, rejected] of every pair, in one pass without gradients."""
+def reference_logps(model, pairs, *, batch_pairs: int, pad_id: int, mean: bool, world=None) -> torch.Tensor:
+    """(N, 2) reference log-probs [chosen, rejected] of every pair, in one pass without gradients
+    (every rank calls it when sharded, and every rank gets the whole table)."""
     if not pairs:
         return torch.zeros(0, 2)
     model.eval()
-    parts = eval_in_batches(pairs, batch_pairs, pad_id, lambda b: sequence_logps(model, b, mean=mean).view(2, -1).T)
+    parts = eval_in_batches(pairs, batch_pairs, pad_id, lambda b: sequence_logps(model, b, mean=mean).view(2, -1).T,
+                            world)
+    reshard(model)
     return torch.cat(parts)
 
 
@@ -107,13 +114,15 @@ def pair_loss(cfg: DPOConfig, model, batch: PairBatch, ref_N2: torch.Tensor):
     return loss_B, metrics
 
 
-def evaluate_dpo(cfg: DPOConfig, model, pairs, ref_N2: torch.Tensor, pad_id: int) -> dict:
-    """Held-out loss, implicit-reward accuracy and margin, and mean log-probs (pair-weighted)."""
+def evaluate_dpo(cfg: DPOConfig, model, pairs, ref_N2: torch.Tensor, pad_id: int, world=None) -> dict:
+    """Held-out loss, implicit-reward accuracy and margin, and mean log-probs (pair-weighted; every
+    rank calls it when sharded)."""
     if not pairs:
         return {}
     model.eval()
     parts = eval_in_batches(pairs, cfg.micro_batch_pairs, pad_id,
-                            lambda b: (b.num_pairs, *pair_loss(cfg, model, b, ref_N2)))
+                            lambda b: (b.num_pairs, *pair_loss(cfg, model, b, ref_N2)), world)
+    reshard(model)
     n = sum(k for k, _, _ in parts)
     out = {"eval/loss": sum(float(loss_B.sum()) for _, loss_B, _ in parts) / n}
     for key in parts[0][2]:
@@ -122,8 +131,12 @@ def evaluate_dpo(cfg: DPOConfig, model, pairs, ref_N2: torch.Tensor, pad_id: int
 
 
 def run_dpo(cfg: DPOConfig, printer=print) -> dict:
-    """Train (or resume) DPO; everything is checked before the run directory is made."""
+    """Train (or resume) DPO; everything is checked before the run directory is made.
+
+    Under torchrun every rank runs this; the policy and the reference are sharded with FSDP2.
+    """
     quiet_transformers()
+    world = pairwise_world(cfg)
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
     if cfg.ref_path:
@@ -133,16 +146,23 @@ def run_dpo(cfg: DPOConfig, printer=print) -> dict:
     train = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.path)
     held_out = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_pairs] \
         if cfg.data.eval_path else []
-    model = load_model(cfg.model)
-    ref = load_model(dataclasses.replace(cfg.model, path=cfg.ref_path), trainable=False) if cfg.ref_path else model
+    model_cfg = dataclasses.replace(cfg.model, device=str(world.device))
+    model = load_model(model_cfg)
     # The reference is scored in eval mode and the policy trained in train mode: any dropout (the
     # model's or LoRA's) would make them differ at step 0, where the loss must be exactly log 2.
     disable_dropout(model)
-    disable_dropout(ref)
-    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.mean_logps)
+    model = shard_model(model, world, activation_checkpointing=cfg.model.activation_checkpointing)
+    if cfg.ref_path:
+        ref = load_model(dataclasses.replace(model_cfg, path=cfg.ref_path), trainable=False)
+        disable_dropout(ref)
+        ref = shard_model(ref, world)  # frozen: forwards only, the same ones on every rank
+    else:
+        ref = model
+    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.mean_logps, world=world)
     ref_train, ref_eval = reference_logps(ref, train, **score), reference_logps(ref, held_out, **score)
     del ref  # the reference is not needed again
     run = PairwiseRun(cfg=cfg, model=model, tokenizer=tokenizer, train=train,
                       loss_fn=lambda b: pair_loss(cfg, model, b, ref_train),
-                      eval_fn=lambda: evaluate_dpo(cfg, model, held_out, ref_eval, pad), name="dpo")
+                      eval_fn=lambda: evaluate_dpo(cfg, model, held_out, ref_eval, pad, world), name="dpo",
+                      world=world)
     return run_pairwise(run, printer)

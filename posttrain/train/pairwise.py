@@ -1,29 +1,38 @@
 """The training loop shared by the pairwise trainers (`posttrain rm`, `posttrain dpo`).
 
 A trainer supplies only ``loss_fn(batch) -> (loss_B, metrics)`` (per pair, with gradient) and
-``eval_fn() -> metrics``; this module does the rest the same way for both: seeded batches of
-pairs (`posttrain.data.preference.batch_indices`, a pure function of (seed, step), so resuming
-replays exactly the batches an uninterrupted run would have seen), micro-batches whose losses are
-divided by the *whole* step's pair count (accumulation gives the gradient of one big batch),
-clipping, AdamW + schedule, metrics.jsonl with stage timers, checkpoints and resume.
+``eval_fn() -> metrics``; this module does the rest the same way for both, on the training core
+(`posttrain.core`): seeded batches of pairs (`posttrain.data.preference.batch_indices`, a pure
+function of (seed, step), so resuming replays exactly the batches an uninterrupted run would have
+seen), micro-batches whose losses are divided by the *whole* step's pair count (accumulation and
+sharding give the gradient of one big batch), clipping, AdamW + schedule, metrics.jsonl with stage
+timers, checkpoints and resume.
+
+Under torchrun the model is sharded with FSDP2 and each rank takes a contiguous, equal block of
+every step's ``batch_pairs`` (which must divide by the world size), so the global batch, and with
+global denominators the update, is the same at any world size. Forward passes that are not
+training (held-out metrics, DPO's reference log-probs) are split over the ranks by whole batches
+and gathered, so every rank ends with the same numbers; rank 0 writes the metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from posttrain.config import ConfigValueError, save_config, to_dict
+from posttrain.config import ConfigValueError
+from posttrain.core.checkpoint import load_checkpoint, save_checkpoint
+from posttrain.core.dist import World, current_world, init_world, shard_range
+from posttrain.core.loop import Plan, drive, open_run
+from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler
+from posttrain.core.trainer import TrainCore
 from posttrain.data.preference import PairBatch, PreferenceDataConfig, TokenizedPair, batch_indices, collate_pairs
+from posttrain.errors import UserError
 from posttrain.models.hf import ModelConfig
-from posttrain.tracking import LoggingConfig, MetricsLogger, StageTimer, latest_checkpoint, progress_bar
-from posttrain.train.checkpoint import load_trainer_state, restore_weights, save_checkpoint
-from posttrain.train.optim import (OptimConfig, build_optimizer, build_scheduler, clip_gradients, rng_state,
-                                   set_rng_state)
+from posttrain.tracking import LoggingConfig, StageTimer, latest_checkpoint
 
 LossFn = Callable[[PairBatch], tuple[torch.Tensor, dict]]
 
@@ -43,9 +52,9 @@ class PairwiseConfig:
     num_steps: int = 200
     """Optimizer steps."""
     batch_pairs: int = 16
-    """Pairs per optimizer step."""
+    """Pairs per optimizer step, over all ranks (a multiple of the world size under torchrun)."""
     micro_batch_pairs: int = 16
-    """Pairs per forward/backward (memory knob; does not change the math)."""
+    """Pairs per forward/backward on one rank (memory knob; does not change the math)."""
     eval_every: int = 50
     """Held-out metrics every N steps (and at step 0 and the end); 0 = start and end only."""
     save_every: int = 100
@@ -65,9 +74,19 @@ class PairwiseConfig:
                 raise ConfigValueError(key, "must be >= 1")
 
 
+def pairwise_world(cfg: PairwiseConfig) -> World:
+    """This process's `World` (joining torchrun's process group), refusing a ``batch_pairs`` that
+    the ranks cannot share equally."""
+    world = init_world(cfg.model.device)
+    if cfg.batch_pairs % world.world_size:
+        raise UserError(f"batch_pairs={cfg.batch_pairs}: must be a multiple of the world size "
+                        f"({world.world_size}); each rank takes an equal share of a step's pairs")
+    return world
+
+
 @dataclasses.dataclass
 class PairwiseRun:
-    """What the loop needs; ``cfg`` is an `RMConfig` or a `DPOConfig`."""
+    """What the loop needs; ``cfg`` is an `RMConfig` or a `DPOConfig`, ``model`` already sharded."""
 
     cfg: PairwiseConfig
     model: torch.nn.Module
@@ -76,6 +95,7 @@ class PairwiseRun:
     loss_fn: LossFn
     eval_fn: Callable[[], dict]
     name: str
+    world: World = dataclasses.field(default_factory=current_world)
 
 
 def micro_batches(run: PairwiseRun, indices: list[int]):
@@ -84,83 +104,112 @@ def micro_batches(run: PairwiseRun, indices: list[int]):
         yield collate_pairs(run.train, indices[start: start + size], run.tokenizer.pad_token_id)
 
 
-def train_step(run: PairwiseRun, optimizer, scheduler, indices: list[int]) -> dict:
-    """One optimizer step over ``indices``; metrics are pair-weighted means over the step."""
-    run.model.train()
+def train_step(run: PairwiseRun, core: TrainCore, indices: list[int]) -> dict:
+    """One optimizer step over the step's global ``indices`` (this rank runs its block of them);
+    metrics are pair-weighted means over the whole step."""
     total = len(indices)
-    sums: dict[str, float] = {"loss": 0.0}
-    for batch in micro_batches(run, indices):
+    mine = shard_range(total, core.world)
+
+    def loss_fn(batch: PairBatch):
         loss_B, metrics = run.loss_fn(batch)
-        loss = loss_B.sum() / total
-        loss.backward()
-        sums["loss"] += float(loss.detach())
         share = batch.num_pairs / total
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * share
-    grad_norm = clip_gradients(run.model.parameters(), run.cfg.optim.grad_clip)
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return sums | {"grad_norm": float(grad_norm), "lr": lr}
+        return loss_B.sum() / total, {k: float(v) * share for k, v in metrics.items()}
+
+    return core.step(micro_batches(run, indices[mine.start: mine.stop]), loss_fn)
 
 
-def resume(run: PairwiseRun, optimizer, scheduler, run_dir: Path, printer) -> int:
+def _maybe_resume(run: PairwiseRun, core: TrainCore, run_dir: Path, printer) -> int:
     ckpt = latest_checkpoint(run_dir) if run.cfg.resume else None
     if ckpt is None:
         return 0
-    state = load_trainer_state(ckpt)
-    restore_weights(run.model, ckpt)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    printer(f"resumed from {ckpt} (step {state['step']})")
+    if not (ckpt / "dcp").is_dir():
+        raise UserError(f"{ckpt}: no dcp/ folder (written by an earlier version of this trainer, which "
+                        "cannot be resumed); use a new out_dir or resume=false")
+    state = load_checkpoint(ckpt, trainables={"model": (core.model, core.optimizer)}, world=core.world)
+    core.scheduler.load_state_dict(state["scheduler"])
+    if core.world.main:
+        printer(f"resumed from {ckpt} (step {state['step']})")
     return state["step"]
 
 
 def run_pairwise(run: PairwiseRun, printer=print) -> dict:
-    """Train (or resume) to ``cfg.num_steps``; returns the last metrics and the checkpoint path."""
-    cfg = run.cfg
+    """Train (or resume) to ``cfg.num_steps``; returns the last metrics and the checkpoint path.
+
+    Every rank calls it; the optimizer is built here, on the (sharded) model's parameters.
+    """
+    cfg, world = run.cfg, run.world
     optimizer = build_optimizer(run.model.parameters(), cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.num_steps)
+    core = TrainCore(run.model, optimizer, build_scheduler(optimizer, cfg.optim, cfg.num_steps),
+                     grad_clip=cfg.optim.grad_clip, world=world)
     run_dir = Path(cfg.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = resume(run, optimizer, scheduler, run_dir, printer)
-    save_config(cfg, run_dir / "config.yaml")
-    logger = MetricsLogger(run_dir, cfg.logging, resume_step=start, config_dict=to_dict(cfg))
-    timer, summary = StageTimer(), {"run_dir": str(run_dir)}
+    start = _maybe_resume(run, core, run_dir, printer)
+    logger = open_run(run_dir, cfg, start, world)
+    try:
+        return _train_loop(run, core, logger, run_dir, start)
+    finally:
+        if logger is not None:
+            logger.close()
+
+
+def _train_loop(run: PairwiseRun, core: TrainCore, logger, run_dir: Path, start: int) -> dict:
+    cfg, world = run.cfg, core.world
+    summary: dict = {"run_dir": str(run_dir)}
     if start == 0:
+        timer = StageTimer()
         with timer("eval"):
             first = run.eval_fn()
-        logger.log({"step": 0, **first} | timer.pop())
-    with progress_bar(cfg.logging.progress) as bar:
-        task = bar.add_task(run.name, total=cfg.num_steps, completed=start, info="")
-        for step in range(start + 1, cfg.num_steps + 1):
-            t0 = time.perf_counter()
-            with timer("update"):
-                metrics = train_step(run, optimizer, scheduler,
-                                     batch_indices(len(run.train), cfg.batch_pairs, cfg.seed, step - 1))
-            last = step == cfg.num_steps
-            if last or cfg.eval_every and step % cfg.eval_every == 0:
-                with timer("eval"):
-                    metrics |= run.eval_fn()
-            metrics |= timer.pop() | {"step": step, "time/step_s": time.perf_counter() - t0}
-            logger.log(metrics)
-            if last or cfg.save_every and step % cfg.save_every == 0:
-                state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                         "rng": rng_state()}
-                summary["checkpoint"] = str(save_checkpoint(run_dir, step, run.model, run.tokenizer, state,
-                                                            cfg.keep_last))
-            bar.update(task, advance=1, info=f"loss {metrics['loss']:.3f}")
-            summary |= metrics
-    logger.close()
-    return summary
+        if world.main:
+            logger.log({"step": 0, **first} | timer.pop())
+
+    def step(n: int, timer) -> dict:
+        with timer("update"):
+            return train_step(run, core, batch_indices(len(run.train), cfg.batch_pairs, cfg.seed, n - 1))
+
+    def save(n: int) -> None:
+        state = {"step": n, "scheduler": core.scheduler.state_dict()}
+        summary["checkpoint"] = str(save_checkpoint(
+            run_dir, n, trainables={"model": (core.model, core.optimizer)}, export_model=core.model,
+            tokenizer=run.tokenizer, state=state, keep_last=cfg.keep_last, world=world))
+
+    plan = Plan(run.name, cfg.num_steps, start, cfg.eval_every, cfg.save_every, cfg.logging.progress)
+    last = drive(plan, step, logger=logger, save=save, evaluate=run.eval_fn, world=world,
+                 describe=lambda m: f"loss {m['loss']:.3f}")
+    return summary | last
 
 
-def eval_in_batches(pairs: list[TokenizedPair], batch_pairs: int, pad_id: int, fn) -> list:
-    """``fn(batch)`` over all ``pairs`` in order, without gradients, in batches of ``batch_pairs``."""
+def reshard(model) -> None:
+    """Put a sharded model's parameters back in their shards after forwards without a backward.
+
+    FSDP2 leaves the root unit's parameters (embeddings, final norm, head) gathered after a forward,
+    expecting the backward to release them; after evaluation or reference scoring nothing would,
+    and an optimizer built then would hold the gathered copies instead of the shards.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def eval_in_batches(pairs: list[TokenizedPair], batch_pairs: int, pad_id: int, fn, world: World | None = None) -> list:
+    """``fn(batch)`` over all ``pairs`` in order, without gradients, in batches of ``batch_pairs``.
+
+    The batches are those of one process at any world size. Sharded, each rank runs a contiguous
+    block of them and every rank gets all the results (``fn`` returns small CPU objects); a rank
+    whose block is shorter repeats a one-pair batch, discarded, so that every rank runs the same
+    number of forwards (a sharded model's forward is a collective).
+    """
+    world = world or current_world()
+    starts = list(range(0, len(pairs), batch_pairs))
+    per = -(-len(starts) // world.world_size)
+    mine = starts[world.rank * per: (world.rank + 1) * per]
     out = []
     with torch.no_grad():
-        for start in range(0, len(pairs), batch_pairs):
-            out.append(fn(collate_pairs(pairs, list(range(start, min(start + batch_pairs, len(pairs)))), pad_id)))
-    return out
+        for i in range(per):
+            if i < len(mine):
+                out.append(fn(collate_pairs(pairs, list(range(mine[i], min(mine[i] + batch_pairs, len(pairs)))), pad_id)))
+            else:
+                fn(collate_pairs(pairs, [0], pad_id))
+    if not world.distributed:
+        return out
+    return [x for part in world.all_gather_object(out) for x in part]

@@ -21,11 +21,13 @@ import torch
 
 from posttrain.algos import bradley_terry_loss
 from posttrain.config import ConfigValueError
+from posttrain.core.fsdp import shard_model
+from posttrain.core.optim import seed_everything
 from posttrain.data.preference import PairBatch, load_tokenized_pairs
 from posttrain.models.heads import load_reward_model, sequence_scores
 from posttrain.models.hf import ModelConfig, check_model_path, load_tokenizer, quiet_transformers
-from posttrain.train.optim import seed_everything
-from posttrain.train.pairwise import PairwiseConfig, PairwiseRun, eval_in_batches, run_pairwise
+from posttrain.train.pairwise import (PairwiseConfig, PairwiseRun, eval_in_batches, pairwise_world, reshard,
+                                      run_pairwise)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -60,12 +62,13 @@ def make_loss_fn(model, center_coef: float):
     return loss_fn
 
 
-def evaluate_pairs(model, pairs, *, batch_pairs: int, pad_id: int) -> dict:
-    """Held-out pairwise accuracy, mean loss and mean score gap."""
+def evaluate_pairs(model, pairs, *, batch_pairs: int, pad_id: int, world=None) -> dict:
+    """Held-out pairwise accuracy, mean loss and mean score gap (every rank calls it when sharded)."""
     if not pairs:
         return {}
     model.eval()
-    parts = eval_in_batches(pairs, batch_pairs, pad_id, lambda b: pair_scores(model, b))
+    parts = eval_in_batches(pairs, batch_pairs, pad_id, lambda b: pair_scores(model, b), world)
+    reshard(model)
     chosen_B = torch.cat([c for c, _ in parts])
     rejected_B = torch.cat([r for _, r in parts])
     loss_B, m = bradley_terry_loss(chosen_B, rejected_B)
@@ -74,17 +77,24 @@ def evaluate_pairs(model, pairs, *, batch_pairs: int, pad_id: int) -> dict:
 
 
 def run_rm(cfg: RMConfig, printer=print) -> dict:
-    """Train (or resume) a reward model; everything is checked before the run directory is made."""
+    """Train (or resume) a reward model; everything is checked before the run directory is made.
+
+    Under torchrun every rank runs this; the model is sharded with FSDP2 (see `posttrain.train.pairwise`).
+    """
     quiet_transformers()
+    world = pairwise_world(cfg)
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
     tokenizer = load_tokenizer(cfg.model.path)
     train = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.path)
     held_out = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_pairs] \
         if cfg.data.eval_path else []
-    model = load_reward_model(cfg.model, pad_token_id=tokenizer.pad_token_id)
+    # Same seed on every rank, so a new head starts identical everywhere before it is sharded.
+    model = load_reward_model(dataclasses.replace(cfg.model, device=str(world.device)),
+                              pad_token_id=tokenizer.pad_token_id)
+    model = shard_model(model, world, activation_checkpointing=cfg.model.activation_checkpointing)
     eval_fn = lambda: evaluate_pairs(model, held_out, batch_pairs=cfg.micro_batch_pairs,  # noqa: E731
-                                     pad_id=tokenizer.pad_token_id)
+                                     pad_id=tokenizer.pad_token_id, world=world)
     run = PairwiseRun(cfg=cfg, model=model, tokenizer=tokenizer, train=train,
-                      loss_fn=make_loss_fn(model, cfg.center_coef), eval_fn=eval_fn, name="rm")
+                      loss_fn=make_loss_fn(model, cfg.center_coef), eval_fn=eval_fn, name="rm", world=world)
     return run_pairwise(run, printer)

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.cli import main
 from posttrain.config import load_config
@@ -66,6 +67,17 @@ def test_resume_replays_the_same_batches(nano_model_dir, add_pairs_dir, tmp_path
     a = [r["loss"] for r in rows(tmp_path / "a") if r["step"] > 0]
     b = [r["loss"] for r in rows(tmp_path / "b") if r["step"] > 0]
     assert len(b) == 4 and b == pytest.approx(a, rel=1e-4)
+
+
+def test_resuming_a_checkpoint_without_dcp_is_one_line_exit_2(nano_model_dir, add_pairs_dir, tmp_path, capsys):
+    # A step folder with trainer_state.pt but no sharded state (what earlier versions wrote).
+    old = tmp_path / "old" / "checkpoints" / "step-2"
+    old.mkdir(parents=True)
+    torch.save({"step": 2}, old / "trainer_state.pt")
+    assert main(["rm", *rm_args(nano_model_dir, add_pairs_dir, tmp_path / "old", "num_steps=3")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "step-2: no dcp/ folder" in err and "resume=false" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "old" / "metrics.jsonl").exists()
 
 
 def test_lora_rm_trains_head_and_saves_a_plain_checkpoint(nano_model_dir, add_pairs_dir, tmp_path):
