@@ -49,7 +49,7 @@ def rl_run(name: str, extra: list[str], paths: dict, out: Path, args, threads: i
 
     from posttrain.config import load_config
     from posttrain.rl.config import RLConfig
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
 
     torch.set_num_threads(threads or os.cpu_count() or 2)
     cfg = load_config(RLConfig, None, [

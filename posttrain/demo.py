@@ -84,7 +84,7 @@ def stage_sft(out: Path, p: dict, paths: dict, args) -> str:
 def stage_rl(out: Path, p: dict, paths: dict, sft_ckpt: str, args) -> str:
     from posttrain.config import load_config
     from posttrain.rl.config import RLConfig
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
     from posttrain.tracking import latest_checkpoint
 
     print(f"[demo] GRPO: {p['rl_steps']} steps x {p['prompts_per_step']} prompts x G={p['group_size']}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from posttrain.errors import UserError
-from posttrain.eval.passk import PassAtK, k_grid, pass_at_k_table, solve_fractions
+from posttrain.algos.passk import PassAtK, k_grid, pass_at_k_table, solve_fractions
 from posttrain.outcome import OutcomeClass
 
 FORMAT = "posttrain.eval/1"

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
 
     cfg = load_recipe(RLConfig, args)
     try:

@@ -6,6 +6,7 @@ import dataclasses
 
 from posttrain.config import ConfigValueError
 from posttrain.models.hf import DTYPES, ModelConfig
+from posttrain.rollout import SamplingParams
 from posttrain.rl.async_.config import AsyncConfig
 from posttrain.rl.curriculum import CurriculumConfig
 from posttrain.tracking import LoggingConfig
@@ -253,3 +254,10 @@ class RLConfig:
     @property
     def aggregation_mode(self) -> str:
         return self.aggregation or DEFAULT_AGGREGATION[self.algorithm]
+
+
+def sampling_params(cfg: RLConfig, seed: int) -> SamplingParams:
+    """The engine's sampling parameters of ``cfg.rollout``, with a per-request seed."""
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)

@@ -16,7 +16,7 @@ a prompt the policy has since forgotten (or learnt) comes back. Draws are seeded
 uninterrupted one would have. With the curriculum off, prompts come from the plain seeded shuffle
 (`posttrain.rl.prompts.PromptSource`) exactly as before, and the store still records pass rates for
 the logs (``curriculum/*``): solve-all / solve-none fractions use the same
-`posttrain.eval.passk.solve_fractions` as the evaluator.
+`posttrain.algos.passk.solve_fractions` as the evaluator.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class CurriculumSource:
             self.store.observe(index, [o.cls is OutcomeClass.PASS for o in group if o.is_reward], self.draws)
 
     def metrics(self) -> dict:
-        from posttrain.eval.passk import solve_fractions
+        from posttrain.algos.passk import solve_fractions
 
         seen = [i for i, b in enumerate(self.store.recent) if len(b) >= self.cfg.min_attempts]
         out = {"curriculum/seen_frac": sum(1 for b in self.store.recent if b) / len(self.examples),

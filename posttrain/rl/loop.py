@@ -29,13 +29,13 @@ from posttrain.errors import UserError
 from posttrain.models.hf import check_model_path, disable_dropout, load_model, load_tokenizer, quiet_transformers
 from posttrain.outcome import Outcome
 from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
-from posttrain.rl.config import RLConfig
+from posttrain.rl.config import RLConfig, sampling_params
 from posttrain.rl.diagnostics import Watchdog, rollout_metrics
-from posttrain.rl.evaluate import eval_metrics, evaluate, score
+from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
 from posttrain.rl.curriculum import CurriculumSource
-from posttrain.rollout import SamplingParams, TorchEngine, weights_checksum
+from posttrain.rollout import TorchEngine, weights_checksum
 from posttrain.rollout.types import Rollouts
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
@@ -59,12 +59,6 @@ class RLRun:
     start_step: int = 0
     version: int = 0  # the policy version the engine holds (every rank keeps count; rank 0 has the engine)
     ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
-
-
-def sampling_params(cfg: RLConfig, seed: int) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)
 
 
 def generate_groups(run: RLRun, step: int, round_: int, k: int):
@@ -356,11 +350,7 @@ def drive_rl(run: RLRun, step_fn, *, config, name: str, printer=print, max_token
             logger.close()
 
 
-def run_rl(cfg: RLConfig, printer=print) -> dict:
-    """Run (or resume) RL; returns the last step's metrics."""
-    if cfg.mode == "async":
-        from posttrain.rl.async_.run import run_async
-
-        return run_async(cfg, printer)
+def run_sync(cfg: RLConfig, printer=print) -> dict:
+    """Run (or resume) synchronous RL; returns the last step's metrics."""
     run = setup(cfg)
     return drive_rl(run, rl_step, config=cfg, name="rl", printer=printer)

@@ -84,7 +84,7 @@ def _build(out: Path, s: dict, progress: bool, printer) -> Teacher:
 def greedy_pass_at_1(ckpt: str, prompts_path: str, limit: int = 200, max_new_tokens: int = MAX_NEW_TOKENS) -> float:
     """Held-out greedy pass@1 of a checkpoint with the arithmetic verifier."""
     from posttrain.models.hf import load_tokenizer
-    from posttrain.rl.evaluate import evaluate
+    from posttrain.verifiers.evaluate import evaluate
     from posttrain.rl.loop import encode_prompts, load_prompt_records
     from posttrain.rollout import SamplingParams, TorchEngine
     from posttrain.verifiers import build_reward

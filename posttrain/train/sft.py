@@ -265,7 +265,7 @@ def _accuracy_probe(cfg: SFTConfig, tokenizer):
     """``probe(model) -> accuracy``: greedy decoding of the first held-out prompts, judged by a verifier."""
     from posttrain.data.chat import encode_prompt
     from posttrain.data.records import load_records
-    from posttrain.rl.evaluate import evaluate
+    from posttrain.verifiers.evaluate import evaluate
     from posttrain.rollout import SamplingParams, TorchEngine
     from posttrain.verifiers import resolve_verifier
 

@@ -20,7 +20,8 @@ from posttrain.rl.async_.selftest import SelfTestError, self_test
 from posttrain.rl.async_.worker import LocalEngine, ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.curriculum import CurriculumSource
-from posttrain.rl.loop import run_rl, setup
+from posttrain.rl.loop import setup
+from posttrain.rl.run import run_rl
 from posttrain.rollout import SamplingParams, WeightSyncError, weights_checksum
 from posttrain.rollout.types import Rollouts
 

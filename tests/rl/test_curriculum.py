@@ -88,7 +88,7 @@ def test_config_checks():
 
 
 def test_a_run_with_the_curriculum_logs_it_and_checkpoints_the_store(rl_overrides, reward_plugin, tmp_path):
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
     from posttrain.core.checkpoint import load_trainer_state
 
     cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=2,

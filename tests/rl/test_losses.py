@@ -16,7 +16,8 @@ from posttrain.config import load_config
 from posttrain.outcome import Outcome
 from posttrain.rl.batch import outcome_batch
 from posttrain.rl.config import CorrectionConfig, RLConfig
-from posttrain.rl.loop import learn, sampling_params, setup
+from posttrain.rl.config import sampling_params
+from posttrain.rl.loop import learn, setup
 from posttrain.rl.losses import importance_weights
 from posttrain.tracking import StageTimer
 

@@ -101,7 +101,7 @@ def test_ppo_smoke_four_roles_frozen_models_and_metrics(rl_overrides, rm_dir, tm
         assert not any(p.requires_grad for p in frozen.parameters())
         assert not any(id(p) in trainable for p in frozen.parameters())
     assert run.ppo.critic.model is not run.policy.model
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
 
     run_rl(cfg, printer=lambda *_: None)
     last = metrics_of(tmp_path / "run")[-1]
@@ -135,7 +135,7 @@ def test_critic_loss_falls_on_a_fixed_batch(rl_overrides, rm_dir):
 
 
 def test_ppo_resume_restores_the_critic(rl_overrides, rm_dir, tmp_path):
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
 
     straight = ppo_overrides(rl_overrides, rm_dir, num_steps=2, save_every=1, out_dir=tmp_path / "a")
     run_rl(load_config(RLConfig, None, straight), printer=lambda *_: None)

@@ -9,7 +9,8 @@ import torch
 
 from posttrain.config import load_config
 from posttrain.rl.config import RLConfig
-from posttrain.rl.loop import rl_step, run_rl, setup
+from posttrain.rl.loop import rl_step, setup
+from posttrain.rl.run import run_rl
 from posttrain.tracking import StageTimer
 
 DESIGN_METRICS = ("step", "time/step_s", "time/rollout_s", "time/update_s", "reward/mean", "kl/ref", "entropy",

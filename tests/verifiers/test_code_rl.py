@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not (probe()["bwrap"] and probe()["root"]), reas
 @pytest.mark.slow
 def test_grpo_step_on_toy_code_logs_outcome_classes(nano_model_dir, tmp_path):
     from posttrain.rl.config import RLConfig
-    from posttrain.rl.loop import run_rl
+    from posttrain.rl.run import run_rl
 
     data = tmp_path / "data"
     write_toy_code(data, n_train=8, n_eval=4)

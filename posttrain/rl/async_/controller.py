@@ -25,7 +25,7 @@ import time
 
 from posttrain.outcome import Outcome
 from posttrain.rl.batch import group_outcomes
-from posttrain.rl.evaluate import score
+from posttrain.verifiers.evaluate import score
 from posttrain.rl.ledger import PromptLedger
 from posttrain.rollout.types import Rollouts
 
@@ -48,7 +48,7 @@ def chunk_seed(seed: int, chunk: int) -> int:
 
 class AsyncController:
     def __init__(self, run, engine, ledger: PromptLedger | None = None):
-        from posttrain.rl.loop import sampling_params
+        from posttrain.rl.config import sampling_params
 
         self.run, self.engine = run, engine
         self.ledger = ledger or PromptLedger()

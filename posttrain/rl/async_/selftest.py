@@ -56,7 +56,7 @@ def perturbed(weights: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torc
 
 
 def self_test(run, engine) -> dict:
-    from posttrain.rl.loop import sampling_params
+    from posttrain.rl.config import sampling_params
 
     cfg = run.cfg
     weights = {k: v.clone() for k, v in run.policy.export_weights().items()}

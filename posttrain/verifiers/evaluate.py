@@ -1,14 +1,14 @@
 """Held-out evaluation with the rollout engine: pass@k per decoding profile, outcome counts, lengths.
 
 Used by the RL loop (every ``eval_every`` steps) and by the demo. pass@k comes from
-``posttrain.eval.passk`` (one implementation everywhere).
+``posttrain.algos.passk`` (one implementation everywhere).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from posttrain.eval.passk import pass_at_k_table, solve_fractions
+from posttrain.algos.passk import pass_at_k_table, solve_fractions
 from posttrain.outcome import OutcomeClass
 from posttrain.rollout.types import SamplingParams
 

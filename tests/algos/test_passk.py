@@ -6,7 +6,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from posttrain.eval.passk import (bootstrap_ci, k_grid, pass_at_k, pass_at_k_per_problem,
+from posttrain.algos.passk import (bootstrap_ci, k_grid, pass_at_k, pass_at_k_per_problem,
                                   pass_at_k_table, solve_fractions)
 
 
