@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from posttrain.core.dist import World, current_world
-from posttrain.core.fsdp import export_state_dict
+from posttrain.core.fsdp import export_state_dict, full_state_dict, is_sharded
 
 
 def _state_dicts(trainables: dict) -> dict:
@@ -73,7 +73,8 @@ def _export(model, tokenizer, out: Path, world: World) -> None:
     """The consolidated HF folder (rank 0 writes; every rank takes part in the gather)."""
     from posttrain.models.hf import is_lora
 
-    weights = export_state_dict(model, world)
+    raw = full_state_dict(model, world) if is_sharded(model) else None  # one gather serves both files
+    weights = export_state_dict(model, world, raw=raw)
     if not world.main:
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -86,8 +87,8 @@ def _export(model, tokenizer, out: Path, world: World) -> None:
     tied = getattr(base.config, "tie_word_embeddings", False)
     weights = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if is_lora(model):
-        model.save_pretrained(out / "adapter")
+    if is_lora(model):  # a sharded model's adapter comes from the gathered weights, not its shards
+        model.save_pretrained(out / "adapter", **({"state_dict": raw} if raw is not None else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
 

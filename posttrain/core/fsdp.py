@@ -89,17 +89,18 @@ def full_state_dict(model, world: World) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def export_state_dict(model, world: World) -> dict[str, torch.Tensor]:
+def export_state_dict(model, world: World, *, raw: dict | None = None) -> dict[str, torch.Tensor]:
     """Full weights under the base model's names (LoRA merged in), on rank 0 (other ranks: {}).
 
     What the rollout engine loads and what the consolidated checkpoint holds. Every rank must call
-    it when the model is sharded (the gather is a collective).
+    it when the model is sharded (the gather is a collective) unless ``raw``, the gathered
+    `full_state_dict`, is passed.
     """
     from posttrain.models.hf import is_lora, merged_state_dict
 
     if not is_sharded(model):
         return merged_state_dict(model) if world.main else {}
-    weights = full_state_dict(model, world)
+    weights = full_state_dict(model, world) if raw is None else raw
     if not world.main or not is_lora(model):
         return weights
     cfg = model.peft_config["default"]
@@ -107,14 +108,19 @@ def export_state_dict(model, world: World) -> dict[str, torch.Tensor]:
 
 
 def merge_lora_weights(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """A peft LoRA state dict folded into plain weights: ``W + scaling · B @ A`` under the base names."""
+    """A peft LoRA state dict folded into plain weights: ``W + scaling · B @ A`` under the base names.
+
+    Modules peft trains whole (``modules_to_save``, e.g. a reward model's head) keep their trained
+    copy under the plain name; the frozen original is dropped.
+    """
     out = {}
     for key, value in sd.items():
-        if ".lora_" in key:
+        if ".lora_" in key or ".original_module." in key:
             continue
         if key.endswith(".base_layer.weight"):
             prefix = key[: -len("base_layer.weight")]
             a, b = sd[prefix + "lora_A.default.weight"], sd[prefix + "lora_B.default.weight"]
             value = value + (scaling * (b.float() @ a.float())).to(value.dtype)
-        out[key.removeprefix("base_model.model.").replace(".base_layer.", ".")] = value
+        name = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        out[name.replace(".modules_to_save.default.", ".")] = value
     return out
