@@ -61,6 +61,22 @@ def is_sharded(model) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def reshard(model) -> None:
+    """Put a sharded model's parameters back in their shards after forwards without a backward.
+
+    FSDP2 leaves the root unit's parameters (embeddings, final norm, head) gathered after a forward,
+    expecting the backward to release them; after evaluation or reference scoring nothing would,
+    and an optimizer built then would hold the gathered copies instead of the shards.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if model is None:
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def backward_scale(world: World) -> float:
     return float(world.world_size)
 

@@ -52,7 +52,7 @@ from posttrain.rl.loop import setup as rl_setup
 from posttrain.rl.losses import importance_weights
 from posttrain.tracking import LoggingConfig, StageTimer
 from posttrain.core.dist import gather_rows
-from posttrain.core.fsdp import shard_model
+from posttrain.core.fsdp import reshard, shard_model
 from posttrain.core.optim import OptimConfig
 
 
@@ -243,6 +243,7 @@ def score_teacher(teacher, batch: RLBatch, chunks: list[torch.Tensor], *, temper
         elif keep_logits:
             values = logits.cpu()
         out.append(TeacherChunk(logp_BT=logp, logits_BTK=values, index_BTK=index, rows=rows))
+    reshard(teacher)
     return out
 
 

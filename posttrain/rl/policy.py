@@ -28,7 +28,7 @@ import torch
 
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.core.dist import World
-from posttrain.core.fsdp import export_state_dict
+from posttrain.core.fsdp import export_state_dict, reshard
 from posttrain.core.trainer import TrainCore
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import completion_logits
@@ -80,6 +80,9 @@ class Policy:
             metrics, logp = self._score(batch, n, width)
         if keep:
             self._kept = (batch, self.core.updates, logp)
+        else:
+            reshard(self.model)  # a forward without backward leaves a sharded root gathered
+        reshard(self.ref_model)
         return metrics
 
     def _score(self, batch: RLBatch, n: int, width: int) -> tuple[dict, torch.Tensor]:

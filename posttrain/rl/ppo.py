@@ -39,7 +39,7 @@ from posttrain.algos._masked import masked_mean
 from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
 from posttrain.core.dist import current_world, gather_rows
-from posttrain.core.fsdp import shard_model
+from posttrain.core.fsdp import reshard, shard_model
 from posttrain.core.trainer import TrainCore
 from posttrain.models.hf import disable_dropout
 from posttrain.rl.batch import RLBatch
@@ -78,6 +78,7 @@ class Critic:
             idx = torch.arange(start, min(start + micro_batch_size, len(batch)))
             v = self.forward(batch.select(idx))
             out[idx, : v.shape[1]] = v
+        reshard(self.model)
         return out * batch.train_mask_BT
 
 

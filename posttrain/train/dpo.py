@@ -34,7 +34,8 @@ from posttrain.core.optim import OptimConfig, seed_everything
 from posttrain.data.preference import PairBatch, load_tokenized_pairs
 from posttrain.models.hf import (ModelConfig, check_model_path, disable_dropout, load_model, load_tokenizer,
                                  quiet_transformers)
-from posttrain.train.pairwise import (PairwiseConfig, PairwiseRun, eval_in_batches, pairwise_world, reshard,
+from posttrain.core.fsdp import reshard
+from posttrain.train.pairwise import (PairwiseConfig, PairwiseRun, eval_in_batches, pairwise_world,
                                       run_pairwise)
 
 DPO_LOSSES = ("sigmoid", "ipo")

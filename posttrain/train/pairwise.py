@@ -177,18 +177,6 @@ def _train_loop(run: PairwiseRun, core: TrainCore, logger, run_dir: Path, start:
     return summary | last
 
 
-def reshard(model) -> None:
-    """Put a sharded model's parameters back in their shards after forwards without a backward.
-
-    FSDP2 leaves the root unit's parameters (embeddings, final norm, head) gathered after a forward,
-    expecting the backward to release them; after evaluation or reference scoring nothing would,
-    and an optimizer built then would hold the gathered copies instead of the shards.
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
 
 
 def eval_in_batches(pairs: list[TokenizedPair], batch_pairs: int, pad_id: int, fn, world: World | None = None) -> list:

@@ -26,7 +26,8 @@ from posttrain.core.optim import seed_everything
 from posttrain.data.preference import PairBatch, load_tokenized_pairs
 from posttrain.models.heads import load_reward_model, sequence_scores
 from posttrain.models.hf import ModelConfig, check_model_path, load_tokenizer, quiet_transformers
-from posttrain.train.pairwise import (PairwiseConfig, PairwiseRun, eval_in_batches, pairwise_world, reshard,
+from posttrain.core.fsdp import reshard
+from posttrain.train.pairwise import (PairwiseConfig, PairwiseRun, eval_in_batches, pairwise_world,
                                       run_pairwise)
 
 

@@ -31,7 +31,7 @@ from posttrain.errors import UserError
 from posttrain.models.hf import ModelConfig, load_model, load_tokenizer, quiet_transformers
 from posttrain.core.checkpoint import load_checkpoint, save_checkpoint
 from posttrain.core.dist import init_world
-from posttrain.core.fsdp import export_state_dict, shard_model
+from posttrain.core.fsdp import export_state_dict, reshard, shard_model
 from posttrain.core.loop import Plan, drive, open_run
 from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler, seed_everything
 from posttrain.core.trainer import TrainCore
@@ -151,6 +151,7 @@ class SFTTrainer:
             nll_BT, mask_BT = self._batch_nll(b)
             nll_sum += float(nll_BT.sum())
             count += int(mask_BT.sum())
+        reshard(self.model)
         return nll_sum / max(count, 1)
 
 

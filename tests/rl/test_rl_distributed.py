@@ -75,3 +75,27 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
 def test_prompts_not_divisible_by_world_size_is_one_line(rl_overrides, tmp_path, torchrun):
     r = torchrun(2, "rl", *rl_overrides(prompts_per_step=3), check=False)
     assert r.returncode != 0 and "prompts_per_step=3: must be a multiple of the world size (2)" in r.stderr
+
+
+@pytest.mark.parametrize("loss", ["full", "sampled"])
+def test_distillation_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, torchrun, loss):
+    """The student's groups are split over the ranks, the teacher is sharded like the student."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    teacher = tmp_path / "teacher"
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # a sharp teacher: a large KL to learn from
+    model.save_pretrained(teacher)
+    AutoTokenizer.from_pretrained(nano_model_dir).save_pretrained(teacher)
+    args = [f"model.path={nano_model_dir}", f"teacher.path={teacher}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
+            "rollout.max_new_tokens=8", "rollout.group_size=2", "prompts_per_step=4", "optim.lr=3e-3", "optim.eps=1e-6",
+            "micro_batch_size=2", "num_steps=2", "eval_every=0", "logging.progress=false", f"loss={loss}"]
+    assert main(["distill", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "distill", *args, f"out_dir={tmp_path / 'two'}")
+    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2]
+    for a, b in zip(one, two):
+        for key in ("loss", "grad_norm", "distill/reverse_kl", "distill/kl_pos/0", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-2", tmp_path / "two" / "checkpoints" / "step-2")
