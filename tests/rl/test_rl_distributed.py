@@ -99,3 +99,60 @@ def test_distillation_two_ranks_equal_one_process(nano_model_dir, arith_data_dir
         for key in ("loss", "grad_norm", "distill/reverse_kl", "distill/kl_pos/0", "entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
     _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-2", tmp_path / "two" / "checkpoints" / "step-2")
+
+
+def _launch(args):
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "posttrain",
+           "rl", *map(str, args)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _kill_after_checkpoint(args, run_dir: Path, step: int, timeout_s: float = 240.0):
+    """Start a 2-rank run and kill -9 its whole process group once ``step-<step>`` is complete."""
+    import os
+    import signal
+    import time
+
+    proc = _launch(args)
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "checkpoints" / f"step-{step}" / "trainer_state.pt").exists():
+        assert proc.poll() is None, "the run ended before its checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_grpo_killed_resumes_at_two_ranks_and_at_one(rl_overrides, plugin_on_path, tmp_path, torchrun):
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=6, save_every=2, keep_last=5,
+                                    **{"optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'straight'}")
+    _kill_after_checkpoint([*args, f"out_dir={tmp_path / 'killed'}"], tmp_path / "killed", step=2)
+    shutil.copytree(tmp_path / "killed", tmp_path / "killed_one")
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'killed'}")
+    assert main(["rl", *args, f"out_dir={tmp_path / 'killed_one'}"]) == 0
+    straight = {m["step"]: m for m in _metrics(tmp_path / "straight")}
+    for resumed in ("killed", "killed_one"):
+        assert [m["step"] for m in _metrics(tmp_path / resumed)] == list(range(1, 7))  # no step logged twice
+        rows = {m["step"]: m for m in _metrics(tmp_path / resumed)}
+        for step in range(3, 7):
+            assert rows[step]["reward/mean"] == straight[step]["reward/mean"], (resumed, step)
+            assert rows[step]["loss"] == pytest.approx(straight[step]["loss"], rel=1e-5, abs=1e-7), (resumed, step)
+    final = tmp_path / "killed_one" / "checkpoints" / "step-6"
+    tok = AutoTokenizer.from_pretrained(final)
+    texts = []
+    for run in (final, tmp_path / "straight" / "checkpoints" / "step-6"):
+        model = AutoModelForCausalLM.from_pretrained(run)
+        out = model.generate(**tok("Solve: 12 × 34", return_tensors="pt"), max_new_tokens=8, do_sample=False)
+        texts.append(tok.decode(out[0]))
+    assert texts[0] == texts[1]
