@@ -32,6 +32,7 @@ class RLBatch:
     is_weights_BT: torch.Tensor | None = None     # (N, L-1) sampler->trainer importance weights
     truncated_logp_BT: torch.Tensor | None = None  # (N, L-1) log-probs under the top-k/top-p
     #                                                distribution sampled; None without truncation
+    group_size: int = 1                           # G: the samples of prompt i are rows i*G .. i*G+G-1
 
     @property
     def behaviour_logp_BT(self) -> torch.Tensor:
@@ -53,8 +54,8 @@ class RLBatch:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is None:
-                out[f.name] = None
+            if v is None or not isinstance(v, torch.Tensor):
+                out[f.name] = v
             elif v.dim() == 1:
                 out[f.name] = v[idx]
             else:
@@ -66,10 +67,12 @@ class RLBatch:
         return (self.attention_mask_BT.cumsum(1) - 1).clamp_min(0)
 
 
-def outcome_batch(rollouts, outcomes: list[Outcome], pad_id: int) -> RLBatch:
+def outcome_batch(rollouts, outcomes: list[Outcome], pad_id: int, group_size: int = 1) -> RLBatch:
     """`build_batch` with each sample's reward and validity taken from its outcome."""
-    return build_batch(rollouts, [o.reward if o.is_reward else 0.0 for o in outcomes],
-                       [o.is_reward for o in outcomes], pad_id)
+    batch = build_batch(rollouts, [o.reward if o.is_reward else 0.0 for o in outcomes],
+                        [o.is_reward for o in outcomes], pad_id)
+    batch.group_size = group_size
+    return batch
 
 
 def group_outcomes(outcomes: list[Outcome], group_size: int):

@@ -303,12 +303,12 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     with timer("reward"):
         rows = own_rows(len(ro), G, world)
         mine = ro.select(rows, [i // G for i in range(len(rows))])
-        batch = outcome_batch(mine, [outcomes[r] for r in rows], rl.tokenizer.pad_token_id)
+        batch = outcome_batch(mine, [outcomes[r] for r in rows], rl.tokenizer.pad_token_id, G)
         rewards_PG, valid_PG, zero_var_P = group_outcomes(outcomes, G)
         batch.adv_B = ADVANTAGES["grpo"](rewards_PG, valid_PG)[0].flatten().float()[rows]
     with timer("logprobs"):
-        metrics = rl.policy.score(batch)
-        metrics |= importance_weights(batch, CorrectionConfig(kind="none"))
+        batch.old_logp_BT, batch.ref_logp_BT, metrics = rl.policy.score(batch)
+        metrics |= importance_weights(batch, CorrectionConfig(kind="none"))[1]
     with timer("teacher"):
         chunks = row_chunks(len(batch), cfg.micro_batch_size)
         teacher = score_teacher(run.teacher, batch, chunks, temperature=cfg.rollout.temperature,

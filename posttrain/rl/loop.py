@@ -114,7 +114,7 @@ def advantages(cfg: RLConfig, batch: RLBatch, world: World) -> tuple[torch.Tenso
     Every rank holds whole groups; the per-row inputs are gathered so that statistics over the
     batch (REINFORCE++'s token whitening) are those of the whole step at any world size.
     """
-    G = cfg.rollout.group_size
+    G = batch.group_size
     metrics, kl_seq_B = {}, torch.zeros(len(batch))
     if batch.ref_logp_BT is not None:
         kl_BT, metrics = reference_kl(cfg, batch, world)
@@ -155,10 +155,11 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
     rows = own_rows(len(ro), cfg.rollout.group_size, world)
     with timer("reward"):
         mine = ro.select(rows, [i // cfg.rollout.group_size for i in range(len(rows))])
-        batch = outcome_batch(mine, [outcomes[r] for r in rows], run.tokenizer.pad_token_id)
+        batch = outcome_batch(mine, [outcomes[r] for r in rows], run.tokenizer.pad_token_id, cfg.rollout.group_size)
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     with timer("logprobs"):
-        metrics |= run.policy.score(batch)
+        batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch)
+        metrics |= m
     if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
         targets, m = run.ppo.targets(run, batch, timer)
         G = cfg.rollout.group_size
@@ -166,7 +167,8 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
     else:
         with timer("adv"):
             batch.adv_B, m = advantages(cfg, batch, world)
-    metrics |= m | world.mean_metrics(off_policy_correction(batch, cfg), float(batch.train_mask_BT.sum()))
+    batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
+    metrics |= m | world.mean_metrics(correction, float(batch.train_mask_BT.sum()))
     metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
     metrics |= run.source.metrics() if world.main else {}
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)

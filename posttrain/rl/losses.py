@@ -49,8 +49,9 @@ def reference_kl(cfg: RLConfig, batch: RLBatch, world: World | None = None) -> t
     return kl_BT, {"kl/ref": kl_sum / max(tokens, 1.0), "kl/ref_seq_mean": seq_sum / seqs if seqs else 0.0}
 
 
-def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> dict:
-    """Set ``batch.is_weights_BT`` from trainer (old) vs behaviour log-probs; return the mismatch metrics.
+def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> tuple[torch.Tensor | None, dict]:
+    """``(is_weights_BT, metrics)``: trainer (old) vs behaviour importance weights (None when the
+    correction is off) and the ratio and mismatch metrics.
 
     The behaviour log-probs are those of the distribution the tokens were drawn from: the top-k /
     top-p truncated one when sampling truncates (``batch.behaviour_logp_BT``), since that is the
@@ -62,14 +63,14 @@ def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> dict:
     options = {"masked": dict(low=cfg.low, high=cfg.high), "truncated": dict(cap=cfg.cap), "none": {}}[cfg.kind]
     w, metrics = IS_CORRECTIONS[cfg.kind](batch.old_logp_BT, batch.behaviour_logp_BT, mask, level=cfg.level, **options)
     metrics |= mismatch_metrics(batch.old_logp_BT, batch.sampler_logp_BT, mask)
-    batch.is_weights_BT = None if cfg.kind == "none" else w
-    return {k: float(v) for k, v in metrics.items()}
+    return None if cfg.kind == "none" else w, {k: float(v) for k, v in metrics.items()}
 
 
-def off_policy_correction(batch: RLBatch, cfg: RLConfig) -> dict:
-    """Importance weights behaviour -> trainer; in async mode without decoupled PPO, anchor the PPO
-    ratio on the behaviour policy itself (no separate weight). Applies to every algorithm."""
-    metrics = importance_weights(batch, cfg.correction)
+def off_policy_correction(batch: RLBatch, cfg: RLConfig) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """``(old_logp_BT, is_weights_BT, metrics)`` for the loss: the PPO ratio's anchor and the
+    behaviour -> trainer importance weights. In async mode without decoupled PPO the ratio is anchored
+    on the behaviour policy itself (no separate weight). The same rule for every algorithm."""
+    weights, metrics = importance_weights(batch, cfg.correction)
     if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo:
-        batch.old_logp_BT, batch.is_weights_BT = batch.behaviour_logp_BT, None
-    return metrics
+        return batch.behaviour_logp_BT, None, metrics
+    return batch.old_logp_BT, weights, metrics

@@ -70,22 +70,23 @@ class Policy:
         for start in range(0, len(idx), self.micro_batch_size):
             yield idx[start: start + self.micro_batch_size]
 
-    def score(self, batch: RLBatch) -> dict:
-        """Fill ``old_logp_BT`` (and ``ref_logp_BT``) and measure the policy's entropy."""
+    def score(self, batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """``(old_logp_BT, ref_logp_BT, metrics)``: the current policy's and the reference's log-probs
+        of the batch's tokens (0 off ``mask_BT``; the reference's is None without one) and the entropy."""
         self.model.eval()
         n, width = batch.mask_BT.shape
         keep = self.reuse_score_forward and n <= self.micro_batch_size  # one micro-batch: no extra memory
         self._kept = None
         with torch.set_grad_enabled(keep):
-            metrics, logp = self._score(batch, n, width)
+            old, ref, metrics, logp = self._score(batch, n, width)
         if keep:
             self._kept = (batch, self.core.updates, logp)
         else:
             reshard(self.model)  # a forward without backward leaves a sharded root gathered
         reshard(self.ref_model)
-        return metrics
+        return old, ref, metrics
 
-    def _score(self, batch: RLBatch, n: int, width: int) -> tuple[dict, torch.Tensor]:
+    def _score(self, batch: RLBatch, n: int, width: int):
         old = torch.zeros(n, width)
         ref = torch.zeros(n, width) if self.ref_model is not None else None
         ent_sum, ent_count = 0.0, 0
@@ -99,10 +100,9 @@ class Policy:
             if ref is not None:
                 with torch.no_grad():
                     ref[idx, : logp.shape[1]] = self._forward(self.ref_model, mb)[0]
-        batch.old_logp_BT = old * batch.mask_BT
-        batch.ref_logp_BT = ref * batch.mask_BT if ref is not None else None
         ent_sum, ent_count = self.world.all_reduce(ent_sum), self.world.all_reduce(ent_count)
-        return {"entropy": ent_sum / max(ent_count, 1)}, logp
+        ref = ref * batch.mask_BT if ref is not None else None
+        return old * batch.mask_BT, ref, {"entropy": ent_sum / max(ent_count, 1)}, logp
 
     def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
                    mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0) -> dict:

@@ -122,8 +122,8 @@ def test_kl_in_reward_leaves_zero_variance_groups_without_advantage(rl_overrides
                                                       "kl.mode": "reward"}))
     run = setup(cfg)
     ro, outcomes = _step_inputs(run)
-    batch = outcome_batch(ro, outcomes, run.tokenizer.pad_token_id)
-    run.policy.score(batch)
+    batch = outcome_batch(ro, outcomes, run.tokenizer.pad_token_id, G)
+    batch.old_logp_BT, batch.ref_logp_BT, _ = run.policy.score(batch)
     adv_B, m = advantages(cfg, batch, run.world)
     assert torch.all(adv_B[4:8] == 0) and torch.all(adv_B[:4] != 0)
     assert m["groups/zero_variance_frac"] == pytest.approx(1 / 3)
@@ -136,12 +136,12 @@ def test_is_weights_correct_against_the_truncated_distribution_sampled(rl_overri
     cfg = load_config(RLConfig, None, rl_overrides(**{"rollout.top_p": 0.6, "kl.track": False}))
     run = setup(cfg)
     ro = run.engine.generate([run.train_prompts[i] for i in range(3)], G, sampling_params(cfg, 5))
-    batch = outcome_batch(ro, [Outcome.model_fail(reward=0.0)] * len(ro), run.tokenizer.pad_token_id)
-    run.policy.score(batch)
-    m = importance_weights(batch, CorrectionConfig(kind="truncated", cap=2.0))
+    batch = outcome_batch(ro, [Outcome.model_fail(reward=0.0)] * len(ro), run.tokenizer.pad_token_id, G)
+    batch.old_logp_BT, _, _ = run.policy.score(batch)
+    weights, m = importance_weights(batch, CorrectionConfig(kind="truncated", cap=2.0))
     mask = batch.train_mask_BT
     kept_mass = torch.exp(batch.sampler_logp_BT - batch.truncated_logp_BT)
-    torch.testing.assert_close(batch.is_weights_BT[mask], kept_mass[mask], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(weights[mask], kept_mass[mask], rtol=1e-4, atol=1e-5)
     assert float(kept_mass[mask].min()) < 0.9  # the nucleus did cut somewhere
     assert m["mismatch/kl"] < 1e-6 and m["is/ratio_mean"] < 1.0
 

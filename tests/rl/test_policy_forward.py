@@ -86,7 +86,7 @@ def test_shared_prefix_falls_back_when_nothing_is_shared_or_prompts_disagree(nan
 
 def _step(policy: Policy, mini_batches: int = 1) -> dict:
     batch = _batch()
-    policy.score(batch)
+    batch.old_logp_BT, batch.ref_logp_BT, _ = policy.score(batch)
     return policy.train_step(batch, make_loss_fn(RLConfig()), aggregation="seq_mean_token_mean",
                              mini_batches=mini_batches, seed=3)
 

@@ -37,8 +37,8 @@ def _push(engine, weights: dict, version: int) -> None:
 def agreement(run, ro) -> dict:
     """Mismatch KL and mean IS ratio between the engine's log-probs and the trainer's, same tokens."""
     batch = build_batch(ro, [0.0] * len(ro), [True] * len(ro), run.tokenizer.pad_token_id)
-    run.policy.score(batch)
-    _, m = IS_CORRECTIONS["none"](batch.old_logp_BT, batch.sampler_logp_BT, batch.mask_BT)
+    old_logp_BT, _, _ = run.policy.score(batch)
+    _, m = IS_CORRECTIONS["none"](old_logp_BT, batch.sampler_logp_BT, batch.mask_BT)
     return {"selftest/mismatch_kl": float(m["mismatch/kl"]), "selftest/is_ratio_mean": float(m["is/ratio_mean"]),
             "selftest/logprob_abs_diff_max": float(m["mismatch/logprob_abs_diff_max"])}
 
