@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("posttrain.eval.report_cli", "self-contained HTML report of run directories"),
     "decontam": ("posttrain.eval.decontam_cli", "drop training records sharing n-grams with benchmarks"),
     "sandbox": ("posttrain.sandbox.cli", "judge programs in the isolated sandbox; audit code datasets"),
+    "serve": ("posttrain.serve.serve_cli", "OpenAI-compatible HTTP server over the rollout engine"),
     "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
 }
 
@@ -67,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"posttrain {name}: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as e:  # an unreachable rollout server is an outage, not bad input: one line, exit 1
+        from posttrain.rollout.http import ServerUnreachable
+
+        if not isinstance(e, ServerUnreachable):
+            raise
+        print(f"posttrain {name}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

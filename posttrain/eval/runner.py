@@ -1,7 +1,8 @@
 """`posttrain eval`: sample a model on benchmarks under decoding profiles, judge, summarise as pass@k.
 
 For every (benchmark, profile) pair the runner generates ``n`` completions per problem with the
-rollout engine (`posttrain.rollout.TorchEngine`), judges each with the benchmark's verifier
+rollout engine (`posttrain.rollout.TorchEngine`, or OpenAI-compatible servers with
+``backend=openai``), judges each with the benchmark's verifier
 (`posttrain.verifiers`; an exception there is INFRA_FAIL, never a wrong answer), appends the
 judged samples to ``OUT/samples/<benchmark>.<profile>.jsonl`` and, when the pair is done, writes
 ``OUT/eval.json`` (`posttrain.eval.results`).
@@ -120,6 +121,14 @@ class EvalConfig:
     """Where eval.json and samples/ go. Required."""
     label: str = ""
     """Label stored with the results (e.g. before / after) to tell evaluations apart in reports."""
+    backend: str = "torch"
+    """torch (generate in this process) or openai (OpenAI-compatible servers at `urls` that already
+    serve the model; `model` then supplies the tokenizer and the label; docs/rollout.md)."""
+    urls: list[str] = dataclasses.field(default_factory=list)
+    """backend=openai: the servers, e.g. [http://host:8000]; each problem's n samples go to one of them."""
+    request_timeout_s: float = 600.0
+    """backend=openai: longest wait for one request before it is retried on another server; a request
+    that fails every try gives INFRA_FAIL samples."""
     device: str = "cpu"
     """torch device for generation."""
     dtype: str = "float32"
@@ -138,6 +147,10 @@ class EvalConfig:
             raise ConfigValueError("ks", "every k must be >= 1")
         if self.thinking is not None and not self.use_chat_template:
             raise ConfigValueError("thinking", "needs use_chat_template=true")
+        if self.backend not in ("torch", "openai"):
+            raise ConfigValueError("backend", "must be torch or openai")
+        if self.backend == "openai" and not self.urls:
+            raise ConfigValueError("urls", "backend=openai needs at least one server, e.g. [http://localhost:8000]")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigValueError("dtype", "must be float32, bfloat16 or float16")
         names = [b.name for b in self.benchmarks]
@@ -245,7 +258,7 @@ def run_chunk(engine, tokenizer, verifier, problems: list[dict], profile: Decodi
               cfg: EvalConfig) -> list[SampleRecord]:
     """Generate ``profile.n`` samples for each problem and judge them."""
     from posttrain.rollout import SamplingParams
-    from posttrain.verifiers import score_batch
+    from posttrain.verifiers.evaluate import score
 
     sampling = SamplingParams(temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k,
                               max_new_tokens=profile.max_new_tokens, stop=list(profile.stop),
@@ -253,7 +266,7 @@ def run_chunk(engine, tokenizer, verifier, problems: list[dict], profile: Decodi
     ro = engine.generate([encode(tokenizer, p["prompt"], cfg) for p in problems], profile.n, sampling)
     texts = ro.completion_texts(tokenizer)
     examples = [problems[i] for i in ro.prompt_idx]
-    outcomes = score_batch(verifier, texts, examples)
+    outcomes = score(verifier, texts, examples, ro.finish_reason)  # a failed server request: INFRA_FAIL
     seen: dict[str, int] = {}
     records = []
     for ex, text, ids, finish, o in zip(examples, texts, ro.completion_ids, ro.finish_reason, outcomes):
@@ -320,6 +333,11 @@ def _load_engine(model_path: str, cfg: EvalConfig):
 
     quiet_transformers()
     tokenizer = load_tokenizer(model_path, "model")
+    if cfg.backend == "openai":
+        from posttrain.rollout.http import HTTPEngine, model_eos_ids
+
+        return HTTPEngine(cfg.urls, tokenizer=tokenizer, eos_ids=model_eos_ids(model_path, tokenizer),
+                          request_timeout_s=cfg.request_timeout_s), tokenizer
     with load_errors("model", model_path, "model"):
         engine = TorchEngine(model_path, tokenizer=tokenizer, device=resolve_device(cfg.device),
                              dtype=getattr(torch, cfg.dtype))

@@ -33,7 +33,26 @@ class RolloutConfig:
     stop: list[str] = dataclasses.field(default_factory=list)
     """Stop strings (end-of-sequence tokens always stop)."""
     engine_dtype: str = "float32"
-    """dtype of the engine's own copy of the weights (bfloat16 shows real sampler/trainer mismatch)."""
+    """dtype of the engine's own copy of the weights (bfloat16 shows real sampler/trainer mismatch);
+    backend=torch only (a server holds the weights in its own dtype)."""
+    backend: str = "torch"
+    """torch (the in-process TorchEngine) or openai (OpenAI-compatible servers at `urls`: posttrain
+    serve, vLLM, SGLang; docs/rollout.md)."""
+    urls: list[str] = dataclasses.field(default_factory=list)
+    """backend=openai: the servers, e.g. [http://host:8000, http://host:8001]; each prompt's group
+    goes to one of them."""
+    weights_dir: str = ""
+    """backend=openai: a folder every server can read; each new version is written to
+    weights_dir/v{version}/ and loaded by the servers. Empty = OUT_DIR/rollout_weights."""
+    request_timeout_s: float = 600.0
+    """backend=openai: longest wait for one completion request before it is retried elsewhere."""
+    sync_timeout_s: float = 600.0
+    """backend=openai: longest wait for a server to load a new version of the weights."""
+    retries: int = 2
+    """backend=openai: further tries of a failed request, each on another server when there is one;
+    after the last its samples are INFRA_FAIL (masked, counted in outcomes/INFRA_FAIL_frac)."""
+    retry_backoff_s: float = 1.0
+    """backend=openai: wait before the first retry, doubled before each next one."""
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -44,6 +63,17 @@ class RolloutConfig:
             raise ConfigValueError("temperature", "must be > 0 for RL sampling")
         if self.engine_dtype not in DTYPES:
             raise ConfigValueError("engine_dtype", f"must be one of {', '.join(DTYPES)}")
+        if self.backend not in ("torch", "openai"):
+            raise ConfigValueError("backend", "must be torch or openai")
+        if self.backend == "openai" and not self.urls:
+            raise ConfigValueError("urls", "backend=openai needs at least one server, e.g. [http://localhost:8000]")
+        if not all(u.startswith(("http://", "https://")) for u in self.urls):
+            raise ConfigValueError("urls", f"each must start with http:// or https://, got {self.urls}")
+        for key in ("request_timeout_s", "sync_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigValueError(key, "must be > 0")
+        if self.retries < 0 or self.retry_backoff_s < 0:
+            raise ConfigValueError("retries" if self.retries < 0 else "retry_backoff_s", "must be >= 0")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -243,6 +273,9 @@ class RLConfig:
             raise ConfigValueError("mini_batches", "must divide prompts_per_step * rollout.group_size")
         if self.mode not in ("sync", "async"):
             raise ConfigValueError("mode", "must be sync or async")
+        if self.mode == "async" and self.rollout.backend != "torch":
+            raise ConfigValueError("mode", "async runs its own engine process; with rollout.backend=openai "
+                                   "use mode=sync")
         if self.max_staleness < 0:
             raise ConfigValueError("max_staleness", "must be >= 0")
         if self.mode == "async" and self.correction.kind == "none" and not self.force_no_correction:

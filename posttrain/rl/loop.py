@@ -35,7 +35,8 @@ from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
 from posttrain.rl.curriculum import CurriculumSource
-from posttrain.rollout import TorchEngine, weights_checksum
+from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine, weights_checksum
+from posttrain.rollout.http import check_servers, model_eos_ids
 from posttrain.rollout.types import Rollouts
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
@@ -47,7 +48,7 @@ class RLRun:
     cfg: RLConfig
     tokenizer: object
     policy: Policy
-    engine: TorchEngine
+    engine: RolloutEngine | None
     source: CurriculumSource
     train_prompts: dict[int, list[int]]
     eval_examples: list[dict]
@@ -68,7 +69,7 @@ def generate_groups(run: RLRun, step: int, round_: int, k: int):
     prompts = [run.train_prompts[i] for i, _ in picked]
     seed = run.cfg.seed * 1_000_003 + step * 101 + round_
     ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
-    outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx])
+    outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx], ro.finish_reason)
     run.source.observe([i for i, _ in picked], outcomes, run.cfg.rollout.group_size)
     return ro, outcomes
 
@@ -219,6 +220,8 @@ def setup(cfg: RLConfig) -> RLRun:
     eval_examples = load_prompt_records(cfg.data.eval_path)[: cfg.data.eval_max_prompts] \
         if cfg.data.eval_path else []
     verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
+    if cfg.rollout.backend == "openai":
+        check_servers(cfg.rollout.urls)  # on every rank, before any model is loaded
     tokenizer = load_tokenizer(cfg.model.path)
     model_cfg = dataclasses.replace(cfg.model, device=str(world.device))
     model = load_model(model_cfg)
@@ -236,10 +239,7 @@ def setup(cfg: RLConfig) -> RLRun:
                     temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
                     micro_batch_size=cfg.micro_batch_size, ref_model=ref, world=world,
                     reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
-    engine = None  # async: the engine runs in its own process, started by run_async; rank 0 generates
-    if cfg.mode == "sync" and world.main:
-        engine = TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
-                             dtype=getattr(torch, cfg.rollout.engine_dtype))
+    engine = build_engine(cfg, tokenizer, world)
     train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
     run = RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
@@ -248,11 +248,30 @@ def setup(cfg: RLConfig) -> RLRun:
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world)
     if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
         sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
+    elif cfg.rollout.backend == "openai":
+        sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo
 
         run.ppo = setup_ppo(run)
     return run
+
+
+def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None:
+    """Rank 0's rollout engine, by ``rollout.backend``: the in-process `TorchEngine`, or a client of
+    OpenAI-compatible servers that receives new weights through ``rollout.weights_dir``. None on
+    the other ranks and in async mode (its engine runs in its own process, started by run_async)."""
+    if cfg.mode != "sync" or not world.main:
+        return None
+    r = cfg.rollout
+    if r.backend == "openai":
+        path = cfg.model.path
+        return HTTPEngine(r.urls, weights_dir=r.weights_dir or str(Path(cfg.out_dir) / "rollout_weights"),
+                          tokenizer=tokenizer, eos_ids=model_eos_ids(path, tokenizer),
+                          model_files=path if Path(path).is_dir() else None, request_timeout_s=r.request_timeout_s,
+                          sync_timeout_s=r.sync_timeout_s, retries=r.retries, retry_backoff_s=r.retry_backoff_s)
+    return TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
+                       dtype=getattr(torch, r.engine_dtype))
 
 
 def check_world(cfg: RLConfig, world: World) -> None:

@@ -25,7 +25,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-FINISH_REASONS = ("eos", "stop", "length")
+FINISH_REASONS = ("eos", "stop", "length", "error")
+"""Why a sample ended. "error": the engine could not produce it (e.g. a server request that failed
+after its retries); its completion is empty and the RL loop scores it INFRA_FAIL."""
 LOGPROB_KIND = "full_temperature_scaled"
 
 
@@ -108,7 +110,7 @@ class Rollouts:
     logprobs: list[list[float]]
     """Sampler log-prob per completion token, see ``logprob_kind``."""
     finish_reason: list[str]
-    """"eos" | "stop" | "length"."""
+    """"eos" | "stop" | "length" | "error" (see ``FINISH_REASONS``)."""
     policy_version: list[int]
     sampling: SamplingParams
     logprob_kind: str = LOGPROB_KIND

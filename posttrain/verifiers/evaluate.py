@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from posttrain.algos.passk import pass_at_k_table, solve_fractions
-from posttrain.outcome import OutcomeClass
+from posttrain.outcome import Outcome, OutcomeClass
 from posttrain.rollout.types import SamplingParams
 
 
@@ -26,17 +26,25 @@ class EvalSummary:
     solve_none_frac: float
 
 
-def score(verifier, texts: list[str], examples: list[dict]) -> list:
-    """Judge each completion; a verifier exception becomes INFRA_FAIL, never reward 0."""
+def score(verifier, texts: list[str], examples: list[dict], finish: list[str] | None = None) -> list:
+    """Judge each completion; a verifier exception becomes INFRA_FAIL, never reward 0.
+
+    The one place a sample the engine could not produce (finish reason "error" in ``finish``: a
+    server request that failed) becomes an outcome: INFRA_FAIL, without asking the verifier.
+    """
     from posttrain.verifiers import score_batch
 
-    return score_batch(verifier, texts, examples)
+    failed = [f == "error" for f in finish] if finish is not None else [False] * len(texts)
+    judged = iter(score_batch(verifier, [t for t, bad in zip(texts, failed) if not bad],
+                              [ex for ex, bad in zip(examples, failed) if not bad]))
+    return [Outcome.infra_fail("rollout_error", "the rollout engine returned no sample") if bad else next(judged)
+            for bad in failed]
 
 
 def evaluate(engine, prompt_ids: list[list[int]], examples: list[dict], verifier, *, profile: str,
              sampling: SamplingParams, n: int, seed: int = 0) -> EvalSummary:
     ro = engine.generate(prompt_ids, n, dataclasses.replace(sampling, seed=seed))
-    outcomes = score(verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx])
+    outcomes = score(verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx], ro.finish_reason)
     passes = [0] * len(examples)
     for i, o in zip(ro.prompt_idx, outcomes):
         passes[i] += int(o.cls is OutcomeClass.PASS)

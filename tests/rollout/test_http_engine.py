@@ -1,0 +1,324 @@
+"""HTTPEngine against a small OpenAI-compatible server over a real TorchEngine (the nano model).
+
+`FakeServer` implements the contract the engine relies on and nothing more: ``GET /health``,
+``POST /v1/completions`` (token-id prompt, ``n`` choices with ``token_ids`` and
+``logprobs.token_logprobs``) and ``POST /update_weights_from_disk``. It runs uvicorn in a thread
+on a free loopback port, records which prompts it served, and can be told to fail requests or to
+misreport a checksum. The last test runs the engine against the real ``posttrain serve`` app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.rollout import (
+    HTTPEngine,
+    Rollouts,
+    SamplingParams,
+    ServerUnreachable,
+    TorchEngine,
+    WeightSyncError,
+    weights_checksum,
+)
+from posttrain.rollout.http import WEIGHTS_FILE, model_eos_ids, prompt_seed
+from posttrain.verifiers.evaluate import score
+
+TEXTS = ["Compute 12 x 34.", "What is 7 times 8?", "Hello", "The answer is", "a b c d e f", "Say something long"]
+
+
+class InThread:
+    """An ASGI app served by uvicorn on a free loopback port, in a background thread."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.app = app
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class FakeServer:
+    """An OpenAI-compatible rollout server over a `TorchEngine`, in a background thread."""
+
+    def __init__(self, model_dir, name: str):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        self.json = JSONResponse
+        self.engine = TorchEngine(str(model_dir))
+        self.name = name
+        self.served: list[tuple[tuple[int, ...], int]] = []  # (prompt, n) of every answered request
+        self.fail = lambda prompt: False  # answer HTTP 500 to these prompts
+        self.lie_about_checksum = False
+        self.http = InThread(Starlette(routes=[
+            Route("/health", self.health), Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/update_weights_from_disk", self.update_weights, methods=["POST"])]))
+        self.url = self.http.url
+
+    def stop(self) -> None:
+        self.http.stop()
+
+    async def health(self, request):
+        return self.json({"status": "ok", "version": self.engine.version})
+
+    async def completions(self, request):
+        body = await request.json()
+        prompt, n = [int(t) for t in body["prompt"]], int(body.get("n", 1))
+        if self.fail(prompt):
+            return self.json({"error": {"message": f"{self.name}: told to fail"}}, status_code=500)
+        sampling = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
+                                  top_k=max(0, body.get("top_k", 0)), max_new_tokens=body.get("max_tokens", 16),
+                                  stop=body.get("stop") or [], seed=body.get("seed"),
+                                  ignore_eos=body.get("ignore_eos", False))
+        ro = self.engine.generate([prompt], n, sampling)
+        self.served.append((tuple(prompt), n))
+        tok = self.engine.tokenizer
+        choices = [{"index": j, "text": ro.texts[j], "finish_reason": "length" if why == "length" else "stop",
+                    "logprobs": {"tokens": [tok.decode([t]) for t in ids], "token_logprobs": lp},
+                    "token_ids": ids, "truncated_logprobs": tl, "prompt_token_ids": prompt}
+                   for j, (ids, lp, tl, why) in enumerate(zip(ro.completion_ids, ro.logprobs,
+                                                              ro.truncated_logprobs, ro.finish_reason))]
+        return self.json({"object": "text_completion", "choices": choices, "prompt_token_ids": prompt,
+                          "server": self.name})
+
+    async def update_weights(self, request):
+        body = await request.json()
+        weights = load_file(f"{body['model_path']}/{WEIGHTS_FILE}")
+        actual = weights_checksum(weights)
+        if actual != body["checksum"]:
+            return self.json({"success": False, "message": f"checksum mismatch: computed {actual}",
+                              "version": self.engine.version, "checksum": actual}, status_code=400)
+        self.engine.version = min(self.engine.version, body["version"])  # a new run may restart at 0
+        self.engine.load_weights(weights, body["version"], actual)
+        return self.json({"success": True, "message": "ok", "version": self.engine.version,
+                          "checksum": "0" * 64 if self.lie_about_checksum else actual})
+
+
+def real_server(model_dir) -> InThread:
+    """The ``posttrain serve`` app on the model, in process."""
+    app = pytest.importorskip("posttrain.serve.app")
+    create_app, load_engine = app.create_app, app.load_engine
+
+    engine, tokenizer, checksum = load_engine(model_dir)
+    return InThread(create_app(engine, tokenizer, served_model_name="nano", model_path=model_dir, checksum=checksum))
+
+
+@pytest.fixture
+def servers(nano_model_dir):
+    pair = [FakeServer(nano_model_dir, "a"), FakeServer(nano_model_dir, "b")]
+    yield pair
+    for s in pair:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(nano_model_dir):
+    from posttrain.models.hf import load_tokenizer
+
+    return load_tokenizer(str(nano_model_dir))
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def local(nano_model_dir):
+    return TorchEngine(str(nano_model_dir))  # loads the tokenizer too (stop strings, texts)
+
+
+def engine_for(servers, tmp_path, tokenizer, **kw) -> HTTPEngine:
+    return HTTPEngine([s.url for s in servers], weights_dir=str(tmp_path / "weights"), tokenizer=tokenizer,
+                      eos_ids=model_eos_ids(tokenizer.name_or_path, tokenizer), retry_backoff_s=0.01, **kw)
+
+
+def per_prompt(engine, prompts, n, sampling) -> Rollouts:
+    """The in-process reference of what the servers do: each prompt alone, with its own seed."""
+    parts = [engine.generate([p], n, dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, i)))
+             for i, p in enumerate(prompts)]
+    return Rollouts.concat([r.select(list(range(n)), [i] * n) for i, r in enumerate(parts)])
+
+
+@pytest.mark.parametrize("stop", [[], ["e"]])
+def test_greedy_is_token_exact_with_the_in_process_engine(servers, tmp_path, tokenizer, prompts, local, stop):
+    engine = engine_for(servers, tmp_path, tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop=stop)
+    got, want = engine.generate(prompts, 1, greedy), local.generate(prompts, 1, greedy)
+    assert {"eos", "stop" if stop else "length"} <= set(got.finish_reason)  # EOS told apart from a stop string
+    assert got.prompt_idx == want.prompt_idx and got.prompt_ids == want.prompt_ids
+    assert got.completion_ids == want.completion_ids
+    for a, b in zip(got.logprobs, want.logprobs):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    assert got.finish_reason == want.finish_reason and got.texts == want.texts
+    assert got.policy_version == [0] * len(prompts) and got.truncated_logprobs is not None
+
+
+def test_sampling_uses_one_seed_per_prompt_and_groups_never_split(servers, tmp_path, tokenizer, prompts, local):
+    engine = engine_for(servers, tmp_path, tokenizer)
+    sampling = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=10, seed=123)
+    got = engine.generate(prompts, 3, sampling)
+    want = per_prompt(local, prompts, 3, sampling)
+    assert got.prompt_idx == [i for i in range(len(prompts)) for _ in range(3)]
+    assert got.completion_ids == want.completion_ids and got.finish_reason == want.finish_reason
+    assert got.logprobs == want.logprobs and got.truncated_logprobs == want.truncated_logprobs
+    served = [entry for s in servers for entry in s.served]
+    assert sorted(served) == sorted((tuple(p), 3) for p in prompts)  # one request of n=3 per prompt
+    assert all(s.served for s in servers)  # both servers took a share
+
+
+def test_a_failed_request_is_retried_on_the_other_server(servers, tmp_path, tokenizer, prompts, local):
+    servers[0].fail = lambda prompt: True
+    engine = engine_for(servers, tmp_path, tokenizer)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
+    got = engine.generate(prompts, 2, sampling)
+    assert got.completion_ids == per_prompt(local, prompts, 2, sampling).completion_ids
+    assert "error" not in got.finish_reason
+    assert not servers[0].served and len(servers[1].served) == len(prompts)
+    assert engine.stats["retries"] > 0 and engine.stats["failed"] == 0
+
+
+def test_a_request_every_server_fails_gives_error_samples_scored_infra_fail(servers, tmp_path, tokenizer, prompts):
+    bad = tuple(prompts[1])
+    for s in servers:
+        s.fail = lambda prompt: tuple(prompt) == bad
+    engine = engine_for(servers, tmp_path, tokenizer, retries=2)
+    ro = engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
+    assert ro.finish_reason[2:4] == ["error", "error"] and ro.completion_ids[2:4] == [[], []]
+    assert "error" not in ro.finish_reason[:2] + ro.finish_reason[4:]
+    assert engine.stats["failed"] == 1
+    outcomes = score(lambda text, ex: pytest.fail("the verifier must not judge a missing sample"),
+                     ro.completion_texts()[2:4], [{}, {}], ro.finish_reason[2:4])
+    assert [(o.cls.value, o.reason) for o in outcomes] == [("INFRA_FAIL", "rollout_error")] * 2
+    assert ro.to_padded().completion_mask_BT[2:4].sum() == 0
+
+
+def test_weight_sync_is_confirmed_by_every_server_and_old_versions_are_pruned(servers, tmp_path, tokenizer,
+                                                                               prompts, nano_model_dir):
+    engine = engine_for(servers, tmp_path, tokenizer)
+    reference = TorchEngine(str(nano_model_dir))
+    state = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    for version in (1, 2, 3):
+        state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+        checksum = weights_checksum(state)
+        engine.load_weights(state, version, checksum)
+        reference.load_weights(state, version, checksum)
+        assert engine.version == version and all(s.engine.version == version for s in servers)
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2", "v3"]
+    got, want = engine.generate(prompts, 1, greedy), reference.generate(prompts, 1, greedy)
+    assert got.completion_ids == want.completion_ids and got.policy_version == [3] * len(prompts)
+
+
+def test_a_refused_or_misreported_checksum_raises_naming_the_server(servers, tmp_path, tokenizer, nano_model_dir):
+    engine = engine_for(servers, tmp_path, tokenizer)
+    weights = dict(TorchEngine(str(nano_model_dir)).model.state_dict())
+    with pytest.raises(WeightSyncError) as refused:  # both servers compute another checksum: 400
+        engine.load_weights(weights, 1, "f" * 64)
+    assert servers[0].url in str(refused.value) and servers[1].url in str(refused.value)
+    assert "400" in str(refused.value) and engine.version == 0
+    servers[1].lie_about_checksum = True
+    with pytest.raises(WeightSyncError) as lied:
+        engine.load_weights(weights, 1, weights_checksum(weights))
+    assert servers[1].url in str(lied.value) and servers[0].url not in str(lied.value)
+    assert engine.version == 0  # no rollout is attributed to version 1
+
+
+def _dead_url() -> str:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def test_an_unreachable_server_is_a_one_line_error_and_exit_1(nano_model_dir, arith_data_dir, tmp_path, capsys):
+    from posttrain.cli import main
+
+    dead = _dead_url()
+    with pytest.raises(ServerUnreachable, match=dead):
+        HTTPEngine([dead])
+    code = main(["rl", f"model.path={nano_model_dir}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
+                 "rollout.backend=openai", f"rollout.urls=['{dead}']", f"out_dir={tmp_path / 'run'}",
+                 "logging.progress=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert len(err.splitlines()) == 1 and dead in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_posttrain_serve_app_meets_the_contract(nano_model_dir, tmp_path, tokenizer, prompts, local):
+    servers = [real_server(nano_model_dir) for _ in range(2)]
+    try:
+        engine = engine_for(servers, tmp_path, tokenizer)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop=["e"])
+        got, want = engine.generate(prompts, 1, greedy), local.generate(prompts, 1, greedy)
+        assert got.completion_ids == want.completion_ids and got.finish_reason == want.finish_reason
+        assert got.texts == want.texts
+        for a, b in zip(got.logprobs, want.logprobs):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+        sampling = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, seed=5)
+        got, want = engine.generate(prompts, 3, sampling), per_prompt(local, prompts, 3, sampling)
+        assert got.completion_ids == want.completion_ids and got.logprobs == want.logprobs
+        assert got.truncated_logprobs == want.truncated_logprobs
+
+        reference = TorchEngine(str(nano_model_dir))
+        state = {k: v + 0.01 * torch.randn_like(v) for k, v in reference.model.state_dict().items()}
+        checksum = weights_checksum(state)
+        engine.load_weights(state, 1, checksum)
+        reference.load_weights(state, 1, checksum)
+        assert [s.app.state.serve.version for s in servers] == [1, 1]
+        greedy = dataclasses.replace(greedy, stop=[])
+        got = engine.generate(prompts, 1, greedy)
+        assert got.completion_ids == reference.generate(prompts, 1, greedy).completion_ids
+        assert got.policy_version == [1] * len(prompts)
+        with pytest.raises(WeightSyncError, match="checksum mismatch") as refused:
+            engine.load_weights(state, 2, "f" * 64)
+        assert all(s.url in str(refused.value) for s in servers)
+        assert engine.version == 1
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_posttrain_eval_through_a_server_equals_the_in_process_eval(nano_model_dir, tmp_path):
+    from posttrain.config import load_config
+    from posttrain.eval.results import read_samples
+    from posttrain.eval.runner import EvalConfig, run_eval
+
+    def evaluate(out, *extra):
+        cfg = load_config(EvalConfig, None, [f"model={nano_model_dir}", f"out_dir={out}", "chunk_problems=3",
+                                             'benchmarks=[{"kind": "arithmetic", "num_problems": 5}]',
+                                             'profiles=[{"name": "greedy", "max_new_tokens": 6}]', *extra])
+        results = run_eval(cfg, show_progress=False)
+        samples = read_samples(out / "samples" / "arithmetic.greedy.jsonl")
+        return results, [(s.completion, s.finish_reason) for s in samples]
+
+    server = real_server(nano_model_dir)
+    try:
+        remote = evaluate(tmp_path / "remote", "backend=openai", f"urls=['{server.url}']")
+    finally:
+        server.stop()
+    local = evaluate(tmp_path / "local")
+    assert remote[1] == local[1] and len(local[1]) == 5
+    assert remote[0][0].pass_at_k == local[0][0].pass_at_k
