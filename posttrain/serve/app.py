@@ -1,0 +1,377 @@
+"""The HTTP application: routes, error handling, and loading the served model.
+
+`create_app(engine, tokenizer, ...)` returns a Starlette ASGI app (run it with uvicorn). Routes:
+
+* ``GET /health`` -> ``{"status": "ok", "version": <weights version>}``
+* ``GET /v1/models`` -> the OpenAI model list (one model)
+* ``POST /v1/completions``, ``POST /v1/chat/completions`` -> OpenAI responses with the extensions
+  described in `posttrain.serve.protocol`
+* ``POST /update_weights_from_disk`` -> SGLang's route: load a folder's safetensors, verify the
+  checksum, swap them in between two generation rounds
+* ``GET /get_model_info`` (and ``/model_info``) -> path, version and checksum of the loaded weights
+* ``GET /server_info`` -> batching counters and limits
+
+Only the `EngineWorker` thread touches the engine. Handlers run on the event loop; they tokenize
+with their own tokenizer object (the engine decodes with another), so no tokenizer is shared
+between threads. Every handler turns any exception into a JSON error response: a bad request is a
+4xx, an engine failure a 500 for that request only, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from posttrain.errors import UserError
+from posttrain.rollout.types import LOGPROB_KIND, WeightSyncError, weights_checksum
+from posttrain.serve.batcher import EngineWorker
+from posttrain.serve.protocol import (
+    APIError,
+    Limits,
+    bad,
+    chat_body,
+    check_model,
+    choices_of,
+    completion_body,
+    get_bool,
+    get_int,
+    get_str,
+    parse_chat,
+    parse_completion,
+)
+from posttrain.serve.weights import folder_checksum, load_folder, resolve_model_dir, safetensors_files
+
+log = logging.getLogger("posttrain.serve")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+# ------------------------------------------------------------------------------ JSON plumbing
+
+def _finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+class JSON(Response):
+    """Strict JSON: a non-finite float (a model that produced NaN) is written as null, not NaN."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        try:
+            text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        except ValueError:
+            text = json.dumps(_finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return text.encode("utf-8")
+
+
+def error_response(e: APIError, **extra) -> JSON:
+    return JSON({**e.body(), **extra}, status_code=e.status)
+
+
+async def read_json(request: Request) -> dict:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise bad("request body is empty; send a JSON object", code="invalid_json")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad(f"request body must be a JSON object, got {type(body).__name__}", code="invalid_type")
+    return body
+
+
+def endpoint(fn):
+    """Any exception becomes a JSON error response; the server never dies of a request."""
+
+    async def handler(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except APIError as e:
+            return error_response(e)
+        except Exception as e:
+            log.exception("request to %s failed", request.url.path)
+            return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error"))
+
+    handler.__name__ = fn.__name__
+    return handler
+
+
+# ------------------------------------------------------------------------------ state
+
+@dataclass
+class ServeState:
+    engine: object
+    worker: EngineWorker
+    tokenizer: object
+    served_name: str
+    model_path: Path
+    checksum: str | None
+    limits: Limits
+    weight_label: str | None = None
+    created: int = 0
+
+    def __post_init__(self):
+        self._token_text: dict[int, str] = {}
+        self.update_lock = asyncio.Lock()
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise bad("this model's tokenizer has no chat template; use /v1/completions", "messages",
+                      "unsupported_parameter")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, **template_kwargs)
+        except Exception as e:  # jinja errors, raise_exception() in a template, bad kwargs
+            raise bad(f"the chat template could not render these messages: {e}", "messages") from None
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+
+# ------------------------------------------------------------------------------ routes
+
+def _routes(state: ServeState) -> list[Route]:
+    @endpoint
+    async def health(request: Request) -> Response:
+        if not state.worker.alive:
+            return JSON({"status": "error", "version": state.version, "message": "engine worker stopped"},
+                        status_code=503)
+        return JSON({"status": "ok", "version": state.version})
+
+    @endpoint
+    async def models(request: Request) -> Response:
+        return JSON({"object": "list", "data": [{
+            "id": state.served_name, "object": "model", "created": state.created, "owned_by": "posttrain",
+            "root": str(state.model_path), "max_model_len": state.limits.max_model_len}]})
+
+    @endpoint
+    async def completions(request: Request) -> Response:
+        body = await read_json(request)
+        check_model(body, state.served_name)
+        req = parse_completion(body, state.limits, state.tokenize)
+        r = await state.worker.generate(req.prompts, req.n, req.sampling)
+        return JSON(completion_body(rid=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.served_name,
+                                    req=req, choices=choices_of(r, req), token_text=state.token_text))
+
+    @endpoint
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request)
+        check_model(body, state.served_name)
+        req = parse_chat(body, state.limits, state.render_chat)
+        r = await state.worker.generate(req.prompts, req.n, req.sampling)
+        return JSON(chat_body(rid=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.served_name,
+                              req=req, choices=choices_of(r, req), token_text=state.token_text))
+
+    @endpoint
+    async def model_info(request: Request) -> Response:
+        engine = state.engine
+        return JSON({"model_path": str(state.model_path), "served_model_name": state.served_name,
+                     "is_generation": True, "version": state.version,
+                     "weight_version": state.weight_label or str(state.version), "checksum": state.checksum,
+                     "dtype": str(next(engine.model.parameters()).dtype).replace("torch.", ""),
+                     "device": str(engine.device), "max_model_len": state.limits.max_model_len,
+                     "vocab_size": state.limits.vocab_size, "logprob_kind": LOGPROB_KIND})
+
+    @endpoint
+    async def server_info(request: Request) -> Response:
+        w = state.worker
+        return JSON({"generate_calls": w.generate_calls, "requests_served": w.requests_served,
+                     "max_batch_prompts": w.max_batch_prompts, "batch_wait_ms": w.batch_wait_s * 1000,
+                     "batch_seeded": w.batch_seeded,
+                     "max_samples_per_request": state.limits.max_samples_per_request, "version": state.version})
+
+    async def update_weights(request: Request) -> Response:
+        try:
+            return await _update_weights(state, request)
+        except APIError as e:
+            return error_response(e, success=False, message=e.message)
+        except Exception as e:
+            log.exception("weight update failed")
+            msg = f"internal error: {type(e).__name__}: {e}; weights left at version {state.version}"
+            return error_response(APIError(500, msg, code="internal_error"), success=False, message=msg)
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/update_weights_from_disk", update_weights, methods=["POST"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+    ]
+
+
+# SGLang's request fields with nothing to do here (one engine, no KV cache kept between requests).
+_SGLANG_IGNORED = {"abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph",
+                   "token_step", "flush_cache"}
+_UPDATE_FIELDS = {"model_path", "load_format", "version", "weight_version", "checksum"} | _SGLANG_IGNORED
+
+
+async def _update_weights(state: ServeState, request: Request) -> Response:
+    body = await read_json(request)
+    unknown = sorted(set(body) - _UPDATE_FIELDS)
+    if unknown:
+        raise bad(f"unknown field {unknown[0]!r}", unknown[0], "unknown_parameter")
+    model_path = get_str(body, "model_path", None)
+    if not model_path:
+        raise bad("model_path is required (a folder with *.safetensors)", "model_path", "missing_required_parameter")
+    load_format = get_str(body, "load_format", None)
+    if load_format not in (None, "auto", "safetensors"):
+        raise bad(f"load_format={load_format!r}: only safetensors folders are read here", "load_format",
+                  "unsupported_parameter")
+    version = get_int(body, "version", None, lo=0)
+    label = body.get("weight_version")
+    if isinstance(label, bool) or (label is not None and not isinstance(label, (str, int))):
+        raise bad("weight_version must be a string", "weight_version", "invalid_type")
+    if version is None and label is not None and str(label).strip().isdigit():
+        version = int(str(label).strip())
+    checksum = get_str(body, "checksum", None)
+    for key in _SGLANG_IGNORED:  # type-checked, then ignored
+        get_int(body, key, None) if key == "token_step" else get_bool(body, key, False)
+
+    try:
+        folder = resolve_model_dir(model_path, key="model_path")
+    except UserError as e:
+        raise bad(str(e), "model_path") from None
+    if not folder.is_dir():
+        raise bad(f"model_path={model_path}: not a folder", "model_path")
+    if not safetensors_files(folder):
+        raise bad(f"model_path={folder}: no *.safetensors files", "model_path")
+
+    async with state.update_lock:
+        try:
+            weights = await asyncio.to_thread(load_folder, folder)
+        except Exception as e:
+            raise bad(f"model_path={folder}: could not read the safetensors: {e}", "model_path") from None
+        actual = await asyncio.to_thread(weights_checksum, weights)
+        if checksum is not None and checksum != actual:
+            raise bad(f"checksum mismatch: expected {checksum}, the tensors in {folder} hash to {actual}; "
+                      f"weights left at version {state.version}", "checksum", "checksum_mismatch")
+
+        def swap(engine) -> int:
+            v = version if version is not None else engine.version + 1
+            engine.load_weights(weights, v, actual)  # verifies the checksum again before touching a weight
+            return v
+
+        try:
+            new_version = await state.worker.call(swap)
+        except WeightSyncError as e:
+            raise bad(str(e), "model_path", "weight_sync_error") from None
+        state.checksum = actual
+        state.model_path = folder
+        state.weight_label = str(label) if label is not None else None
+    msg = f"loaded the weights of {folder} as version {new_version}"
+    log.info(msg)
+    return JSON({"success": True, "message": msg, "num_paused_requests": 0, "version": new_version,
+                 "checksum": actual})
+
+
+# ------------------------------------------------------------------------------ the app
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    detail = exc.detail if exc.status_code != 404 else f"no route {request.method} {request.url.path}"
+    return error_response(APIError(exc.status_code, str(detail), code=code))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+
+
+def max_model_len(engine, tokenizer) -> int:
+    cfg = engine.model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n = getattr(cfg, "max_position_embeddings", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    m = getattr(tokenizer, "model_max_length", None)
+    return m if isinstance(m, int) and 0 < m < 10**8 else 2048
+
+
+def create_app(engine, tokenizer, *, served_model_name: str, model_path: str | Path, checksum: str | None = None,
+               max_batch_prompts: int = 256, batch_wait_ms: float = 5.0, batch_seeded: bool = False,
+               max_samples_per_request: int = 4096) -> Starlette:
+    """The ASGI app serving ``engine``; ``tokenizer`` is used by the handlers (a copy is made when it
+    is the engine's own, so the two threads never share one)."""
+    if tokenizer is engine.tokenizer:
+        tokenizer = copy.deepcopy(tokenizer)
+    worker = EngineWorker(engine, max_batch_prompts=max_batch_prompts, batch_wait_s=batch_wait_ms / 1000,
+                          batch_seeded=batch_seeded)
+    state = ServeState(engine=engine, worker=worker, tokenizer=tokenizer, served_name=served_model_name,
+                       model_path=Path(model_path), checksum=checksum, created=int(time.time()),
+                       limits=Limits(vocab_size=int(engine.vocab_size), max_model_len=max_model_len(engine, tokenizer),
+                                     max_samples_per_request=max_samples_per_request))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = Starlette(routes=_routes(state), lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.serve = state
+    return app
+
+
+def load_engine(path: str | Path, *, dtype: str = "float32", device: str = "cpu", key: str = "MODEL"):
+    """``(engine, tokenizer, checksum)`` for a model folder or hub id; one-line `UserError` when it
+    cannot be loaded. The checksum is the folder's (see `posttrain.serve.weights`), None for a hub id."""
+    from posttrain.models.hf import DTYPES, check_model_path, load_errors, load_tokenizer, resolve_device
+    from posttrain.rollout.engine import TorchEngine
+
+    path = str(path)
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype={dtype}: choose from {', '.join(DTYPES)}")
+    check_model_path(path, key)
+    engine_tokenizer = load_tokenizer(path, key)
+    api_tokenizer = load_tokenizer(path, key)
+    with load_errors(key, path, "model"):
+        engine = TorchEngine(path, tokenizer=engine_tokenizer, dtype=DTYPES[dtype], device=resolve_device(device))
+    checksum = folder_checksum(path) if safetensors_files(path) else None
+    return engine, api_tokenizer, checksum

@@ -1,0 +1,130 @@
+"""`posttrain serve MODEL_OR_RUN_DIR [--port P] [--host H]`: the rollout engine behind an OpenAI-compatible API.
+
+MODEL_OR_RUN_DIR is a model folder (config.json + safetensors + tokenizer), a hub id, or a run
+directory, which means its newest complete checkpoints/step-N. The server prints its URL once it
+listens; Ctrl-C stops it. Routes: /health, /v1/models, /v1/completions, /v1/chat/completions,
+/update_weights_from_disk, /get_model_info. See docs/serve.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+
+from posttrain.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.add_argument("model", metavar="MODEL_OR_RUN_DIR", help="model folder, hub id, or run directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model id clients send and /v1/models lists (default: the path as given)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the engine's weights (default float32)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--max-batch-prompts", type=int, default=256,
+                        help="most prompts batched into one engine call (default 256)")
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0,
+                        help="how long the batcher waits for one more request before starting (default 5)")
+    parser.add_argument("--batch-seeded", action="store_true",
+                        help="batch seeded sampled requests together (faster; a seed then reproduces only the same "
+                             "batch, not TorchEngine on the request alone)")
+    parser.add_argument("--max-samples-per-request", type=int, default=4096,
+                        help="largest prompts x n one request may ask for (default 4096)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="server log level (default warning)")
+
+
+class _Stopped(Exception):
+    """SIGTERM, after uvicorn's graceful shutdown."""
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"--host={host}: cannot resolve ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"--host={host} --port={port}: cannot listen there ({e.strerror})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.port < 0 or args.port > 65535:
+        raise UserError(f"--port={args.port}: must be in 0..65535")
+    for name in ("max_batch_prompts", "max_samples_per_request"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads={args.threads}: must be >= 1")
+    if args.batch_wait_ms < 0:
+        raise UserError(f"--batch-wait-ms={args.batch_wait_ms}: must be >= 0")
+
+    from posttrain.models.hf import check_model_path, quiet_transformers
+    from posttrain.serve.weights import resolve_model_dir
+
+    path = resolve_model_dir(args.model)
+    check_model_path(str(path), "MODEL")  # before anything binds or loads
+    sock = _bind(args.host, args.port)
+
+    import torch
+    import uvicorn
+
+    from posttrain.serve.app import create_app, load_engine
+
+    quiet_transformers()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine, tokenizer, checksum = load_engine(path, dtype=args.dtype, device=args.device)
+    name = args.served_model_name or args.model
+    app = create_app(engine, tokenizer, served_model_name=name, model_path=path, checksum=checksum,
+                     max_batch_prompts=args.max_batch_prompts, batch_wait_ms=args.batch_wait_ms,
+                     batch_seeded=args.batch_seeded,
+                     max_samples_per_request=args.max_samples_per_request)
+    url = _url(sock)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"posttrain serve: {name} ({path}, {args.dtype} on {engine.device}) at {url}/v1 "
+                      f"- Ctrl-C to stop", flush=True)
+
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5,
+                            lifespan="on")
+    server = Server(config)
+    # uvicorn catches SIGINT/SIGTERM, shuts down gracefully, restores the handlers it found and
+    # re-raises the signal: SIGINT comes back as KeyboardInterrupt, SIGTERM as _Stopped from here.
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        server.run(sockets=[sock])
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    print("posttrain serve: stopped", file=sys.stderr, flush=True)
+    return 0
