@@ -96,18 +96,21 @@ class TorchEngine:
 
     # ----------------------------------------------------------------------------------- weights
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str, *,
+                     allow_older: bool = False) -> None:
         """Replace (some or all of) the weights, by state-dict name, after verifying ``checksum``.
 
         The checksum is recomputed over the tensors as received (before the cast to the engine's
         dtype). Any mismatch of checksum, name or shape raises `WeightSyncError` before a single
-        weight is changed. On success ``version`` becomes the engine's version.
+        weight is changed. On success ``version`` becomes the engine's version. A version older
+        than the loaded one is refused (an update arriving out of order) unless ``allow_older``:
+        a server taking weights from a new or resumed trainer restarts its count.
         """
         actual = weights_checksum(weights)
         if actual != checksum:
             raise WeightSyncError(f"checksum mismatch for version {version}: expected {checksum}, computed {actual}; "
                                   f"weights left at version {self.version}")
-        if version < self.version:
+        if version < self.version and not allow_older:
             raise WeightSyncError(f"version {version} is older than the loaded version {self.version}")
         targets = self.model.state_dict()
         unknown = sorted(set(weights) - set(targets))

@@ -293,7 +293,9 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
 
         def swap(engine) -> int:
             v = version if version is not None else engine.version + 1
-            engine.load_weights(weights, v, actual)  # verifies the checksum again before touching a weight
+            # verifies the checksum again before touching a weight; the trainer owns the version count,
+            # so a new or resumed run may restart it below the loaded one
+            engine.load_weights(weights, v, actual, allow_older=True)
             return v
 
         try:

@@ -76,13 +76,20 @@ def test_bad_checksum_is_refused_and_old_weights_stay(http, folders):
     assert greedy(http) == before
 
 
-@pytest.mark.parametrize("case", ["older_version", "unknown_names", "no_safetensors", "run_dir_without_checkpoint"])
+def test_a_new_trainer_may_restart_the_version_count(http, folders):
+    """A new or resumed RL run pushes its own version (0, or the checkpoint's) to a running server."""
+    folder, tensors = folders["other"]
+    r = update(http, model_path=str(folder), version=7, checksum=weights_checksum(tensors))
+    assert r.status_code == 200 and r.json()["version"] == 7
+    r = update(http, model_path=str(folder), version=0, checksum=weights_checksum(tensors))
+    assert r.status_code == 200 and r.json()["version"] == 0
+    assert http.get("/health").json()["version"] == 0
+
+
+@pytest.mark.parametrize("case", ["unknown_names", "no_safetensors", "run_dir_without_checkpoint"])
 def test_other_refusals_leave_weights_alone(http, folders, tmp_path, case):
     before, info = greedy(http), http.get("/get_model_info").json()
-    if case == "older_version":
-        folder, tensors = folders["other"]
-        r = update(http, model_path=str(folder), version=0, checksum=weights_checksum(tensors))
-    elif case == "unknown_names":
+    if case == "unknown_names":
         folder, _ = folders["renamed"]
         r = update(http, model_path=str(folder), version=5)
     elif case == "no_safetensors":
@@ -97,9 +104,10 @@ def test_other_refusals_leave_weights_alone(http, folders, tmp_path, case):
 
 def test_sglang_style_body_default_version_and_run_dir(http, folders, tmp_path):
     folder, tensors = folders["v3"]
+    previous = http.get("/health").json()["version"]
     r = update(http, model_path=str(folder), load_format="auto", flush_cache=True, abort_all_requests=False)
     assert r.status_code == 200, r.text
-    assert r.json()["version"] == 2 and r.json()["checksum"] == weights_checksum(tensors)  # previous + 1
+    assert r.json()["version"] == previous + 1 and r.json()["checksum"] == weights_checksum(tensors)
 
     run = tmp_path / "run"
     for step in (4, 7):
