@@ -57,7 +57,7 @@ def rl_run(name: str, extra: list[str], paths: dict, out: Path, args, threads: i
         f"data.eval_max_prompts={args.eval_prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new}", f"prompts_per_step={args.prompts}", f"num_steps={args.steps}",
         "optim.lr=1e-4", "optim.beta2=0.999", "optim.warmup_steps=10", "optim.schedule=cosine",
-        "micro_batch_size=64", "eval_every=0", "save_every=0", "kl.track=false",
+        "eval_every=0", "save_every=0", "kl.track=false",
         f"out_dir={out / name}", "resume=false", "logging.progress=false", *extra])
     run_rl(cfg, printer=lambda *_: None)
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]

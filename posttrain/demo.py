@@ -94,7 +94,7 @@ def stage_rl(out: Path, p: dict, paths: dict, sft_ckpt: str, args) -> str:
         f"rollout.group_size={p['group_size']}", f"rollout.max_new_tokens={p['max_new_tokens']}", "rollout.temperature=1.0",
         "algorithm=grpo", "verifier=arithmetic", f"prompts_per_step={p['prompts_per_step']}",
         f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}", "optim.beta2=0.999",
-        "optim.warmup_steps=10", "optim.schedule=cosine", "micro_batch_size=64",
+        "optim.warmup_steps=10", "optim.schedule=cosine", "micro_batch_tokens=8192",
         # Most groups of a weak start are all-wrong: sample more prompts until every group can teach.
         "dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=3",
         f"eval_every={max(p['rl_steps'] // 3, 1)}", "save_every=0", f"seed={args.seed}",

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from posttrain.algos.advantages import zero_variance
+from posttrain.core.dist import World, current_world
 from posttrain.outcome import Outcome
 
 
@@ -62,6 +63,22 @@ class RLBatch:
                 width = length if v.shape[1] == self.input_ids_BT.shape[1] else length - 1
                 out[f.name] = v[idx, :width]
         return RLBatch(**out)
+
+    def micro_batches(self, rows: torch.Tensor, token_budget: int, world: World | None = None) -> list[torch.Tensor]:
+        """``rows`` split, in order, into micro-batches of at most ``token_budget`` padded tokens
+        (rows × the longest row) — a memory knob that never changes the math (denominators are
+        global). Under torchrun every rank gets the same number of micro-batches, the most any rank
+        needs, because sharded forwards run in lock step."""
+        lengths = self.attention_mask_BT.sum(1)[rows].tolist()
+        plan, start, longest = [], 0, 0
+        for i, length in enumerate(lengths):
+            if i > start and (i - start + 1) * max(longest, length) > token_budget:
+                plan.append(rows[start:i])
+                start, longest = i, 0
+            longest = max(longest, length)
+        plan.append(rows[start:])
+        count = (world or current_world()).all_reduce(len(plan), "max")
+        return plan if count == len(plan) else list(torch.tensor_split(rows, count))
 
     def position_ids_BT(self) -> torch.Tensor:
         return (self.attention_mask_BT.cumsum(1) - 1).clamp_min(0)

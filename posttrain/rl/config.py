@@ -102,12 +102,17 @@ class KLConfig:
     ref_path: str = ""
     """Reference model folder; empty = the starting policy (model.path)."""
     track: bool = True
-    """With coef=0, still load the frozen reference to log `kl/ref` (drift from the start) every
-    step: one extra no-grad forward per step. Turn off to save the memory of a second model."""
+    """With coef=0, still load the frozen reference to log `kl/ref` (drift from the start) on the
+    first step and every `track_every` steps. Turn off to save the memory of a second model."""
+    track_every: int = 10
+    """With coef=0 and track on: run the reference forward (and log `kl/ref`) on step 1 and every N
+    steps; 1 = every step (one extra no-grad forward per step). With coef > 0 it runs every step."""
 
     def __post_init__(self):
         if self.coef < 0:
             raise ConfigValueError("coef", "must be >= 0")
+        if self.track_every < 1:
+            raise ConfigValueError("track_every", "must be >= 1")
         if self.estimator not in ("k1", "k2", "k3"):
             raise ConfigValueError("estimator", "must be k1, k2 or k3")
         if self.mode not in ("loss", "reward"):
@@ -231,8 +236,10 @@ class RLConfig:
     """Passes over each step's rollouts."""
     mini_batches: int = 1
     """Optimizer steps per epoch (the step's rollouts split into this many mini-batches)."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward (memory knob; does not change the math)."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens (rows × longest row) per forward/backward: a memory knob that does not change
+    the math. When a step's rollouts fit in one micro-batch and it takes one update, the scoring
+    forward is the one the update differentiates (the policy runs once per step)."""
     eval_every: int = 10
     """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
     save_every: int = 25
@@ -266,7 +273,7 @@ class RLConfig:
         if self.aggregation and self.aggregation not in DEFAULT_AGGREGATION.values():
             raise ConfigValueError("aggregation", "must be token_mean, seq_mean_token_mean or "
                                    "seq_mean_token_sum_norm")
-        for key in ("prompts_per_step", "num_steps", "ppo_epochs", "mini_batches", "micro_batch_size"):
+        for key in ("prompts_per_step", "num_steps", "ppo_epochs", "mini_batches", "micro_batch_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigValueError(key, "must be >= 1")
         if self.prompts_per_step * self.rollout.group_size % self.mini_batches:

@@ -102,8 +102,9 @@ class DistillConfig:
     """Steps (one generation round, one update, one weight sync each)."""
     max_tokens: int = 0
     """Stop once the student has generated this many completion tokens in total; 0 = no budget."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward (memory knob; does not change the math)."""
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward/backward (memory knob; does not change the math). Smaller than
+    RL's default: with loss=full the teacher's logits of a micro-batch are held until the update."""
     eval_every: int = 10
     """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
     save_every: int = 25
@@ -124,7 +125,7 @@ class DistillConfig:
             raise ConfigValueError("reward_coef", "must be >= 0")
         if self.max_tokens < 0:
             raise ConfigValueError("max_tokens", "must be >= 0 (0 = no budget)")
-        for key in ("prompts_per_step", "num_steps", "micro_batch_size"):
+        for key in ("prompts_per_step", "num_steps", "micro_batch_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigValueError(key, "must be >= 1")
 
@@ -132,7 +133,7 @@ class DistillConfig:
         """The RL run this distillation rides on (no reference model, one update per step)."""
         return RLConfig(model=self.model, data=self.data, rollout=self.rollout, optim=self.optim,
                         logging=self.logging, verifier=self.verifier, prompts_per_step=self.prompts_per_step,
-                        num_steps=self.num_steps, micro_batch_size=self.micro_batch_size,
+                        num_steps=self.num_steps, micro_batch_tokens=self.micro_batch_tokens,
                         eval_every=self.eval_every, save_every=self.save_every, keep_last=self.keep_last,
                         seed=self.seed, out_dir=self.out_dir, resume=self.resume)
 
@@ -224,8 +225,6 @@ def _logits(model, mb: RLBatch, temperature: float) -> torch.Tensor:
     return out.logits[:, :-1].float() / temperature
 
 
-def row_chunks(n: int, micro_batch_size: int) -> list[torch.Tensor]:
-    return list(torch.arange(n).split(micro_batch_size))
 
 
 @torch.no_grad()
@@ -310,7 +309,7 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
         batch.old_logp_BT, batch.ref_logp_BT, metrics = rl.policy.score(batch)
         metrics |= importance_weights(batch, CorrectionConfig(kind="none"))[1]
     with timer("teacher"):
-        chunks = row_chunks(len(batch), cfg.micro_batch_size)
+        chunks = batch.micro_batches(torch.arange(len(batch)), cfg.micro_batch_tokens, world)
         teacher = score_teacher(run.teacher, batch, chunks, temperature=cfg.rollout.temperature,
                                 top_k=cfg.teacher.top_k, keep_logits=cfg.loss == "full")
     with timer("update"):

@@ -137,6 +137,12 @@ def own_rows(n: int, group_size: int, world: World) -> list[int]:
     return list(range(groups.start * group_size, groups.stop * group_size))
 
 
+def reference_due(cfg: RLConfig, step: int) -> bool:
+    """The reference forward runs every step when the KL is trained on; when it is only tracked,
+    on step 1 and every ``kl.track_every`` steps."""
+    return cfg.kl.coef > 0 or step == 1 or step % cfg.kl.track_every == 0
+
+
 def share_step(run: RLRun, ro: Rollouts | None, outcomes: list | None, info: dict | None):
     """Rank 0's generated step on every rank (the others pass None)."""
     return run.world.broadcast_object((ro, outcomes, info) if run.world.main else None)
@@ -159,7 +165,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         batch = outcome_batch(mine, [outcomes[r] for r in rows], run.tokenizer.pad_token_id, cfg.rollout.group_size)
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     with timer("logprobs"):
-        batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch)
+        batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step))
         metrics |= m
     if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
         targets, m = run.ppo.targets(run, batch, timer)
@@ -237,7 +243,7 @@ def setup(cfg: RLConfig) -> RLRun:
     updates = cfg.num_steps * cfg.ppo_epochs * cfg.mini_batches
     policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),
                     temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
-                    micro_batch_size=cfg.micro_batch_size, ref_model=ref, world=world,
+                    micro_batch_tokens=cfg.micro_batch_tokens, ref_model=ref, world=world,
                     reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
     engine = build_engine(cfg, tokenizer, world)
     train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))

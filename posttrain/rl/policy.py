@@ -38,14 +38,14 @@ LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
 
 class Policy:
     def __init__(self, model, optimizer, scheduler, *, temperature: float, grad_clip: float,
-                 micro_batch_size: int, ref_model=None, reuse_score_forward: bool = False,
+                 micro_batch_tokens: int, ref_model=None, reuse_score_forward: bool = False,
                  world: World | None = None):
         self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.world = self.core.world
         self.ref_model = ref_model
         self.temperature, self.grad_clip = temperature, grad_clip
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
         self.device = next(model.parameters()).device
         self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
         self._kept = None  # (batch, core.updates, logp_BT with graph) recorded by score
@@ -66,19 +66,19 @@ class Policy:
         ent = entropy_from_logits(logits.detach(), temperature=self.temperature).cpu() if with_entropy else None
         return logp, ent
 
-    def _micro_batches(self, idx: torch.Tensor):
-        for start in range(0, len(idx), self.micro_batch_size):
-            yield idx[start: start + self.micro_batch_size]
+    def micro_batches(self, batch: RLBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        return batch.micro_batches(rows, self.micro_batch_tokens, self.world)
 
-    def score(self, batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    def score(self, batch: RLBatch, with_ref: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """``(old_logp_BT, ref_logp_BT, metrics)``: the current policy's and the reference's log-probs
-        of the batch's tokens (0 off ``mask_BT``; the reference's is None without one) and the entropy."""
+        of the batch's tokens (0 off ``mask_BT``; the reference's is None without one, or when
+        ``with_ref`` is off) and the entropy."""
         self.model.eval()
-        n, width = batch.mask_BT.shape
-        keep = self.reuse_score_forward and n <= self.micro_batch_size  # one micro-batch: no extra memory
+        plan = self.micro_batches(batch, torch.arange(len(batch)))
+        keep = self.reuse_score_forward and len(plan) == 1  # one micro-batch: no extra memory
         self._kept = None
         with torch.set_grad_enabled(keep):
-            old, ref, metrics, logp = self._score(batch, n, width)
+            old, ref, metrics, logp = self._score(batch, plan, with_ref and self.ref_model is not None)
         if keep:
             self._kept = (batch, self.core.updates, logp)
         else:
@@ -86,11 +86,11 @@ class Policy:
         reshard(self.ref_model)
         return old, ref, metrics
 
-    def _score(self, batch: RLBatch, n: int, width: int):
-        old = torch.zeros(n, width)
-        ref = torch.zeros(n, width) if self.ref_model is not None else None
+    def _score(self, batch: RLBatch, plan: list[torch.Tensor], with_ref: bool):
+        old = torch.zeros(batch.mask_BT.shape)
+        ref = torch.zeros(batch.mask_BT.shape) if with_ref else None
         ent_sum, ent_count = 0.0, 0
-        for idx in self._micro_batches(torch.arange(n)):
+        for idx in plan:
             mb = batch.select(idx)
             logp, ent = self._forward(self.model, mb, with_entropy=True)
             old[idx, : logp.shape[1]] = logp.detach()
@@ -137,7 +137,7 @@ class Policy:
             weight = float(mb.train_mask_BT.sum()) / global_tokens
             return loss, {k: float(v) * weight for k, v in metrics.items()}
 
-        return self.core.step(self._micro_batches(rows), micro_loss)
+        return self.core.step(self.micro_batches(batch, rows), micro_loss)
 
     def _kept_forward(self, batch: RLBatch, idx: torch.Tensor) -> torch.Tensor | None:
         """The log-probs ``score`` recorded for ``batch``, in ``idx`` order, if they still hold."""

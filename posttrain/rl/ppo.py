@@ -38,7 +38,7 @@ from posttrain.algos import AGGREGATIONS, explained_variance, gae, value_loss
 from posttrain.algos._masked import masked_mean
 from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
-from posttrain.core.dist import current_world, gather_rows
+from posttrain.core.dist import World, current_world, gather_rows
 from posttrain.core.fsdp import reshard, shard_model
 from posttrain.core.trainer import TrainCore
 from posttrain.models.hf import disable_dropout
@@ -71,11 +71,10 @@ class Critic:
         return token_values(self.model, mb.input_ids_BT, mb.attention_mask_BT, mb.position_ids_BT()).cpu()
 
     @torch.no_grad()
-    def values(self, batch: RLBatch, micro_batch_size: int) -> torch.Tensor:
+    def values(self, batch: RLBatch, micro_batch_tokens: int) -> torch.Tensor:
         self.model.eval()
         out = torch.zeros(batch.mask_BT.shape)
-        for start in range(0, len(batch), micro_batch_size):
-            idx = torch.arange(start, min(start + micro_batch_size, len(batch)))
+        for idx in batch.micro_batches(torch.arange(len(batch)), micro_batch_tokens, self.core.world):
             v = self.forward(batch.select(idx))
             out[idx, : v.shape[1]] = v
         reshard(self.model)
@@ -97,7 +96,7 @@ class PPOState:
 
     def targets(self, run: RLRun, batch: RLBatch, timer) -> tuple[PPOTargets, dict]:
         with timer("values"):
-            old_values_BT = self.critic.values(batch, run.cfg.micro_batch_size)
+            old_values_BT = self.critic.values(batch, run.cfg.micro_batch_tokens)
         with timer("adv"):
             return ppo_targets(run.cfg, batch, old_values_BT, run.world)
 
@@ -128,11 +127,12 @@ def setup_ppo(run: RLRun) -> PPOState:
 
 
 @torch.no_grad()
-def reward_model_scores(model, batch: RLBatch, micro_batch_size: int) -> torch.Tensor:
-    """(N,) scores of every rollout (prompt + completion) by the frozen reward model."""
+def reward_model_scores(model, batch: RLBatch, micro_batch_tokens: int) -> torch.Tensor:
+    """(N,) scores of every rollout (prompt + completion) by the frozen reward model (whole on every
+    rank: no collective, so the micro-batches need not match across ranks)."""
     out = []
-    for start in range(0, len(batch), micro_batch_size):
-        mb = batch.select(torch.arange(start, min(start + micro_batch_size, len(batch))))
+    for idx in batch.micro_batches(torch.arange(len(batch)), micro_batch_tokens, World()):
+        mb = batch.select(idx)
         out.append(sequence_scores(model, mb.input_ids_BT, mb.attention_mask_BT).cpu())
     return torch.cat(out)
 
@@ -144,7 +144,7 @@ def combine_rewards(run: RLRun, batch: RLBatch) -> dict:
     gold_B = batch.rewards_B.clone()
     metrics = {"reward/gold": float(gold_B[valid].mean()) if valid.any() else 0.0}
     if rm is not None:
-        proxy_B = reward_model_scores(rm, batch, run.cfg.micro_batch_size)
+        proxy_B = reward_model_scores(rm, batch, run.cfg.micro_batch_tokens)
         batch.rewards_B = torch.where(valid, cfg.weight * proxy_B + cfg.verifier_weight * gold_B, 0.0)
         metrics["reward/proxy"] = float(proxy_B[valid].mean()) if valid.any() else 0.0
         metrics["reward/train"] = float(batch.rewards_B[valid].mean()) if valid.any() else 0.0
@@ -232,7 +232,8 @@ def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.T
         vloss = AGGREGATIONS["token_mean"](vloss_BT, mb.train_mask_BT, global_num_tokens=tokens)
         return vloss, {f"critic/{k}": float(v) * share for k, v in vm.items() if k != "explained_variance"}
 
-    out = policy.core.step(policy._micro_batches(rows), policy_loss)
-    c = critic.core.step(policy._micro_batches(rows), critic_loss)
+    plan = policy.micro_batches(batch, rows)
+    out = policy.core.step(plan, policy_loss)
+    c = critic.core.step(plan, critic_loss)
     return out | {k: v for k, v in c.items() if k.startswith("critic/")} | {
         "critic/loss": c["loss"], "critic/grad_norm": c["grad_norm"]}

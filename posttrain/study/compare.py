@@ -215,7 +215,7 @@ def on_policy_overrides(study: Study, name: str, lr: float, group_size: int) -> 
             f"rollout.group_size={group_size}", f"rollout.max_new_tokens={p['max_new_tokens']}",
             f"prompts_per_step={p['samples_per_step'] // group_size}", f"num_steps={est_steps * 4}",
             f"optim.lr={lr}", "optim.warmup_steps=0", "optim.schedule=constant",
-            f"micro_batch_size={min(64, p['samples_per_step'])}", "eval_every=0",
+            "eval_every=0",
             f"save_every={max(1, est_steps // CURVE_POINTS)}", "keep_last=0", f"seed={study.seed}",
             f"out_dir={study.out / 'arms' / name}", f"logging.progress={study.progress}"]
 

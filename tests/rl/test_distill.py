@@ -17,7 +17,7 @@ from posttrain.rl.batch import build_batch
 from posttrain.rl.policy import Policy
 from posttrain.rollout import Rollouts, SamplingParams
 from posttrain.rl.distill import (LOSSES, DistillConfig, DistillRun, check_same_vocabulary, position_profile,
-                                     row_chunks, run_distill, score_teacher, update)
+                                     run_distill, score_teacher, update)
 
 
 class ToyLM(torch.nn.Module):
@@ -47,11 +47,11 @@ def toy_step(loss: str, token: int, student_logits, teacher_logits, valid: bool 
     student, teacher = ToyLM(student_logits), ToyLM(teacher_logits).requires_grad_(False)
     opt = torch.optim.SGD(student.parameters(), lr=1.0)
     policy = Policy(student, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), temperature=1.0,
-                    grad_clip=0.0, micro_batch_size=8)
+                    grad_clip=0.0, micro_batch_tokens=8192)
     cfg = DistillConfig(loss=loss)
     run = DistillRun(rl=SimpleNamespace(policy=policy), cfg=cfg, teacher=teacher)
     batch = one_token_batch(token, student, valid)
-    chunks = score_teacher(teacher, batch, row_chunks(1, 8), temperature=1.0, top_k=0, keep_logits=loss == "full")
+    chunks = score_teacher(teacher, batch, [torch.arange(1)], temperature=1.0, top_k=0, keep_logits=loss == "full")
     update(run, batch, chunks)
     return torch.softmax(student.z.detach(), -1)
 
@@ -124,7 +124,7 @@ def test_student_equals_teacher_gives_zero_kl_and_zero_gradient(nano_model_dir, 
     from posttrain.algos import token_logprobs
 
     batch.old_logp_BT = token_logprobs(out.logits[:, :-1], batch.input_ids_BT[:, 1:]) * batch.mask_BT
-    chunks = score_teacher(teacher, batch, row_chunks(len(batch), 2), temperature=1.0, top_k=top_k,
+    chunks = score_teacher(teacher, batch, list(torch.arange(len(batch)).split(2)), temperature=1.0, top_k=top_k,
                            keep_logits=loss == "full")
     total = batch.train_mask_BT.sum()
     for t in chunks:
@@ -167,7 +167,7 @@ def test_different_vocabulary_is_refused(nano_model_dir, tmp_path):
 def distill_args(student, teacher, data, out, *extra):
     return [f"model.path={student}", f"teacher.path={teacher}", f"data.path={data / 'prompts_train.jsonl'}",
             "rollout.max_new_tokens=8", "rollout.group_size=2", "prompts_per_step=4", "optim.lr=3e-3",
-            "micro_batch_size=4", "logging.progress=false", f"out_dir={out}", *extra]
+            "micro_batch_tokens=128", "logging.progress=false", f"out_dir={out}", *extra]
 
 
 @pytest.mark.parametrize("bad, message", [

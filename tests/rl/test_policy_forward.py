@@ -24,14 +24,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _policy(model_dir, reuse: bool, micro_batch_size: int = 8) -> tuple[Policy, list[int]]:
+def _policy(model_dir, reuse: bool, micro_batch_tokens: int = 1000) -> tuple[Policy, list[int]]:
     model = load_model(ModelConfig(path=str(model_dir)))
     cfg = OptimConfig(lr=0.1, warmup_steps=0, schedule="constant")
     # plain SGD: the weights then differ by lr x the gradient difference (Adam's first step is
     # about lr x sign(grad), which turns rounding noise in near-zero gradients into lr-sized steps)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     policy = Policy(model, opt, build_scheduler(opt, cfg, 10), temperature=0.7, grad_clip=1.0,
-                    micro_batch_size=micro_batch_size, reuse_score_forward=reuse)
+                    micro_batch_tokens=micro_batch_tokens, reuse_score_forward=reuse)
     calls = []  # one entry per policy forward over a micro-batch
     target_logits = policy._target_logits
     policy._target_logits = lambda *a: calls.append(1) or target_logits(*a)
@@ -108,12 +108,13 @@ def test_single_update_reuses_the_scoring_forward_and_takes_the_same_step(nano_m
     _assert_same_weights(slow, fast)
 
 
-# 8 rows: in micro-batches of 4 nothing is kept (2 scoring + 2 update forwards); with 2 mini-batches
-# the kept forward covers neither half (1 scoring + 2 update forwards).
-@pytest.mark.parametrize("micro_batch_size, mini_batches, forwards", [(4, 1, 4), (8, 2, 3)])
-def test_no_reuse_across_micro_or_mini_batches(nano_model_dir, micro_batch_size, mini_batches, forwards):
-    slow, _ = _policy(nano_model_dir, reuse=False, micro_batch_size=micro_batch_size)
-    fast, fast_calls = _policy(nano_model_dir, reuse=True, micro_batch_size=micro_batch_size)
+# 8 rows of 4-12 tokens: a budget of 60 tokens splits them in two micro-batches (rows 0-4: 5 x 9,
+# rows 5-7: 3 x 12) and nothing is kept (2 scoring + 2 update forwards); with 2 mini-batches the
+# kept forward covers neither half (1 scoring + 2 update forwards).
+@pytest.mark.parametrize("micro_batch_tokens, mini_batches, forwards", [(60, 1, 4), (1000, 2, 3)])
+def test_no_reuse_across_micro_or_mini_batches(nano_model_dir, micro_batch_tokens, mini_batches, forwards):
+    slow, _ = _policy(nano_model_dir, reuse=False, micro_batch_tokens=micro_batch_tokens)
+    fast, fast_calls = _policy(nano_model_dir, reuse=True, micro_batch_tokens=micro_batch_tokens)
     assert _step(slow, mini_batches)["grad_norm"] > 0
     _step(fast, mini_batches)
     assert len(fast_calls) == forwards
@@ -127,5 +128,5 @@ def test_dropout_turns_reuse_off(nano_model_dir):
     assert has_active_dropout(model)
     opt = build_optimizer(model.parameters(), OptimConfig())
     policy = Policy(model, opt, build_scheduler(opt, OptimConfig(), 1), temperature=1.0, grad_clip=1.0,
-                    micro_batch_size=8, reuse_score_forward=True)
+                    micro_batch_tokens=1000, reuse_score_forward=True)
     assert not policy.reuse_score_forward

@@ -129,7 +129,7 @@ def test_critic_loss_falls_on_a_fixed_batch(rl_overrides, rm_dir):
     batch = build_batch(ro, [o.reward for o in outcomes], [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
     combine_rewards(run, batch)
     batch.old_logp_BT, batch.ref_logp_BT, _ = run.policy.score(batch)
-    targets, _ = ppo_targets(cfg, batch, run.ppo.critic.values(batch, cfg.micro_batch_size))
+    targets, _ = ppo_targets(cfg, batch, run.ppo.critic.values(batch, cfg.micro_batch_tokens))
     losses = [ppo_update(run, batch, targets, seed=i)["critic/loss"] for i in range(12)]
     assert losses[-1] < 0.3 * losses[0], losses
 

@@ -90,7 +90,7 @@ def test_distillation_two_ranks_equal_one_process(nano_model_dir, arith_data_dir
     AutoTokenizer.from_pretrained(nano_model_dir).save_pretrained(teacher)
     args = [f"model.path={nano_model_dir}", f"teacher.path={teacher}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
             "rollout.max_new_tokens=8", "rollout.group_size=2", "prompts_per_step=4", "optim.lr=3e-3", "optim.eps=1e-6",
-            "micro_batch_size=2", "num_steps=2", "eval_every=0", "logging.progress=false", f"loss={loss}"]
+            "micro_batch_tokens=64", "num_steps=2", "eval_every=0", "logging.progress=false", f"loss={loss}"]
     assert main(["distill", *args, f"out_dir={tmp_path / 'one'}"]) == 0
     torchrun(2, "distill", *args, f"out_dir={tmp_path / 'two'}")
     one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")

@@ -83,7 +83,7 @@ def test_grpo_family_improves_reward_on_an_easy_task(rl_overrides, reward_plugin
 
 
 def test_metrics_carry_the_contract_names_and_resume_continues(rl_overrides, reward_plugin, tmp_path):
-    over = rl_overrides(verifier=f"{reward_plugin}:letters", save_every=1)
+    over = rl_overrides(verifier=f"{reward_plugin}:letters", save_every=1, **{"kl.track_every": 2})
     run_rl(load_config(RLConfig, None, over))
     first = _metrics(tmp_path / "run")
     assert [m["step"] for m in first] == [1, 2]
@@ -169,3 +169,14 @@ def test_malformed_prompt_row_names_file_and_line(nano_model_dir, tmp_path):
     r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={data}", "data.eval_path=",
              f"out_dir={tmp_path / 'never'}")
     assert r.returncode == 2 and f"{data}:2" in r.stderr
+
+
+def test_tracked_kl_runs_the_reference_on_a_sample_of_steps(rl_overrides, reward_plugin, tmp_path):
+    """kl.coef=0: the reference forward (and `kl/ref`) on step 1 and every `kl.track_every` steps;
+    with kl.coef > 0 on every step, since the loss needs it."""
+    run_rl(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=4,
+                                                    **{"kl.track_every": 3})))
+    assert ["kl/ref" in m for m in _metrics(tmp_path / "run")] == [True, False, True, False]
+    run_rl(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=2,
+                                                    out_dir=tmp_path / "coef", **{"kl.coef": 0.1})))
+    assert all("kl/ref" in m for m in _metrics(tmp_path / "coef"))
