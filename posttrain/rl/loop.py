@@ -60,16 +60,21 @@ class RLRun:
     start_step: int = 0
     version: int = 0  # the policy version the engine holds (every rank keeps count; rank 0 has the engine)
     ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
+    env: object = None  # env.name set: episodes in a multi-turn environment (posttrain.envs.session.EnvSession)
 
 
 def generate_groups(run: RLRun, step: int, round_: int, k: int):
-    """Sample G completions for each of the next ``k`` prompts and judge them."""
+    """Sample G completions (or, with an environment, G episodes) for each of the next ``k``
+    prompts and judge them."""
     picked = run.source.next(k)
     examples = [ex for _, ex in picked]
-    prompts = [run.train_prompts[i] for i, _ in picked]
     seed = run.cfg.seed * 1_000_003 + step * 101 + round_
-    ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
-    outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx], ro.finish_reason)
+    if run.env is not None:  # one row per episode: model and environment tokens, the model's masked in
+        ro, outcomes = run.env.generate(run.engine, examples, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
+    else:
+        prompts = [run.train_prompts[i] for i, _ in picked]
+        ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
+        outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx], ro.finish_reason)
     run.source.observe([i for i, _ in picked], outcomes, run.cfg.rollout.group_size)
     return ro, outcomes
 
@@ -79,7 +84,7 @@ def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
     cfg, G = run.cfg, run.cfg.rollout.group_size
     want = cfg.prompts_per_step
     ro, outcomes = generate_groups(run, step, 0, want)
-    info = {"dynamic_sampling/rounds": 1}
+    info = {"dynamic_sampling/rounds": 1} | (run.env.metrics() if run.env is not None else {})
     if not cfg.dynamic_sampling.enabled:
         return ro, outcomes, info
     kept_ro, kept_out = [], []
@@ -246,12 +251,13 @@ def setup(cfg: RLConfig) -> RLRun:
                     micro_batch_tokens=cfg.micro_batch_tokens, ref_model=ref, world=world,
                     reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
     engine = build_engine(cfg, tokenizer, world)
-    train_prompts = dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
+    env = setup_env(cfg, tokenizer)
+    train_prompts = {} if env else dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
     run = RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
                 eval_examples=eval_examples,
-                eval_prompts=encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
-                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world)
+                eval_prompts=[] if env else encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
+                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env)
     if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
         sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
     elif cfg.rollout.backend == "openai":
@@ -261,6 +267,18 @@ def setup(cfg: RLConfig) -> RLRun:
 
         run.ppo = setup_ppo(run)
     return run
+
+
+def setup_env(cfg: RLConfig, tokenizer):
+    """The multi-turn environment session of ``env.name`` (None without one). Sync mode only: the
+    episodes' turns alternate between the engine and the environments in this process."""
+    if not cfg.env.name:
+        return None
+    if cfg.mode != "sync":
+        raise UserError("env.name: multi-turn environments run in mode=sync only")
+    from posttrain.envs.session import EnvSession
+
+    return EnvSession(cfg.env, tokenizer)
 
 
 def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None:
@@ -336,6 +354,8 @@ def held_out_eval(run: RLRun) -> dict:
     if not run.eval_examples or run.engine is None:
         return {}
     greedy = dataclasses.replace(sampling_params(run.cfg, run.cfg.seed), temperature=0.0)
+    if run.env is not None:
+        return run.env.evaluate(run.engine, run.eval_examples, greedy, "heldout")
     summary = evaluate(run.engine, run.eval_prompts, run.eval_examples, run.verifier,
                        profile="greedy", sampling=greedy, n=1, seed=run.cfg.seed)
     return eval_metrics(summary, "heldout")

@@ -91,7 +91,8 @@ class PaddedRollouts:
     attention_mask_BT: torch.Tensor
     """(B, T) int64: 1 on real tokens."""
     completion_mask_BT: torch.Tensor
-    """(B, T) float32: 1 on completion tokens (the ones the policy chose)."""
+    """(B, T) float32: 1 on completion tokens the policy chose (with ``Rollouts.loss_mask``: only
+    where it is 1; environment tokens inside a multi-turn completion are 0)."""
     sampler_logp_BT: torch.Tensor
     """(B, T) float32: sampler log-prob of each completion token, 0 elsewhere."""
     truncated_logp_BT: torch.Tensor | None = None
@@ -118,6 +119,10 @@ class Rollouts:
     """Log-prob under the top-k/top-p renormalised distribution that was sampled (0.0 for greedy)."""
     texts: list[str] | None = None
     """Completion texts decoded at generate time (cut right after the stop string), if a tokenizer was set."""
+    loss_mask: list[list[int]] | None = None
+    """Per completion token: 1 where the policy sampled it, 0 where an environment wrote it (a
+    multi-turn episode's observations, `posttrain.envs`; their logprobs are 0.0). None: every
+    completion token was sampled (single-turn)."""
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -142,7 +147,8 @@ class Rollouts:
         for b, (p, c, lp) in enumerate(zip(self.prompt_ids, self.completion_ids, self.logprobs)):
             ids[b, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
             attn[b, : len(p) + len(c)] = 1
-            comp[b, len(p) : len(p) + len(c)] = 1.0
+            comp[b, len(p) : len(p) + len(c)] = 1.0 if self.loss_mask is None else \
+                torch.tensor(self.loss_mask[b], dtype=torch.float32)
             logp[b, len(p) : len(p) + len(c)] = torch.tensor(lp, dtype=torch.float32)
             if trunc is not None:
                 trunc[b, len(p) : len(p) + len(c)] = torch.tensor(self.truncated_logprobs[b], dtype=torch.float32)
@@ -156,7 +162,8 @@ class Rollouts:
                                    completion_ids=pick(self.completion_ids), logprobs=pick(self.logprobs),
                                    finish_reason=pick(self.finish_reason),
                                    policy_version=pick(self.policy_version),
-                                   truncated_logprobs=pick(self.truncated_logprobs), texts=pick(self.texts))
+                                   truncated_logprobs=pick(self.truncated_logprobs), texts=pick(self.texts),
+                                   loss_mask=pick(self.loss_mask))
 
     @staticmethod
     def concat(parts: list["Rollouts"]) -> "Rollouts":
@@ -166,8 +173,10 @@ class Rollouts:
         out = {}
         for f in dataclasses.fields(Rollouts):
             first = getattr(parts[0], f.name)
-            if isinstance(first, list) or (first is None and f.name in ("truncated_logprobs", "texts")):
+            if isinstance(first, list) or (first is None and f.name in ("truncated_logprobs", "texts", "loss_mask")):
                 vals = [getattr(p, f.name) for p in parts]
+                if f.name == "loss_mask" and any(v is not None for v in vals):  # all-sampled parts: ones
+                    vals = [v if v is not None else [[1] * len(c) for c in p.completion_ids] for v, p in zip(vals, parts)]
                 out[f.name] = None if any(v is None for v in vals) else [x for v in vals for x in v]
             else:
                 out[f.name] = first

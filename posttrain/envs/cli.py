@@ -1,0 +1,58 @@
+"""`posttrain make-env-data ENV OUT_DIR ...`: prompts and SFT warm-start traces for an embedded environment.
+
+Files written (JSONL):
+
+- ``prompts_train.jsonl``, ``prompts_eval.jsonl``: the examples episodes start from (RL's
+  ``data.path`` / ``data.eval_path`` with ``env.name=ENV``);
+- ``sft_train.jsonl``: the conversations a good episode holds, as ``{"messages": [...]}`` for
+  `posttrain sft` — calculator: the tool call, the tool's result and the answer; code_repair: a
+  direct solution, or a wrong first version, the sandbox's feedback and the fix.
+
+Train and eval never share a problem (the tasks' hash splits).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from posttrain.errors import UserError
+
+ENVS = ("calculator", "code_repair")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env", choices=ENVS, help="embedded environment")
+    parser.add_argument("out_dir", help="folder to write the JSONL files into (created if missing)")
+    parser.add_argument("--n-train", type=int, default=2000, help="training examples (default 2000)")
+    parser.add_argument("--n-eval", type=int, default=200, help="held-out examples (default 200)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--digits", default="3,3", help="calculator: digits of the two operands (default 3,3)")
+    parser.add_argument("--tools-style", default="compact", choices=["json", "compact", "none"],
+                        help="calculator: how the traces offer the tool, as env.tools_style offers it in rl and "
+                             "eval (default compact, the environment's default; none keeps a tiny model's prompts short)")
+    parser.add_argument("--repair-frac", type=float, default=0.5,
+                        help="code_repair: share of traces that fix a wrong first version (default 0.5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.n_train < 0 or args.n_eval < 0:
+        raise UserError("--n-train and --n-eval must be >= 0")
+    if args.env == "calculator":
+        from posttrain.envs.calculator import write_calculator_data
+
+        try:
+            a, _, b = args.digits.partition(",")
+            digits = (int(a), int(b or a))
+            written = write_calculator_data(Path(args.out_dir), n_train=args.n_train, n_eval=args.n_eval,
+                                            seed=args.seed, digits=digits, tools_style=args.tools_style)
+        except ValueError as e:
+            raise UserError(f"calculator: {e}") from None
+    else:
+        from posttrain.envs.code_repair import write_code_repair_data
+
+        written = write_code_repair_data(Path(args.out_dir), n_train=args.n_train, n_eval=args.n_eval,
+                                         seed=args.seed, repair_frac=args.repair_frac)
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0

@@ -1,0 +1,112 @@
+"""`EnvConfig` (the ``env`` section of `posttrain rl`, and of an ``env`` benchmark of `posttrain
+eval`) and the environment registry.
+
+``name`` picks the environment:
+
+- ``calculator``, ``code_repair``: the embedded ones (`posttrain.envs.calculator`,
+  `posttrain.envs.code_repair`);
+- ``skyrl:<id>``: a SkyRL-gym environment, e.g. ``skyrl:gsm8k_multi_turn`` (`posttrain.envs.skyrl`);
+- ``package.module:factory``: your own — a class or function called with ``options`` as keyword
+  arguments that returns an `Environment`.
+
+Each episode gets a fresh environment from the factory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+from posttrain.config import ConfigValueError
+from posttrain.envs.base import Environment
+from posttrain.envs.runner import EpisodeLimits
+from posttrain.envs.tool_env import MALFORMED_POLICIES, ToolEnv
+from posttrain.envs.tools import TOOLS_STYLES
+from posttrain.errors import UserError
+
+EMBEDDED = {"calculator": "posttrain.envs.calculator:CalculatorEnv",
+            "code_repair": "posttrain.envs.code_repair:CodeRepairEnv"}
+
+
+@dataclasses.dataclass(kw_only=True)
+class EnvConfig:
+    name: str = ""
+    """Multi-turn environment: calculator, code_repair, skyrl:<id> or package.module:factory;
+    empty = single-turn prompts judged by the verifier (docs/envs.md)."""
+    max_turns: int = 4
+    """Most model turns per episode (the environment may stop sooner)."""
+    max_total_tokens: int = 512
+    """Most tokens in an episode's sample: prompt, model turns and environment replies. Each turn
+    generates at most rollout.max_new_tokens."""
+    step_timeout_s: float = 30.0
+    """Wall-clock limit of one reset or step of the environment; past it the episode is INFRA_FAIL."""
+    tools_style: str = ""
+    """How a tool environment offers its tools when the chat template has no tool format: json
+    (schemas in a system message), compact (one line per tool) or none; empty = the environment's default."""
+    on_malformed_tool_call: str = "continue"
+    """continue (show the model the error and go on) or end (MODEL_FAIL malformed_tool_call)."""
+    split_on_prefix_break: bool = True
+    """Where the chat template re-renders the history, start a new sample from its rendering
+    (false: the episode ends there as INFRA_FAIL)."""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the environment's constructor (e.g. {max_turns: 3} or a SkyRL env_config)."""
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ConfigValueError("max_turns", "must be >= 1")
+        if self.max_total_tokens < 2:
+            raise ConfigValueError("max_total_tokens", "must be >= 2")
+        if self.step_timeout_s <= 0:
+            raise ConfigValueError("step_timeout_s", "must be > 0")
+        if self.tools_style and self.tools_style not in TOOLS_STYLES:
+            raise ConfigValueError("tools_style", f"must be one of {', '.join(TOOLS_STYLES)} (or empty)")
+        if self.on_malformed_tool_call not in MALFORMED_POLICIES:
+            raise ConfigValueError("on_malformed_tool_call", f"must be one of {', '.join(MALFORMED_POLICIES)}")
+        if self.name and not (self.name in EMBEDDED or self.name.startswith("skyrl:") or ":" in self.name):
+            raise ConfigValueError("name", f"must be {', '.join(EMBEDDED)}, skyrl:<id> or package.module:factory")
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        return EpisodeLimits(max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
+                             step_timeout_s=self.step_timeout_s, split_on_prefix_break=self.split_on_prefix_break)
+
+
+def _resolve(spec: str) -> Callable[..., Environment]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise UserError(f"env.name={spec!r}: cannot import module {module_name!r} ({e})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserError(f"env.name={spec!r}: module {module_name!r} has no callable {attr!r}")
+    return factory
+
+
+def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
+    """A function making a fresh environment per episode; checks one can be made (UserError if not)."""
+    options = dict(cfg.options)
+    if cfg.name.startswith("skyrl:"):
+        from posttrain.envs.skyrl import SkyRLEnv
+
+        factory, options = SkyRLEnv, {"env_id": cfg.name.partition(":")[2], **options}
+        if "max_turns" not in options:
+            options["max_turns"] = cfg.max_turns
+    else:
+        factory = _resolve(EMBEDDED.get(cfg.name, cfg.name))
+
+    def make() -> Environment:
+        env = factory(**options)
+        if isinstance(env, ToolEnv):
+            env.on_malformed = cfg.on_malformed_tool_call
+            env.tools_style = cfg.tools_style or env.tools_style
+        return env
+
+    try:
+        probe = make()
+    except (TypeError, ValueError, ImportError) as e:
+        raise UserError(f"env.name={cfg.name!r}: cannot make the environment with options {options} ({e})") from None
+    if not isinstance(probe, Environment):
+        raise UserError(f"env.name={cfg.name!r}: the factory returned {type(probe).__name__}, not an Environment")
+    return make

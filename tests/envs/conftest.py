@@ -1,0 +1,47 @@
+"""Environment test fixtures: the nano model's tokenizer and engine, and a scripted engine whose
+turns are chosen by the test (so faults can be provoked on purpose)."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.rollout.types import Rollouts
+
+
+class ScriptedEngine:
+    """A `RolloutEngine` that answers each prompt with ``script(prompt_text, turn_index)`` + <|im_end|>.
+
+    Records every prompt it was given (as ids), so a test can check what the model conditioned on.
+    Log-probs are -0.5 per token."""
+
+    version = 0
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script = tokenizer, script
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, n, sampling):
+        ids, rows = [], []
+        for i, p in enumerate(prompts):
+            for _ in range(n):
+                self.prompts.append(list(p))
+                text = self.script(self.tokenizer.decode(p), i)
+                ids.append(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.end])
+                rows.append(i)
+        return Rollouts(prompt_idx=rows, prompt_ids=[list(prompts[i]) for i in rows], completion_ids=ids,
+                        logprobs=[[-0.5] * len(c) for c in ids], finish_reason=["eos"] * len(ids),
+                        policy_version=[0] * len(ids), sampling=sampling,
+                        truncated_logprobs=[[-0.5] * len(c) for c in ids])
+
+
+@pytest.fixture(scope="session")
+def nano_tokenizer(nano_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(nano_model_dir)
+
+
+@pytest.fixture
+def scripted(nano_tokenizer):
+    return lambda script: ScriptedEngine(nano_tokenizer, script)
