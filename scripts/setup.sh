@@ -13,6 +13,8 @@ PY="${PYTHON:-python3}"
 # System packages: bubblewrap isolates the code sandbox; chromium renders report.html in a test.
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# libseccomp builds the sandbox's system-call filter (through pyseccomp, from pip).
+{ /sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null; } | grep 'libseccomp\.so\.2 ' >/dev/null || need+=(libseccomp2)
 [[ ",$EXTRAS," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1 && need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
@@ -20,7 +22,7 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "[setup] installing ${need[*]}"
     $SUDO apt-get update -qq >/dev/null 2>&1 || true
     $SUDO apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 \
-      || echo "[setup] WARNING: could not install ${need[*]}; the sandbox refuses to run without bubblewrap" >&2
+      || echo "[setup] WARNING: could not install ${need[*]}; the sandbox refuses to run without bubblewrap and libseccomp" >&2
   else
     echo "[setup] WARNING: apt-get unavailable, cannot install ${need[*]}" >&2
   fi

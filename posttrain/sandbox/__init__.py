@@ -1,17 +1,26 @@
 """The code sandbox: run untrusted programs in isolation and judge them outside their reach.
 
 What is isolated, and how (each worker is one bubblewrap sandbox holding a warm zygote; each
-program runs in a fresh process forked from it — see `zygote`, `worker`, `pool`):
+program runs in a fresh process forked from it — see `zygote`, `worker`, `pool`,
+`seccomp_filter`):
 
 - **Network**: own network namespace, loopback only; the host's listeners and DNS are unreachable.
-- **Processes**: own PID namespace; after every program the zygote sends SIGKILL to every other
-  process in it (``kill(-1)``), which also reaches ``setsid`` daemons and double forks. The sandbox
+- **Processes**: own PID namespace; after every program the zygote sends SIGKILL to every
+  process in it but itself, the judge and the namespace's init (found in its ``/proc``), which
+  also reaches ``setsid`` daemons and double forks. The sandbox
   dies with the pool (``--die-with-parent``); a pids cgroup (``nproc + 8``) and RLIMIT_NPROC on
   the program's own unprivileged uid bound fork bombs.
+- **System calls**: a seccomp filter, generated with libseccomp, on every program and on the
+  judge: namespace creation (``unshare``, ``setns``, ``clone`` with namespace flags; ``clone3``
+  fails with ENOSYS so libc falls back to ``clone``), ``bpf``, ``perf_event_open``,
+  ``userfaultfd``, io_uring, ``ptrace`` and ``process_vm_*``, kernel keyrings, every mount
+  call, kexec, module loading, ``reboot``, swap/acct/syslog, and SysV IPC and POSIX message
+  queues (state that would outlive the program) fail with EPERM; a foreign-ABI call kills the
+  process. Without libseccomp the pool refuses to start.
 - **Files**: a new root holding read-only binds of ``/usr`` (and ``/etc/alternatives``) only —
-  no ``/etc/shadow``, ``/root``, ``/home``, project or test files. Each program gets its own
-  mount namespace with fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm`` (``tmpfs_mb``, 4096
-  inodes), discarded when it dies, so nothing passes from one episode to the next.
+  no ``/etc/shadow``, ``/root``, ``/home``, project or test files. ``/tmp`` and ``/dev/shm``
+  are size-capped tmpfs (``tmpfs_mb``, 4096 inodes); after a program that touched one, the
+  zygote replaces it with a fresh one, so nothing passes from one episode to the next.
 - **Identity**: the program drops to an unprivileged uid unique to its worker (no effective
   capabilities, ``no_new_privs`` set, so setuid binaries cannot raise it); the judge runs as a
   second uid, so the program can neither signal nor read it.
@@ -20,14 +29,19 @@ program runs in a fresh process forked from it — see `zygote`, `worker`, `pool
   sandbox; a wall-clock limit enforced from outside; stdout+stderr capped at ``output_limit``.
 - **Environment and descriptors**: empty environment, stdin ``/dev/null``, only its own pipes open.
 - **The verdict**: never computed in the program's process. Function-call tests run in the judge
-  process, which calls the program through a proxy and receives return values as strictly typed
+  process (one per worker, serving task after task, each in a fresh namespace; replaced when a
+  task leaves state behind or times out), which calls the program through a proxy and receives return values as strictly typed
   data (exact builtin types only); stdin/stdout tasks are compared on the host. Expected outputs
   and tests never enter the program's address space.
 
-What is not isolated: the kernel is shared and no seccomp filter narrows the system calls; the
-sandbox runs as real root with capabilities dropped, not in a user namespace (the uid drop is
-what binds RLIMIT_NPROC); ``/usr`` is readable, so the program can see what is installed; CPU
-time is not partitioned between sandboxes (no cpu cgroup); timing side channels are open.
-Missing mechanisms (bubblewrap, root, the pids or memory cgroup) are listed by
-`worker.probe`, printed at start-up, and appended to every outcome's detail.
+What is not isolated: the kernel is shared, and the filter is a deny list (every call not
+named above is allowed, so a bug in an allowed call stays reachable); the sandbox runs as real
+root with capabilities dropped, not in a user namespace (the uid drop is what binds
+RLIMIT_NPROC); ``/usr`` is readable, so the program can see what is installed; the programs of
+one worker share its network, IPC and PID namespaces one after another (each program's
+processes are killed before the next starts; counters such as the next PID or port number are
+not reset); CPU time is not partitioned between sandboxes (no cpu cgroup); timing side channels
+are open. Missing bubblewrap, root or libseccomp stop the pool from starting; missing cgroups
+(pids, memory) are listed by `worker.probe`, printed at start-up, and appended to every
+outcome's detail.
 """

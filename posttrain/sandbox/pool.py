@@ -30,7 +30,7 @@ from posttrain.sandbox.worker import SandboxConfig, Worker, WorkerError, probe
 
 
 class SandboxUnavailable(RuntimeError):
-    """This machine cannot run the sandbox (no bubblewrap, not root)."""
+    """This machine cannot run the sandbox (no bubblewrap, not root, no libseccomp)."""
 
     stops_run = True  # verifier wrappers re-raise it instead of scoring INFRA_FAIL
 
@@ -113,8 +113,8 @@ class SandboxPool:
     def __init__(self, cfg: SandboxConfig | None = None):
         self.cfg = cfg or SandboxConfig()
         self.info = probe()
-        if not self.info["bwrap"] or not self.info["root"]:
-            raise SandboxUnavailable("the code sandbox needs bubblewrap and root; missing: "
+        if not self.info["bwrap"] or not self.info["root"] or not self.info["seccomp"]:
+            raise SandboxUnavailable("the code sandbox needs bubblewrap, root and libseccomp; missing: "
                                      + ", ".join(self.info["missing"]))
         self.missing = list(self.info["missing"])
         if self.missing:

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from posttrain.sandbox import zygote
+from posttrain.sandbox import seccomp_filter, zygote
 
 ZYGOTE_PATH = Path(zygote.__file__).resolve()
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -91,12 +91,16 @@ def _own_cgroup(controller: str) -> Path | None:
 def probe() -> dict:
     """What this machine offers. ``missing`` lists mechanisms we cannot use (said loudly)."""
     found = {"bwrap": shutil.which("bwrap"), "python": None, "pids_cgroup": _own_cgroup("pids"),
-             "memory_cgroup": _own_cgroup("memory"), "root": os.geteuid() == 0}
+             "memory_cgroup": _own_cgroup("memory"), "root": os.geteuid() == 0, "seccomp": None}
     missing = []
     if not found["bwrap"]:
         missing.append("bubblewrap (apt-get install bubblewrap)")
     if not found["root"]:
         missing.append("root (needed to switch the program to an unprivileged uid)")
+    try:
+        found["seccomp"] = seccomp_filter.build().hex()
+    except seccomp_filter.SeccompUnavailable as e:
+        missing.append(f"seccomp: {e}")
     for key in ("pids_cgroup", "memory_cgroup"):
         if found[key] is None:
             missing.append(f"{key.replace('_', ' ')} (v1, writable)")
@@ -118,7 +122,8 @@ class Worker:
     def _zygote_cfg(self) -> dict:
         c = self.cfg
         return {"candidate_uid": self.uid, "judge_uid": self.uid + 1, "memory_mb": c.memory_mb,
-                "cpu_s": c.cpu_s, "nproc": c.nproc, "file_mb": c.file_mb, "tmpfs_mb": c.tmpfs_mb}
+                "cpu_s": c.cpu_s, "nproc": c.nproc, "file_mb": c.file_mb, "tmpfs_mb": c.tmpfs_mb,
+                "seccomp": self.info["seccomp"]}
 
     def _make_cgroups(self) -> list[str]:
         self.cgroups = []

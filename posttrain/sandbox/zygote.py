@@ -5,22 +5,39 @@ Standard library only: it runs under the system interpreter (``/usr/bin/python3.
 (:func:`write_frame`, :func:`read_frame`, :func:`encode`, :func:`decode`); importing it has no
 side effects.
 
-Per program the zygote (root inside the sandbox, holding only CAP_SETUID, CAP_SETGID, CAP_KILL
-and CAP_SYS_ADMIN) uses two children:
+The zygote (root inside the sandbox, holding only CAP_SETUID, CAP_SETGID, CAP_KILL and
+CAP_SYS_ADMIN) owns the sandbox's ``/tmp`` and ``/dev/shm``: size-capped tmpfs it mounts itself.
+It keeps two kinds of children:
 
-- the **candidate** runs the untrusted program. It is forked *before* the request is read, so the
-  tests and expected outputs never exist in its address space. It unshares a mount namespace,
-  mounts its own size-capped tmpfs on ``/tmp`` and ``/dev/shm`` (gone when it dies), sets its
-  rlimits, drops to an unprivileged uid (all capabilities go with it), and only then receives
-  the program.
-- the **judge** (function-call tasks) runs the task's prelude and ``check(candidate)`` as a
-  second uid, with ``candidate`` a proxy that ships each call's arguments to the candidate and
-  decodes the answer as strictly typed data. The verdict is computed here, never in the
-  candidate, so custom ``__eq__``, patched builtins, stack walking or an early exit in the
-  candidate cannot produce a pass.
+- the **candidate** runs the untrusted program, one fresh process per program. It is forked
+  *before* the request is read, so the tests and expected outputs never exist in its address
+  space. It sets its rlimits, drops to an unprivileged uid (all capabilities go with it),
+  installs the seccomp filter, and only then receives the program.
+- the **judge** (function-call tasks) runs each task's prelude and ``check(candidate)`` as a
+  second uid, under the same filter, with ``candidate`` a proxy that ships each call's arguments
+  to the candidate and decodes the answer as strictly typed data. The verdict is computed here,
+  never in the candidate, so custom ``__eq__``, patched builtins, stack walking or an early exit
+  in the candidate cannot produce a pass. The judge serves one task after another (it receives
+  each candidate's pipes over a socket), which saves a fork per program; it runs each task in a
+  fresh namespace, and it is replaced by a fresh one whenever a task leaves state behind (a
+  thread, an open file, a changed builtin, module, signal handler, timer, working directory or
+  environment), times out, or is abandoned for any other reason.
 
-After each program the zygote sends SIGKILL to every other process in the sandbox's PID
-namespace (``kill(-1)``), which reaches children that called ``setsid`` or double-forked.
+After each program the zygote sends SIGKILL to every process in the sandbox's PID namespace but
+itself, the judge and the namespace's init, which reaches children that called ``setsid`` or
+double-forked. If the program touched ``/tmp`` or ``/dev/shm`` (the zygote stamps each fresh
+mount's root with mtime 0, which only the mount's owner can set back), that mount is replaced by
+a fresh one, so nothing a program writes reaches the next. This replaces a mount namespace per
+program, which cost more than the rest of a short program together.
+
+The seccomp filter (`posttrain.sandbox.seccomp_filter`) arrives as BPF bytes compiled on the
+host with libseccomp, and each candidate and judge installs it with ``prctl(PR_SET_SECCOMP)``
+just before it touches untrusted input. It is installed there, and not for the whole sandbox
+with bubblewrap's ``--seccomp FD``, because the zygote itself needs ``mount`` and ``umount2``
+to replace the tmpfs, calls the filter denies: a sandbox-wide filter would have to allow them.
+Installed per child, after the uid drop, the filter holds exactly the code that handles
+untrusted input, with no exemption; a child that cannot install it, or finds it not in force
+afterwards (``PR_GET_SECCOMP``), exits before running anything, which is INFRA_FAIL.
 """
 
 from __future__ import annotations
@@ -34,10 +51,10 @@ import sys
 import time
 
 MAX_FRAME = 64 << 20
-CLONE_NEWNS = 0x00020000
-MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 1 << 14, 1 << 18, 2, 4
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 EXIT_MEMORY = 3  # the candidate's wrapper exits with this after a MemoryError
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_GET_SECCOMP, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 21, 22, 2
+TMPFS = ("/tmp", "/dev/shm")
 # Imported by the zygote before it forks: tests and solutions import these often, and an import
 # in every fresh child would cost more than the whole program.
 WARM_MODULES = ("math", "random", "re", "collections", "itertools", "functools", "string",
@@ -138,6 +155,7 @@ def decode(v, depth: int = 0):
 
 # ----------------------------------------------------------------------------- the candidate
 _LIBC = []
+_FILTER = []
 
 
 def _libc():
@@ -148,28 +166,57 @@ def _libc():
     return _LIBC[0]
 
 
-def _private_tmpfs(cfg: dict) -> None:
-    """New mount namespace with fresh size-capped tmpfs on /tmp and /dev/shm."""
+def _fork() -> int:
+    """fork(2) through the C library, without CPython's at-fork work.
+
+    ``os.fork`` runs the interpreter's at-fork hooks (threading's, random's) and re-initialises
+    its locks in the child; with a CPU bound pool, that work and the copy-on-write faults it
+    causes cost more than a short program. It is safe to skip here: the zygote runs a single
+    thread and holds no lock while it forks, and every child leaves through ``os._exit``. The
+    one hook whose effect matters, a fresh seed for ``random``, the candidate runs by hand."""
+    pid = _libc().fork()
+    if pid < 0:
+        import ctypes
+
+        raise OSError(ctypes.get_errno(), "fork")
+    return pid
+
+
+def _prepare_filter(bpf_hex: str) -> None:
+    """Hold the filter as a ``struct sock_fprog`` in the zygote, so a child only calls prctl."""
+    import ctypes
+
+    bpf = bytes.fromhex(bpf_hex)
+    if not bpf or len(bpf) % 8:
+        raise ValueError("malformed seccomp filter")
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    _FILTER[:] = [buf, SockFprog(len(bpf) // 8, ctypes.addressof(buf))]
+
+
+def _install_filter() -> None:
+    """Install the seccomp filter on this process (for good: it is inherited and never lifted)."""
     import ctypes
 
     libc = _libc()
-    if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "mount private /")
-    opts = f"size={cfg['tmpfs_mb']}m,nr_inodes=4096,mode=1777".encode()
-    for where in (b"/tmp", b"/dev/shm"):
-        if libc.mount(b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-            raise OSError(ctypes.get_errno(), f"mount tmpfs {where!r}")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(_FILTER[1]), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    if libc.prctl(PR_GET_SECCOMP, 0, 0, 0, 0) != SECCOMP_MODE_FILTER:
+        raise OSError("the seccomp filter is not in force")
 
 
-def _set_limits(cfg: dict, cpu_s: int, nproc: int) -> None:
+def _set_limits(cfg: dict, cpu_s: int | None, nproc: int) -> None:
     import resource as r
 
     mem = cfg["memory_mb"] << 20
-    for lim, val in ((r.RLIMIT_AS, mem), (r.RLIMIT_CPU, cpu_s), (r.RLIMIT_NPROC, nproc),
-                     (r.RLIMIT_FSIZE, cfg["file_mb"] << 20), (r.RLIMIT_NOFILE, 64),
-                     (r.RLIMIT_CORE, 0)):
+    limits = [(r.RLIMIT_AS, mem), (r.RLIMIT_NPROC, nproc), (r.RLIMIT_FSIZE, cfg["file_mb"] << 20),
+              (r.RLIMIT_NOFILE, 64), (r.RLIMIT_CORE, 0)]
+    if cpu_s is not None:
+        limits.append((r.RLIMIT_CPU, cpu_s))
+    for lim, val in limits:
         hard = val + 1 if lim == r.RLIMIT_CPU else val  # soft CPU limit sends SIGXCPU first
         r.setrlimit(lim, (val, hard))
 
@@ -195,14 +242,17 @@ def candidate_main(cfg: dict, ctl_r: int, out_w: int, err_w: int, call_r: int, r
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # under memory pressure the cgroup kills a candidate, not the zygote
-        _private_tmpfs(cfg)
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")  # under memory pressure the cgroup kills a candidate, not the zygote
+        os.close(fd)
+        if "random" in sys.modules:
+            sys.modules["random"].seed()  # as os.fork's hook would: each program its own seed
         null = os.open("/dev/null", os.O_RDWR)
         os.dup2(null, 0), os.dup2(out_w, 1), os.dup2(err_w, 2)
         _place_fds([ctl_r, call_r, reply_w])  # ctl=3, call=4, reply=5
         _set_limits(cfg, cpu_s=cfg["cpu_s"], nproc=cfg["nproc"])
         _drop_to(cfg["candidate_uid"])
+        _install_filter()
         os.chdir("/tmp")
         os.write(2, b"ready\n")
     except BaseException as e:  # the sandbox could not be built: the zygote reports INFRA_FAIL
@@ -219,8 +269,6 @@ def candidate_main(cfg: dict, ctl_r: int, out_w: int, err_w: int, call_r: int, r
     if msg["mode"] == "io":
         _child_io(msg)
     _child_func(msg)
-
-
 def _child_io(msg: dict) -> None:
     fd = os.memfd_create("stdin")
     os.write(fd, msg["stdin"].encode())
@@ -329,12 +377,25 @@ def _verdict(cls: str, reason: str = "", detail: str = "") -> dict:
     return {"cls": cls, "reason": reason, "detail": detail[:500]}
 
 
+_CODE: dict = {}  # (source, name) -> code object: in RL a task's tests come back once per sample
+
+
+def _compiled(source: str, name: str):
+    key = (source, name)
+    code = _CODE.get(key)
+    if code is None:
+        if len(_CODE) >= 256:
+            _CODE.clear()
+        code = _CODE[key] = compile(source, name, "exec")
+    return code
+
+
 def judge(msg: dict, call_fd: int, reply_fd: int) -> dict:
     """Run the prelude and ``check(candidate)`` against the proxy; return the verdict."""
     ns = {"__name__": "__judge__"}
     try:
-        exec(compile(msg.get("prelude") or "", "<prelude>", "exec"), ns)
-        exec(compile(msg["tests"], "<tests>", "exec"), ns)
+        exec(_compiled(msg.get("prelude") or "", "<prelude>"), ns)
+        exec(_compiled(msg["tests"], "<tests>"), ns)
         check = ns["check"]
     except BaseException as e:
         return _verdict("TASK_FAIL", "bad_test", f"tests do not load: {type(e).__name__}: {e}")
@@ -365,19 +426,99 @@ def judge(msg: dict, call_fd: int, reply_fd: int) -> dict:
     return _verdict("PASS", "", f"{calls[0]} calls")
 
 
-def judge_main(cfg: dict, msg: dict, call_w: int, reply_r: int, result_w: int) -> None:
+_WATCHED_SIGNALS = ("SIGALRM", "SIGINT", "SIGTERM", "SIGCHLD", "SIGPIPE", "SIGUSR1", "SIGUSR2",
+                    "SIGXCPU", "SIGVTALRM", "SIGPROF", "SIGHUP")
+
+
+def _judge_state():
+    """What a task's code could leave behind in the judge, to compare after each task."""
+    import builtins
+    import gc
+
+    sigs = tuple(signal.getsignal(getattr(signal, name)) for name in _WATCHED_SIGNALS)
+    return (dict(builtins.__dict__), dict(sys.modules), sys.getrecursionlimit(), list(sys.path),
+            list(sys.meta_path), list(sys.path_hooks), sys.stdin, sys.stdout, sys.stderr,
+            sys.gettrace(), sys.getprofile(), gc.isenabled(), dict(os.environ), os.getcwd(),
+            _umask(), sigs, sorted(os.listdir("/proc/self/fd")), os.listdir("/proc/self/task"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _same_state(before) -> bool:
+    import builtins
+
+    if signal.alarm(0) or any(signal.getitimer(t)[0] for t in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL,
+                                                              signal.ITIMER_PROF)):
+        return False
+    now = _judge_state()
+    b0, m0, b1, m1 = before[0], before[1], now[0], now[1]
+    if b0.keys() != b1.keys() or any(b1[k] is not v for k, v in b0.items()):
+        return False
+    if any(m1.get(k) is not v for k, v in m0.items()):  # new imports are fine, replaced ones not
+        return False
+    return before[2:] == now[2:]
+
+
+def _recv_task(sock):
+    """One task from the zygote: (message, [call_fd, reply_fd]), or None at the end."""
+    import socket
+
+    head, fds, flags, _ = socket.recv_fds(sock, 4, 2)
+    if not head:
+        return None
+    if flags & socket.MSG_CTRUNC or len(fds) != 2:
+        raise OSError("task arrived without its two pipes")
+    if len(head) < 4:
+        head += _read_exact(sock.fileno(), 4 - len(head)) or b""
+    (n,) = struct.unpack(">I", head)
+    body = _read_exact(sock.fileno(), n) if n <= MAX_FRAME else None
+    if body is None:
+        raise OSError("task frame cut short")
+    return json.loads(body), fds
+
+
+def judge_main(cfg: dict, sock_fd: int, result_w: int) -> None:
+    """The judge's loop: one task per message, a verdict per task, until told to stop."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        _place_fds([call_w, reply_r, result_w])  # call=3, reply=4, result=5
-        _set_limits(cfg, cpu_s=int(msg["timeout_s"]) + 1, nproc=cfg["nproc"])
+        _place_fds([sock_fd, result_w])  # socket=3, result=4
+        _set_limits(cfg, cpu_s=None, nproc=cfg["nproc"])  # CPU: a budget per task, below
         _drop_to(cfg["judge_uid"])
+        _install_filter()
+        os.chdir("/")
+        import resource
+        import socket
+
+        sock = socket.socket(fileno=3)
+        before = _judge_state()
     except BaseException:
         os._exit(70)
-    write_frame(5, judge(msg, 3, 4))
-    os._exit(0)
+    while True:
+        try:
+            task = _recv_task(sock)
+        except (OSError, ValueError):
+            os._exit(70)
+        if task is None:
+            os._exit(0)
+        msg, (call_fd, reply_fd) = task
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        budget = int(ru.ru_utime + ru.ru_stime + float(msg["timeout_s"])) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (budget, resource.RLIM_INFINITY))
+        verdict = judge(msg, call_fd, reply_fd)
+        os.close(call_fd), os.close(reply_fd)
+        clean = _same_state(before)
+        verdict["retire"] = not clean
+        write_frame(4, verdict)
+        if not clean:
+            os._exit(0)
 
 
 # ----------------------------------------------------------------------------- the zygote
@@ -390,7 +531,7 @@ class _Cand:
         self.err_r, err_w = os.pipe()
         call_r, self.call_w = os.pipe()
         self.reply_r, reply_w = os.pipe()
-        self.pid = os.fork()
+        self.pid = _fork()
         if self.pid == 0:
             try:
                 candidate_main(cfg, ctl_r, out_w, err_w, call_r, reply_w)
@@ -400,6 +541,13 @@ class _Cand:
             os.close(fd)
         self.fds = [self.ctl_w, self.out_r, self.err_r, self.call_w, self.reply_r]
 
+    def give_pipes(self) -> list[int]:
+        """Hand the call and reply pipes over (to the judge); the zygote keeps no copy."""
+        fds = [self.call_w, self.reply_r]
+        for fd in fds:
+            self.fds.remove(fd)
+        return fds
+
     def close(self) -> None:
         for fd in self.fds:
             try:
@@ -407,6 +555,54 @@ class _Cand:
             except OSError:
                 pass
         self.fds = []
+
+
+class _Judge:
+    """Zygote-side ends of the judge: a socket for tasks (with the candidate's pipes attached)
+    and a pipe for verdicts."""
+
+    def __init__(self, cfg: dict):
+        import socket
+
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.res_r, res_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                judge_main(cfg, theirs.fileno(), res_w)
+            finally:
+                os._exit(71)
+        theirs.close()
+        os.close(res_w)
+        self.sock = mine
+
+    def send(self, msg: dict, fds: list[int]) -> None:
+        import socket
+
+        data = json.dumps(msg, separators=(",", ":")).encode()
+        frame = struct.pack(">I", len(data)) + data
+        sent = socket.send_fds(self.sock, [frame], fds)
+        if sent < len(frame):
+            self.sock.sendall(frame[sent:])
+
+    def close(self) -> None:
+        self.sock.close()
+        os.close(self.res_r)
+
+
+_STATE: dict = {"cand": None, "judge": None}
+
+
+def _retire_judge() -> None:
+    """Kill the judge (mid-task, or it left state behind); a fresh one is forked after the reply."""
+    j = _STATE["judge"]
+    if j is not None:
+        _STATE["judge"] = None
+        try:
+            os.kill(j.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        j.close()
 
 
 def _send_program(cand: _Cand, msg: dict) -> None:
@@ -470,38 +666,41 @@ def _cpu_timeout(pid: int, cpu_limit: float) -> tuple[int | None, bool]:
     return status, sig == signal.SIGXCPU or (sig == signal.SIGKILL and used >= cpu_limit - 0.05)
 
 
+def _judge_died() -> dict:
+    """The judge closed its verdict pipe without a verdict: out of CPU, or a broken machine."""
+    j = _STATE["judge"]
+    _retire_judge()
+    try:
+        _, status = os.waitpid(j.pid, 0)
+    except ChildProcessError:
+        status = None
+    if status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+        return _verdict("MODEL_FAIL", "timeout", "the tests ran out of CPU time")
+    return {"infra": f"judge died without a verdict (status {status})"}
+
+
 def _run_func(cfg: dict, cand: _Cand, req: dict) -> dict:
     _send_program(cand, {"mode": "func", "program": req["program"],
                          "entry_point": req["entry_point"], "timeout_s": req["timeout_s"]})
-    res_r, res_w = os.pipe()
-    jpid = os.fork()
-    if jpid == 0:
-        try:
-            judge_main(cfg, req, cand.call_w, cand.reply_r, res_w)
-        finally:
-            os._exit(71)
-    os.close(res_w)
-    for fd in (cand.call_w, cand.reply_r):
-        os.close(fd)
-        cand.fds.remove(fd)
+    judge = _STATE["judge"]
+    if judge is None:  # it died between tasks (it closes every descriptor but its own two)
+        judge = _STATE["judge"] = _Judge(cfg)
+    judge.send({k: req.get(k) for k in ("prelude", "tests", "entry_point", "timeout_s")}, cand.give_pipes())
     outs = {cand.out_r: bytearray(), cand.err_r: bytearray()}
-    try:
-        why = _pump(outs, req["output_limit"], time.monotonic() + req["timeout_s"], res_r)
+    why = _pump(outs, req["output_limit"], time.monotonic() + req["timeout_s"], judge.res_r)
+    if why != "stop":
+        _retire_judge()  # it is mid-task: its state, and any verdict it would send, are stale
         if why == "timeout":
             return _verdict("MODEL_FAIL", "timeout", f"no verdict within {req['timeout_s']} s")
-        if why == "output_limit":
-            return _verdict("MODEL_FAIL", "output_limit", f"printed over {req['output_limit']} bytes")
-        try:
-            verdict = read_frame(res_r)
-        except ValueError:
-            verdict = None
-    finally:
-        os.close(res_r)
-    if verdict is None:  # the judge died: a CPU-bound test answer or a broken machine
-        status, cpu_out = _cpu_timeout(jpid, req["timeout_s"] + 1)
-        if cpu_out:
-            return _verdict("MODEL_FAIL", "timeout", "the tests ran out of CPU time")
-        return {"infra": f"judge died without a verdict (status {status})"}
+        return _verdict("MODEL_FAIL", "output_limit", f"printed over {req['output_limit']} bytes")
+    try:
+        verdict = read_frame(judge.res_r)
+    except ValueError:
+        verdict = None
+    if verdict is None:
+        return _judge_died()
+    if verdict.pop("retire", True):
+        _retire_judge()
     if verdict["cls"] == "MODEL_FAIL" and verdict["reason"] == "no_verdict":
         time.sleep(0.002)  # let a dying candidate finish so its rusage is final
         _, cpu_out = _cpu_timeout(cand.pid, min(cfg["cpu_s"], int(req["timeout_s"]) + 1))
@@ -538,61 +737,145 @@ def _run_io_case(cfg: dict, cand: _Cand, req: dict, stdin: str) -> dict:
     return {"status": kind, "stdout": stdout if kind == "ok" else "", "stderr": stderr, "code": code}
 
 
-def _kill_all_but_me() -> None:
-    """SIGKILL every process in this PID namespace except pid 1 and us, and reap what is dead.
+def _kill_others() -> None:
+    """SIGKILL every process in this PID namespace except its init, us and the judge.
 
-    Children still tearing down (a mount namespace's teardown waits for an RCU grace period,
-    several ms) are reaped on a later call: the SIGKILL is already pending, so they cannot run
-    another instruction of their own, and waiting here would only cost throughput."""
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    Passes over /proc repeat until one finds nobody new: a process forked while a pass ran is
+    caught by the next, and a process with SIGKILL pending cannot fork. Dying processes are
+    reaped later (a tmpfs or socket teardown can take a while, and waiting here would only cost
+    throughput): the SIGKILL is already pending, so they cannot run another instruction."""
+    keep = {1, os.getpid()}
+    if _STATE["judge"] is not None:
+        keep.add(_STATE["judge"].pid)
+    killed: set[int] = set()
+    while True:
+        fresh = False
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in keep and int(name) not in killed:
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                killed.add(int(name))
+                fresh = True
+        if not fresh:
+            break
     _reap()
 
 
 def _reap() -> None:
     while True:
         try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
+            pid = os.waitpid(-1, os.WNOHANG)[0]
         except ChildProcessError:
             return
+        if pid == 0:
+            return
+        if _STATE["judge"] is not None and pid == _STATE["judge"].pid:  # died between tasks
+            _STATE["judge"].close()
+            _STATE["judge"] = None
 
 
-def _fresh(cfg: dict, state: dict) -> None:
-    state["cand"].close()
-    _kill_all_but_me()
-    state["cand"] = _Cand(cfg)
+_MOUNTED: set = set()
 
 
-def _handle(cfg: dict, req: dict, state: dict) -> dict:
+def _fresh_tmpfs(cfg: dict, force: bool = False) -> None:
+    """Mount a fresh size-capped tmpfs on each of ``TMPFS`` that a program has touched (or on
+    all of them with ``force``), and stamp its root with mtime 0. Creating, renaming or deleting
+    anything in it sets the root's mtime to now, and only the root's owner (here, root) can set
+    it back, so a mount whose root still says 0 holds nothing a program put there."""
+    import ctypes
+
+    libc = _libc()
+    opts = f"size={cfg['tmpfs_mb']}m,nr_inodes=4096,mode=1777".encode()
+    for where in TMPFS:
+        if not force and os.stat(where).st_mtime_ns == 0:
+            continue
+        path = where.encode()
+        if where in _MOUNTED and libc.umount2(path, MNT_DETACH) != 0:
+            raise OSError(ctypes.get_errno(), f"umount {where}")
+        _MOUNTED.discard(where)
+        if libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs {where}")
+        _MOUNTED.add(where)
+        os.utime(where, ns=(0, 0))
+
+
+def _next(cfg: dict) -> None:
+    """Clean up after a program and make the next one ready: kill what is left of it, give
+    touched mounts a fresh tmpfs, make sure a judge runs, and pre-fork the next candidate."""
+    if _STATE["cand"] is not None:
+        _STATE["cand"].close()
+        _STATE["cand"] = None
+    _kill_others()
+    _fresh_tmpfs(cfg)
+    if _STATE["judge"] is None:
+        _STATE["judge"] = _Judge(cfg)
+    _STATE["cand"] = _Cand(cfg)
+
+
+def _handle(cfg: dict, req: dict) -> dict:
     """Judge one request. A function-call run leaves its processes for the caller to clean up
     after the reply is sent, which takes the cleanup off the critical path."""
     if req["mode"] == "func":
-        return _run_func(cfg, state["cand"], req)
+        return _run_func(cfg, _STATE["cand"], req)
     cases = []
     for stdin in req["stdins"]:
         try:
-            case = _run_io_case(cfg, state["cand"], req, stdin)
+            case = _run_io_case(cfg, _STATE["cand"], req, stdin)
         finally:
-            _fresh(cfg, state)
+            _next(cfg)
         cases.append(case)
         if case["status"] != "ok":
             break  # the first failing case decides; the rest would only cost time
     return {"cases": cases}
 
 
+# Compiled and run once by the zygote before it forks: CPython builds parts of its compiler's
+# state on first use, and a child that did that itself would pay for it in page faults (more
+# than for the rest of a short program).
+_WARM_SOURCE = '''
+from typing import List
+def f(xs: List[int], k: int = 2) -> List[int]:
+    """Docstring."""
+    out = [x * k for x in xs if x % 2 == 0]
+    d = {x: f"{x!r:>3}" for x in out}
+    try:
+        with open("/nonexistent") as fh:
+            pass
+    except (OSError, ValueError) as e:
+        del e
+    while k > 0:
+        k -= 1
+    return sorted(out, key=lambda v: -v) + list(d) + [*(y for y in xs)]
+class C:
+    def m(self, a, *args, b=None, **kw):
+        return a if a is not None and not b else ~-a
+assert f([1, 2, 3, 4]) == [8, 4, 4, 8, 1, 2, 3, 4]
+'''
+
+
+def _warm_up() -> None:
+    """Do once, in the zygote, the first-use work its children would otherwise each repeat."""
+    exec(compile(_WARM_SOURCE, "<warm>", "exec"), {"__name__": "__warm__"})
+    libc = _libc()
+    libc.prctl(PR_GET_SECCOMP, 0, 0, 0, 0), libc.fork, libc.mount, libc.umount2  # resolved once
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    encode([1, 2.5, "x", (None, True), {1: b""}]), decode(encode({"k": [1, {2}]}))
+
+
 def main(argv: list[str]) -> None:
     cfg = json.loads(argv[1])
-    import ctypes, resource  # noqa: E401,F401  imported once here so each fork starts warm
+    import ctypes, resource, socket  # noqa: E401,F401  imported once here so each fork starts warm
 
     _libc()
+    _prepare_filter(cfg["seccomp"])
     for name in WARM_MODULES:
         try:
             __import__(name)
         except ImportError:
             pass
+    _warm_up()
     import gc
 
     gc.collect()
@@ -600,7 +883,8 @@ def main(argv: list[str]) -> None:
     inp, out = os.dup(0), os.dup(1)
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0), os.dup2(null, 1)
-    state = {"cand": _Cand(cfg)}
+    _fresh_tmpfs(cfg, force=True)
+    _next(cfg)
     while True:
         while not select.select([inp], [], [], 0.05)[0]:
             _reap()  # while idle, collect the last program's dying processes (off the critical path)
@@ -612,14 +896,15 @@ def main(argv: list[str]) -> None:
             continue
         t0 = time.monotonic()
         try:
-            reply = _handle(cfg, req, state)
+            reply = _handle(cfg, req)
         except Exception as e:  # a broken pipe or a failed fork here is the machine's fault
             reply = {"infra": f"{type(e).__name__}: {e}"}
+            _retire_judge()
             req["mode"] = "func"  # forces a cleanup below
         reply["time_s"] = round(time.monotonic() - t0, 6)
         write_frame(out, reply)
         if req["mode"] == "func":
-            _fresh(cfg, state)
+            _next(cfg)
 
 
 if __name__ == "__main__":

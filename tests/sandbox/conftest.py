@@ -40,8 +40,9 @@ def pool_uids(p: SandboxPool) -> range:
     return range(p._uid_base, p._uid_base + 2 * p.cfg.n_workers)
 
 
-def procs_with_uids(uids: range) -> list[int]:
-    out = []
+def procs_with_uids(uids: range) -> dict[int, list[int]]:
+    """Sandbox uid -> its processes on this machine."""
+    out: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -50,21 +51,23 @@ def procs_with_uids(uids: range) -> list[int]:
         except (OSError, IndexError):
             continue
         if uid in uids:
-            out.append(int(d.name))
+            out.setdefault(uid, []).append(int(d.name))
     return out
 
 
-def settled(uids: range, most: int, timeout_s: float = 5.0) -> list[int]:
-    """The sandbox processes once the count has stayed at ``most`` or fewer for three looks.
+def settled(uids: range, timeout_s: float = 5.0) -> list[int]:
+    """Sandbox processes beyond one per uid, once there have been none for three looks.
 
-    After its reply a zygote still kills the program's processes and forks the next candidate
-    (one per worker may remain, waiting for its program); killed processes take a moment to go."""
+    Between programs a worker keeps one process per uid: the next candidate, forked ahead and
+    waiting for its program (program uid), and the judge (judge uid). After its reply a zygote
+    still kills the program's processes and forks the next candidate; killed processes take a
+    moment to go."""
     deadline, good = time.monotonic() + timeout_s, 0
     while True:
-        left = procs_with_uids(uids)
-        good = good + 1 if len(left) <= most else 0
+        extra = [p for pids in procs_with_uids(uids).values() if len(pids) > 1 for p in pids]
+        good = good + 1 if not extra else 0
         if good >= 3 or time.monotonic() > deadline:
-            return left
+            return extra
         time.sleep(0.05)
 
 
@@ -103,8 +106,8 @@ class Guard:
 
     def check(self) -> None:
         uids = pool_uids(self.pool)
-        left = settled(uids, self.pool.cfg.n_workers)
-        assert len(left) <= self.pool.cfg.n_workers, f"sandbox processes left behind: {describe(left)}"
+        left = settled(uids)
+        assert left == [], f"sandbox processes left behind: {describe(left)}"
         assert self.sentinel.read_bytes() == self.sentinel_bytes, "host file changed"
         assert os.stat("/usr").st_mtime_ns == self.usr_mtime and os.path.exists("/usr/bin/python3.11")
         assert owned_entries(uids) == [], "files left in the host's /tmp or /dev/shm"
