@@ -7,12 +7,15 @@ side effects.
 
 The zygote (root inside the sandbox, holding only CAP_SETUID, CAP_SETGID, CAP_KILL and
 CAP_SYS_ADMIN) owns the sandbox's ``/tmp`` and ``/dev/shm``: size-capped tmpfs it mounts itself.
-It keeps two kinds of children:
+It talks to the host, watches the clock and the output, and keeps two helpers:
 
-- the **candidate** runs the untrusted program, one fresh process per program. It is forked
+- the **forker** forks one fresh **candidate** process per program, which runs the untrusted
+  program. The forker has already set the rlimits, the oom score and the seccomp filter, and
+  kept only CAP_SETUID and CAP_SETGID, so a candidate inherits all of that; it only drops to
+  an unprivileged uid (all capabilities go with it) and waits for its program. It is forked
   *before* the request is read, so the tests and expected outputs never exist in its address
-  space. It sets its rlimits, drops to an unprivileged uid (all capabilities go with it),
-  installs the seccomp filter, and only then receives the program.
+  space. A separate forker keeps the zygote's own work off the fork path: after a fork, every
+  page the parent writes costs a copy-on-write fault, and the forker's loop writes few.
 - the **judge** (function-call tasks) runs each task's prelude and ``check(candidate)`` as a
   second uid, under the same filter, with ``candidate`` a proxy that ships each call's arguments
   to the candidate and decodes the answer as strictly typed data. The verdict is computed here,
@@ -24,20 +27,22 @@ It keeps two kinds of children:
   environment), times out, or is abandoned for any other reason.
 
 After each program the zygote sends SIGKILL to every process in the sandbox's PID namespace but
-itself, the judge and the namespace's init, which reaches children that called ``setsid`` or
-double-forked. If the program touched ``/tmp`` or ``/dev/shm`` (the zygote stamps each fresh
-mount's root with mtime 0, which only the mount's owner can set back), that mount is replaced by
-a fresh one, so nothing a program writes reaches the next. This replaces a mount namespace per
-program, which cost more than the rest of a short program together.
+itself, the forker, the judge and the namespace's init, which reaches children that called
+``setsid`` or double-forked. If the program touched ``/tmp`` or ``/dev/shm`` (the zygote stamps
+each fresh mount's root with mtime 0, which only the mount's owner can set back), that mount is
+replaced by a fresh one, so nothing a program writes reaches the next. This replaces a mount
+namespace per program, which cost more than the rest of a short program together.
 
 The seccomp filter (`posttrain.sandbox.seccomp_filter`) arrives as BPF bytes compiled on the
-host with libseccomp, and each candidate and judge installs it with ``prctl(PR_SET_SECCOMP)``
-just before it touches untrusted input. It is installed there, and not for the whole sandbox
-with bubblewrap's ``--seccomp FD``, because the zygote itself needs ``mount`` and ``umount2``
-to replace the tmpfs, calls the filter denies: a sandbox-wide filter would have to allow them.
-Installed per child, after the uid drop, the filter holds exactly the code that handles
-untrusted input, with no exemption; a child that cannot install it, or finds it not in force
-afterwards (``PR_GET_SECCOMP``), exits before running anything, which is INFRA_FAIL.
+host with libseccomp; the forker and the judge install it with ``prctl(PR_SET_SECCOMP)`` before
+they take any work, and every candidate inherits the forker's (a filter is kept across fork
+and exec and can never be removed). It is installed there, and not for the whole sandbox with
+bubblewrap's ``--seccomp FD``, because the zygote itself needs ``mount`` and ``umount2`` to
+replace the tmpfs, calls the filter denies: a sandbox-wide filter would have to allow them.
+Installed in the two processes that handle untrusted input, the filter holds all of it, with no
+exemption; a process that cannot install it, or finds it not in force afterwards
+(``PR_GET_SECCOMP``), exits before taking work, and the worker fails to start (INFRA_FAIL
+after retries, never a silently weaker sandbox).
 """
 
 from __future__ import annotations
@@ -171,9 +176,10 @@ def _fork() -> int:
 
     ``os.fork`` runs the interpreter's at-fork hooks (threading's, random's) and re-initialises
     its locks in the child; with a CPU bound pool, that work and the copy-on-write faults it
-    causes cost more than a short program. It is safe to skip here: the zygote runs a single
+    causes cost more than a short program. It is safe to skip here: the forker runs a single
     thread and holds no lock while it forks, and every child leaves through ``os._exit``. The
-    one hook whose effect matters, a fresh seed for ``random``, the candidate runs by hand."""
+    one hook whose effect matters, a fresh seed for ``random``, the candidate runs by hand when
+    its program mentions ``random``."""
     pid = _libc().fork()
     if pid < 0:
         import ctypes
@@ -238,21 +244,13 @@ def _place_fds(fds: list[int]) -> None:
 
 
 def candidate_main(cfg: dict, ctl_r: int, out_w: int, err_w: int, call_r: int, reply_w: int) -> None:
-    """Child side: isolate, wait for the program, run it. Never returns."""
+    """Child side, forked by the forker (so its rlimits, oom score and seccomp filter are already
+    in force): drop to the program's uid, wait for the program, run it. Never returns."""
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        os.write(fd, b"1000")  # under memory pressure the cgroup kills a candidate, not the zygote
-        os.close(fd)
-        if "random" in sys.modules:
-            sys.modules["random"].seed()  # as os.fork's hook would: each program its own seed
-        null = os.open("/dev/null", os.O_RDWR)
-        os.dup2(null, 0), os.dup2(out_w, 1), os.dup2(err_w, 2)
+        os.dup2(4, 0), os.dup2(out_w, 1), os.dup2(err_w, 2)  # the forker's fd 4 is /dev/null
         _place_fds([ctl_r, call_r, reply_w])  # ctl=3, call=4, reply=5
-        _set_limits(cfg, cpu_s=cfg["cpu_s"], nproc=cfg["nproc"])
         _drop_to(cfg["candidate_uid"])
-        _install_filter()
         os.chdir("/tmp")
         os.write(2, b"ready\n")
     except BaseException as e:  # the sandbox could not be built: the zygote reports INFRA_FAIL
@@ -266,6 +264,10 @@ def candidate_main(cfg: dict, ctl_r: int, out_w: int, err_w: int, call_r: int, r
 
     cpu = int(msg["timeout_s"]) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, cfg["cpu_s"]), min(cpu, cfg["cpu_s"]) + 1))
+    if "random" in msg["program"] and "random" in sys.modules:
+        # os.fork's hook would give every child a fresh seed; this one skipped it (see _fork),
+        # so a program that may use the shared generator gets its own seed here.
+        sys.modules["random"].seed()
     if msg["mode"] == "io":
         _child_io(msg)
     _child_func(msg)
@@ -316,6 +318,108 @@ def _child_func(msg: dict) -> None:
         except BaseException as e:
             reply = {"exc": type(e).__name__, "msg": str(e)[:300]}
         write_frame(5, reply)
+
+
+# ----------------------------------------------------------------------------- the forker
+CAP_SETGID, CAP_SETUID = 6, 7
+
+
+def _keep_only_caps(*caps: int) -> None:
+    """Reduce this process's effective and permitted capabilities to ``caps`` (capset(2))."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    mask = sum(1 << c for c in caps)
+    data = (Data * 2)(Data(mask, mask, 0), Data(0, 0, 0))
+    if _libc().capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:  # _LINUX_CAPABILITY_VERSION_3
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("peer closed the socket")
+        data += chunk
+    return data
+
+
+def forker_main(cfg: dict, sock_fd: int) -> None:
+    """The forker's loop: on each request, fork one candidate with the pipes that came with it.
+
+    The forker does what every candidate would otherwise repeat: rlimits (all but the CPU limit,
+    set per program), capabilities cut to CAP_SETUID and CAP_SETGID (the child needs them to drop
+    to its uid; it keeps neither), an oom score of 1000 (under memory pressure the cgroup kills
+    a program before the zygote or the judge), and the seccomp filter, which children inherit
+    and cannot lift. It stays root, so no program can signal it. Its loop is small on purpose: after each
+    fork every page the parent writes costs a copy-on-write fault."""
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        null = os.open("/dev/null", os.O_RDWR)
+        _place_fds([sock_fd, null])  # socket=3, /dev/null=4
+        _set_limits(cfg, cpu_s=None, nproc=cfg["nproc"])
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")
+        os.close(fd)
+        _keep_only_caps(CAP_SETUID, CAP_SETGID)
+        _install_filter()
+        import socket
+
+        sock = socket.socket(fileno=3)
+    except BaseException:
+        os._exit(70)
+    while True:
+        while not select.select([3], [], [], 0.05)[0]:
+            _reap_children()  # while idle, collect killed candidates
+        try:
+            head, fds, _, _ = socket.recv_fds(sock, 8, 5)
+        except OSError:
+            os._exit(70)
+        if not head:
+            os._exit(0)
+        if len(head) < 8:
+            head += _recv_exact(sock, 8 - len(head))
+        if head[:1] == b"F" and len(fds) == 5:
+            _reap_children()  # the last candidates, dead by now; before the fork, not after
+            try:
+                pid = _fork()
+            except OSError as e:
+                pid = -(e.errno or 1)
+            if pid == 0:
+                try:
+                    candidate_main(cfg, *fds)
+                finally:
+                    os._exit(71)
+            for fd in fds:
+                os.close(fd)
+            sock.sendall(struct.pack(">i", pid))
+        elif head[:1] == b"W":
+            pid, block = struct.unpack(">iB", head[1:6])
+            try:
+                got, status, ru = os.wait4(pid, 0 if block else os.WNOHANG)
+                cpu = ru.ru_utime + ru.ru_stime
+            except ChildProcessError:
+                got, status, cpu = -1, 0, 0.0
+            sock.sendall(struct.pack(">iid", got, status, cpu))
+        else:
+            os._exit(70)
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
 # ----------------------------------------------------------------------------- the judge
@@ -523,7 +627,7 @@ def judge_main(cfg: dict, sock_fd: int, result_w: int) -> None:
 
 # ----------------------------------------------------------------------------- the zygote
 class _Cand:
-    """Zygote-side ends of one pre-forked candidate."""
+    """Zygote-side ends of one pre-forked candidate (forked by the forker)."""
 
     def __init__(self, cfg: dict):
         ctl_r, self.ctl_w = os.pipe()
@@ -531,15 +635,12 @@ class _Cand:
         self.err_r, err_w = os.pipe()
         call_r, self.call_w = os.pipe()
         self.reply_r, reply_w = os.pipe()
-        self.pid = _fork()
-        if self.pid == 0:
-            try:
-                candidate_main(cfg, ctl_r, out_w, err_w, call_r, reply_w)
-            finally:
-                os._exit(71)  # never fall back into the zygote's loop
-        for fd in (ctl_r, out_w, err_w, call_r, reply_w):
-            os.close(fd)
         self.fds = [self.ctl_w, self.out_r, self.err_r, self.call_w, self.reply_r]
+        try:
+            self.pid = _STATE["forker"].fork([ctl_r, out_w, err_w, call_r, reply_w])
+        finally:
+            for fd in (ctl_r, out_w, err_w, call_r, reply_w):
+                os.close(fd)
 
     def give_pipes(self) -> list[int]:
         """Hand the call and reply pipes over (to the judge); the zygote keeps no copy."""
@@ -555,6 +656,38 @@ class _Cand:
             except OSError:
                 pass
         self.fds = []
+
+
+class _Forker:
+    """Zygote-side end of the forker: fork requests (with the candidate's five pipe ends
+    attached) and wait requests go over one socket, strictly one at a time."""
+
+    def __init__(self, cfg: dict):
+        import socket
+
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                forker_main(cfg, theirs.fileno())
+            finally:
+                os._exit(71)
+        theirs.close()
+        self.sock = mine
+
+    def fork(self, fds: list[int]) -> int:
+        import socket
+
+        socket.send_fds(self.sock, [b"F" + bytes(7)], fds)
+        (pid,) = struct.unpack(">i", _recv_exact(self.sock, 4))
+        if pid < 0:
+            raise OSError(-pid, f"forking a candidate: {os.strerror(-pid)}")
+        return pid
+
+    def wait(self, pid: int, block: bool) -> tuple[int, int, float]:
+        """(pid or 0 if still running or -1 if unknown, wait status, CPU seconds)."""
+        self.sock.sendall(b"W" + struct.pack(">iB", pid, block) + bytes(2))
+        return struct.unpack(">iid", _recv_exact(self.sock, 16))
 
 
 class _Judge:
@@ -590,7 +723,7 @@ class _Judge:
         os.close(self.res_r)
 
 
-_STATE: dict = {"cand": None, "judge": None}
+_STATE: dict = {"cand": None, "judge": None, "forker": None}
 
 
 def _retire_judge() -> None:
@@ -654,14 +787,10 @@ def _drain(fds: dict, limit: int) -> bool:
 
 
 def _cpu_timeout(pid: int, cpu_limit: float) -> tuple[int | None, bool]:
-    """Reap ``pid`` if it has exited; return (wait status, whether it used up its CPU limit)."""
-    try:
-        got, status, ru = os.wait4(pid, os.WNOHANG)
-    except ChildProcessError:
+    """Reap candidate ``pid`` if it has exited; (wait status, whether it used up its CPU limit)."""
+    got, status, used = _STATE["forker"].wait(pid, block=False)
+    if got <= 0:
         return None, False
-    if got == 0:
-        return None, False
-    used = ru.ru_utime + ru.ru_stime
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     return status, sig == signal.SIGXCPU or (sig == signal.SIGKILL and used >= cpu_limit - 0.05)
 
@@ -744,7 +873,7 @@ def _kill_others() -> None:
     caught by the next, and a process with SIGKILL pending cannot fork. Dying processes are
     reaped later (a tmpfs or socket teardown can take a while, and waiting here would only cost
     throughput): the SIGKILL is already pending, so they cannot run another instruction."""
-    keep = {1, os.getpid()}
+    keep = {1, os.getpid(), _STATE["forker"].pid}
     if _STATE["judge"] is not None:
         keep.add(_STATE["judge"].pid)
     killed: set[int] = set()
@@ -774,6 +903,8 @@ def _reap() -> None:
         if _STATE["judge"] is not None and pid == _STATE["judge"].pid:  # died between tasks
             _STATE["judge"].close()
             _STATE["judge"] = None
+        if pid == _STATE["forker"].pid:  # nothing can be run without it: the host replaces us
+            raise SystemExit("the forker died")
 
 
 _MOUNTED: set = set()
@@ -884,6 +1015,7 @@ def main(argv: list[str]) -> None:
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0), os.dup2(null, 1)
     _fresh_tmpfs(cfg, force=True)
+    _STATE["forker"] = _Forker(cfg)
     _next(cfg)
     while True:
         while not select.select([inp], [], [], 0.05)[0]:
