@@ -498,16 +498,23 @@ def _verdict(cls: str, reason: str = "", detail: str = "") -> dict:
     return {"cls": cls, "reason": reason, "detail": detail[:500]}
 
 
-_CODE: dict = {}  # (source, name) -> code object: in RL a task's tests come back once per sample
+# (source, name) -> code object, least recently used first. In RL a task's tests come back once
+# per sample, and compiling them costs more than running them; sources above 16 MiB in total
+# push the oldest out.
+_CODE: dict = {}
+_CODE_CHARS = [0]
 
 
 def _compiled(source: str, name: str):
     key = (source, name)
-    code = _CODE.get(key)
+    code = _CODE.pop(key, None)
     if code is None:
-        if len(_CODE) >= 256:
-            _CODE.clear()
-        code = _CODE[key] = compile(source, name, "exec")
+        code = compile(source, name, "exec")
+        _CODE_CHARS[0] += len(source)
+        while _CODE and _CODE_CHARS[0] > 16 << 20:
+            _CODE_CHARS[0] -= len(next(iter(_CODE))[0])
+            del _CODE[next(iter(_CODE))]
+    _CODE[key] = code  # reinserted: now the most recently used
     return code
 
 
