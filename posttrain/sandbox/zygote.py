@@ -22,9 +22,12 @@ It talks to the host, watches the clock and the output, and keeps two helpers:
   never in the candidate, so custom ``__eq__``, patched builtins, stack walking or an early exit
   in the candidate cannot produce a pass. The judge serves one task after another (it receives
   each candidate's pipes over a socket), which saves a fork per program; it runs each task in a
-  fresh namespace, and it is replaced by a fresh one whenever a task leaves state behind (a
-  thread, an open file, a changed builtin, module, signal handler, timer, working directory or
-  environment), times out, or is abandoned for any other reason.
+  fresh namespace with a freshly seeded ``random``, and it is replaced by a fresh one whenever a
+  task leaves state behind (a thread, an open file, a changed builtin, ``sys.modules`` entry,
+  ``sys.path``, recursion limit, signal handler, timer, umask, working directory or
+  environment), times out, or is abandoned for any other reason. Attributes a task's code sets
+  on an imported module (``math.pi = 3``) are not looked for: tests and preludes are the task's
+  own trusted code, not the program's.
 
 After each program the zygote sends SIGKILL to every process in the sandbox's PID namespace but
 itself, the forker, the judge and the namespace's init, which reaches children that called
@@ -640,6 +643,8 @@ def judge_main(cfg: dict, sock_fd: int, result_w: int) -> None:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         budget = int(ru.ru_utime + ru.ru_stime + float(msg["timeout_s"])) + 2
         resource.setrlimit(resource.RLIMIT_CPU, (budget, resource.RLIM_INFINITY))
+        if "random" in sys.modules:  # each task a fresh generator, whatever the last one seeded
+            sys.modules["random"].seed()
         verdict = judge(msg, call_fd, reply_fd)
         os.close(call_fd), os.close(reply_fd)
         clean = _same_state(before)

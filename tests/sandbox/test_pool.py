@@ -174,3 +174,23 @@ def test_run_timed_reports_time_inside_the_sandbox(pool):
     (fast, t_fast), (slow, t_slow) = pool.run_timed([slow_double(True, 0.0), slow_double(True, 0.3)])
     assert fast.cls is slow.cls is OutcomeClass.PASS
     assert 0 < t_fast < t_slow and t_slow >= 5 * 0.3  # five calls of 0.3 s each
+
+
+def test_state_left_by_a_tasks_tests_does_not_reach_the_next_task(pool):
+    # One judge serves task after task; tests that patch a builtin, lower the recursion limit,
+    # leave a thread running or arm a timer make it step down, so the next task meets a fresh one.
+    program = "def f(x):\n    return x * 2\n"
+    leave = ["import builtins\nbuiltins.abs = lambda x: 0\n",
+             "import sys\nsys.setrecursionlimit(60)\n",
+             "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+             "import signal\nsignal.alarm(1)\n"]
+    probe = ("import signal, sys, threading\n"
+             "def check(candidate):\n"
+             "    assert abs(-2) == 2 and sys.getrecursionlimit() == 1000\n"
+             "    assert threading.active_count() == 1 and signal.alarm(0) == 0\n"
+             "    assert candidate(2) == 4\n")
+    jobs = []
+    for setup in leave:
+        jobs += [Job(program, "f", setup + "def check(candidate):\n    assert candidate(2) == 4\n"),
+                 Job(program, "f", probe)]
+    assert verdicts(pool.run(jobs)) == [("PASS", "")] * len(jobs)
