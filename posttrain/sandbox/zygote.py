@@ -378,8 +378,12 @@ def forker_main(cfg: dict, sock_fd: int) -> None:
     set per program), capabilities cut to CAP_SETUID and CAP_SETGID (the child needs them to drop
     to its uid; it keeps neither), an oom score of 1000 (under memory pressure the cgroup kills
     a program before the zygote or the judge), and the seccomp filter, which children inherit
-    and cannot lift. It stays root, so no program can signal it. Its loop is small on purpose: after each
-    fork every page the parent writes costs a copy-on-write fault."""
+    and cannot lift. It stays root, so no program can signal it. Its loop is small on purpose:
+    after each fork, every page the parent writes costs a copy-on-write fault.
+
+    It reaps its children itself, but never the latest candidate while it is idle: that one's
+    exit status and CPU time are the zygote's to ask for (``W``), and reaping it first would
+    lose them."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -396,9 +400,11 @@ def forker_main(cfg: dict, sock_fd: int) -> None:
         sock = socket.socket(fileno=3)
     except BaseException:
         os._exit(70)
+    children: set[int] = set()  # forked and not yet reaped
+    current = 0  # the latest candidate: its status is the zygote's to ask for, so never reaped idly
     while True:
         while not select.select([3], [], [], 0.05)[0]:
-            _reap_children()  # while idle, collect killed candidates
+            _reap_children(children, keep=current)  # while idle, collect killed candidates
         try:
             head, fds, _, _ = socket.recv_fds(sock, 8, 5)
         except OSError:
@@ -408,7 +414,7 @@ def forker_main(cfg: dict, sock_fd: int) -> None:
         if len(head) < 8:
             head += _recv_exact(sock, 8 - len(head))
         if head[:1] == b"F" and len(fds) == 5:
-            _reap_children()  # the last candidates, dead by now; before the fork, not after
+            _reap_children(children, keep=0)  # the last candidates: before the fork, not after
             try:
                 pid = _fork()
             except OSError as e:
@@ -418,6 +424,9 @@ def forker_main(cfg: dict, sock_fd: int) -> None:
                     candidate_main(cfg, *fds)
                 finally:
                     os._exit(71)
+            if pid > 0:
+                children.add(pid)
+                current = pid
             for fd in fds:
                 os.close(fd)
             sock.sendall(struct.pack(">i", pid))
@@ -428,18 +437,23 @@ def forker_main(cfg: dict, sock_fd: int) -> None:
                 cpu = ru.ru_utime + ru.ru_stime
             except ChildProcessError:
                 got, status, cpu = -1, 0, 0.0
+            if got:
+                children.discard(pid)
             sock.sendall(struct.pack(">iid", got, status, cpu))
         else:
             os._exit(70)
 
 
-def _reap_children() -> None:
-    while True:
+def _reap_children(children: set, keep: int) -> None:
+    """Reap the forker's dead children, all but ``keep``."""
+    for pid in list(children):
+        if pid == keep:
+            continue
         try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                children.discard(pid)
         except ChildProcessError:
-            return
+            children.discard(pid)
 
 
 # ----------------------------------------------------------------------------- the judge
@@ -582,8 +596,8 @@ def _umask() -> int:
 def _same_state(before) -> bool:
     import builtins
 
-    if signal.alarm(0) or any(signal.getitimer(t)[0] for t in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL,
-                                                              signal.ITIMER_PROF)):
+    timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+    if signal.alarm(0) or any(signal.getitimer(t)[0] for t in timers):
         return False
     now = _judge_state()
     b0, m0, b1, m1 = before[0], before[1], now[0], now[1]
