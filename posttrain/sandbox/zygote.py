@@ -50,6 +50,7 @@ after retries, never a silently weaker sandbox).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -681,6 +682,9 @@ class _Cand:
         self.fds = [self.ctl_w, self.out_r, self.err_r, self.call_w, self.reply_r]
         try:
             self.pid = _STATE["forker"].fork([ctl_r, out_w, err_w, call_r, reply_w])
+        except BaseException:
+            self.close()
+            raise
         finally:
             for fd in (ctl_r, out_w, err_w, call_r, reply_w):
                 os.close(fd)
@@ -990,7 +994,15 @@ def _next(cfg: dict) -> None:
     _fresh_tmpfs(cfg)
     if _STATE["judge"] is None:
         _STATE["judge"] = _Judge(cfg)
-    _STATE["cand"] = _Cand(cfg)
+    for wait in (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, None):
+        try:
+            _STATE["cand"] = _Cand(cfg)
+            return
+        except OSError as e:  # the pids cgroup still counts the last program's dying processes
+            if e.errno != errno.EAGAIN or wait is None:
+                raise
+            time.sleep(wait)
+            _reap()
 
 
 def _handle(cfg: dict, req: dict) -> dict:
