@@ -77,9 +77,9 @@ def _binding():
         try:
             import seccomp  # libseccomp's own binding (Debian's python3-seccomp), if importable
         except ImportError:
-            raise SeccompUnavailable("libseccomp's Python binding is missing (pip install pyseccomp)") from None
+            raise SeccompUnavailable("libseccomp's Python binding (pip install pyseccomp)") from None
     except (OSError, RuntimeError) as e:  # pyseccomp raises when the shared library is absent
-        raise SeccompUnavailable(f"libseccomp is missing (apt-get install libseccomp2): {e}") from None
+        raise SeccompUnavailable(f"libseccomp (apt-get install libseccomp2; {e})") from None
     return seccomp
 
 
@@ -104,9 +104,9 @@ def build() -> bytes:
     except SeccompUnavailable:
         raise
     except Exception as e:  # an old or broken libseccomp
-        raise SeccompUnavailable(f"libseccomp could not build the filter: {type(e).__name__}: {e}") from None
+        raise SeccompUnavailable(f"a working libseccomp (it could not build the filter: {type(e).__name__}: {e})") from None
     if not bpf or len(bpf) % 8 or len(bpf) // 8 > 4096:
-        raise SeccompUnavailable(f"libseccomp exported a filter of {len(bpf)} bytes")
+        raise SeccompUnavailable(f"a working libseccomp (it exported a filter of {len(bpf)} bytes)")
     return bpf
 
 
@@ -115,7 +115,7 @@ def _number(seccomp, name: str) -> int:
     for a call this architecture lacks, which libseccomp then leaves out)."""
     nr = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
     if nr == -1:  # __NR_SCMP_ERROR: a name this libseccomp does not know
-        raise SeccompUnavailable(f"libseccomp does not know the system call {name!r} (too old?)")
+        raise SeccompUnavailable(f"a newer libseccomp (this one does not know the system call {name!r})")
     return nr
 
 

@@ -100,7 +100,7 @@ def probe() -> dict:
     try:
         found["seccomp"] = seccomp_filter.build().hex()
     except seccomp_filter.SeccompUnavailable as e:
-        missing.append(f"seccomp: {e}")
+        missing.append(str(e))
     for key in ("pids_cgroup", "memory_cgroup"):
         if found[key] is None:
             missing.append(f"{key.replace('_', ' ')} (v1, writable)")
