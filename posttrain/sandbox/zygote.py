@@ -1,9 +1,10 @@
 """The process that lives inside one bubblewrap sandbox and forks a fresh child per program.
 
-Standard library only: it runs under the system interpreter (``/usr/bin/python3.11 -I -S``) as
-``python zygote.py CONFIG_JSON`` and is also imported by the host for the wire format
-(:func:`write_frame`, :func:`read_frame`, :func:`encode`, :func:`decode`); importing it has no
-side effects.
+Standard library only: it runs under the system interpreter (``/usr/bin/python3.11 -I -S``)
+with ``CONFIG_JSON`` as its argument, loaded from a code object the host compiled (or from
+this source where the interpreters' versions differ; see `worker.BOOT`), and is also imported
+by the host for the wire format (:func:`write_frame`, :func:`read_frame`, :func:`encode`,
+:func:`decode`); importing it has no side effects.
 
 The zygote (root inside the sandbox, holding only CAP_SETUID, CAP_SETGID, CAP_KILL and
 CAP_SYS_ADMIN) owns the sandbox's ``/tmp`` and ``/dev/shm``: size-capped tmpfs it mounts itself.

@@ -194,3 +194,17 @@ def test_state_left_by_a_tasks_tests_does_not_reach_the_next_task(pool):
         jobs += [Job(program, "f", setup + "def check(candidate):\n    assert candidate(2) == 4\n"),
                  Job(program, "f", probe)]
     assert verdicts(pool.run(jobs)) == [("PASS", "")] * len(jobs)
+
+
+def test_zygote_compiles_its_source_where_the_interpreters_differ(make_pool, monkeypatch):
+    # The host ships the zygote compiled; a sandbox interpreter of another version compiles the
+    # source instead (here: the bootstrap is told the host is Python 0.0).
+    from posttrain.sandbox import worker
+
+    monkeypatch.setattr(worker, "BOOT", worker.BOOT.replace("{version}", "(0, 0)"))
+    p = make_pool(workers=1)
+    try:
+        assert verdicts(p.run([slow_double(True, 0.0), slow_double(False, 0.0)])) == [
+            ("PASS", ""), ("MODEL_FAIL", "wrong_answer")]
+    finally:
+        p.close()
