@@ -92,7 +92,7 @@ def _train(run, engine, printer) -> dict:
                 f"IS ratio {first['selftest/is_ratio_mean']:.4f}, weight sync reached the engine")
     first |= held_out_eval(run) if start == 0 else {}
     if first and start == 0:
-        logger.log({"step": 0, **first})
+        logger.log({"step": 0, "tokens/total": 0, **first})
     watchdog = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo")
     done, tokens = start, sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir)) if start else 0
 
