@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import errno
 import json
+import marshal
 import os
 import select
 import signal
@@ -73,10 +74,16 @@ WARM_MODULES = ("math", "random", "re", "collections", "itertools", "functools",
 
 
 # ----------------------------------------------------------------------------- wire format
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps with options builds one per call
+
+
 def write_frame(fd: int, obj) -> None:
     """Send one length-prefixed JSON message."""
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    data = struct.pack(">I", len(data)) + data
+    _write_all(fd, _ENCODER.encode(obj).encode())
+
+
+def _write_all(fd: int, body: bytes) -> None:
+    data = struct.pack(">I", len(body)) + body
     while data:
         data = data[os.write(fd, data):]
 
@@ -270,7 +277,6 @@ def candidate_main(cfg: dict, ctl_r: int, out_w: int, err_w: int, call_r: int, r
     except BaseException as e:  # the sandbox could not be built: the zygote reports INFRA_FAIL
         os.write(2, f"sandbox setup failed: {e!r}\n".encode())
         os._exit(70)
-    import marshal
     import resource
 
     head = _read_exact(ctl_r, 4)
@@ -330,10 +336,12 @@ def _child_func(msg: dict, call_fd: int, reply_fd: int) -> None:
     except BaseException as e:
         write_frame(reply_fd, {"exc": type(e).__name__, "msg": str(e)[:300]})
         os._exit(EXIT_MEMORY if isinstance(e, MemoryError) else 1)
-    while True:
-        call = read_frame(call_fd)
-        if call is None:
+    while True:  # no import from here on: the program may have replaced __import__
+        head = _read_exact(call_fd, 4)
+        body = _read_exact(call_fd, struct.unpack(">I", head)[0]) if head else None
+        if body is None:
             os._exit(0)
+        call = marshal.loads(body)  # from the judge: trusted. The reply goes back as JSON.
         try:
             args, kwargs = decode(call["args"]), decode(call["kwargs"])
             reply = {"ok": encode(fn(*args, **kwargs))}
@@ -489,10 +497,14 @@ def _raised(name: str, text: str) -> BaseException:
 
 
 def _make_proxy(call_fd: int, reply_fd: int, counter: list):
+    """The ``candidate`` the tests call. Arguments go out tagged (`encode`) and marshalled (the
+    candidate only reads what the judge wrote); answers come back as JSON, parsed and decoded
+    strictly, since the candidate wrote them."""
+
     def candidate(*args, **kwargs):
         counter[0] += 1
         try:
-            write_frame(call_fd, {"args": encode(list(args)), "kwargs": encode(dict(kwargs))})
+            _write_all(call_fd, marshal.dumps({"args": encode(list(args)), "kwargs": encode(dict(kwargs))}))
         except BrokenPipeError:
             raise CandidateGone("candidate exited") from None
         try:
@@ -793,8 +805,6 @@ def _send_program(cand: _Cand, msg: dict) -> None:
     line = os.read(cand.err_r, 64)
     if line != b"ready\n":
         raise OSError(f"candidate setup failed: {line[:60]!r}")
-    import marshal
-
     data = marshal.dumps(msg)  # zygote to candidate only: never parsed on a trusted side
     data = struct.pack(">I", len(data)) + data
     while data:
@@ -1054,8 +1064,6 @@ def _warm_up() -> None:
     libc.prctl(PR_GET_SECCOMP, 0, 0, 0, 0), libc.fork, libc.mount, libc.umount2  # resolved once
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     encode([1, 2.5, "x", (None, True), {1: b""}]), decode(encode({"k": [1, {2}]}))
-    import marshal
-
     marshal.loads(marshal.dumps({"mode": "func", "program": "x", "timeout_s": 1.0}))
 
 
