@@ -410,15 +410,23 @@ def forker_main(cfg: dict, sock_fd: int) -> None:
         sock = socket.socket(fileno=3)
     except BaseException:
         os._exit(70)
+    poller = select.poll()
+    poller.register(3, select.POLLIN)
+    poll, recvmsg, anc_size = poller.poll, sock.recvmsg, socket.CMSG_SPACE(5 * 4)
+    sol_socket, scm_rights = socket.SOL_SOCKET, socket.SCM_RIGHTS
     children: set[int] = set()  # forked and not yet reaped
     current = 0  # the latest candidate: its status is the zygote's to ask for, so never reaped idly
     while True:
-        while not select.select([3], [], [], 0.05)[0]:
+        while not poll(50):
             _reap_children(children, keep=current)  # while idle, collect killed candidates
         try:
-            head, fds, _, _ = socket.recv_fds(sock, 8, 5)
+            head, anc, _, _ = recvmsg(8, anc_size)
         except OSError:
             os._exit(70)
+        fds = []
+        for level, kind, data in anc:
+            if level == sol_socket and kind == scm_rights:
+                fds = list(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
         if not head:
             os._exit(0)
         if len(head) < 8:
