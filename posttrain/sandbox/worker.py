@@ -39,6 +39,8 @@ def zygote_code() -> bytes:
     compiling 40 KB of source at every start, and its memory keeps none of the compiler's
     leftovers (2 MB), which every fork of a program would otherwise copy and tear down."""
     return marshal.dumps(compile(ZYGOTE_PATH.read_text(), "/sandbox/zygote.py", "exec"))
+
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
