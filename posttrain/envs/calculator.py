@@ -26,7 +26,7 @@ from pathlib import Path
 from posttrain.envs.tool_env import ToolEnv
 from posttrain.envs.tools import Tool, format_call, with_tools_message
 from posttrain.outcome import Outcome
-from posttrain.tasks.arithmetic import Problem, extract_answer, parse_ops, sample_problems
+from posttrain.tasks.arithmetic import OPS, Problem, extract_answer, parse_ops, sample_problems
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -91,29 +91,38 @@ class CalculatorEnv(ToolEnv):
 
 
 def _expression(p: Problem) -> str:
-    return f"{p.a} {'*' if p.op == 'x' else p.op} {p.b}"
+    """The prompt's own expression, symbols included (``347 × 86``): copying a span verbatim is
+    what a small model learns first."""
+    return f"{p.a} {OPS[p.op]} {p.b}"
 
 
-def sft_record(p: Problem, tools_style: str = "compact") -> dict:
-    """The two-turn tool-using trace of ``p`` as a chat conversation (``messages``)."""
-    user = [{"role": "user", "content": p.prompt}]
-    return {"messages": with_tools_message(user, [CALCULATOR], tools_style) + [
+def sft_record(p: Problem, tools_style: str = "compact", direct: bool = False) -> dict:
+    """The two-turn tool-using trace of ``p`` as a chat conversation (``messages``); with ``direct``
+    the answer written at once, without the tool (what a model that guesses does)."""
+    user = with_tools_message([{"role": "user", "content": p.prompt}], [CALCULATOR], tools_style)
+    if direct:
+        return {"messages": user + [{"role": "assistant", "content": f"Answer: {p.answer}"}]}
+    return {"messages": user + [
         {"role": "assistant", "content": format_call("calculator", {"expression": _expression(p)})},
         {"role": "tool", "content": calculator(_expression(p))},
         {"role": "assistant", "content": f"Answer: {p.answer}"}]}
 
 
 def write_calculator_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
-                          digits: tuple[int, int] = (3, 3), ops: str = "x", tools_style: str = "compact") -> dict[str, Path]:
+                          digits: tuple[int, int] = (3, 3), ops: str = "x", tools_style: str = "compact",
+                          direct_frac: float = 0.0) -> dict[str, Path]:
     """``prompts_train.jsonl`` / ``prompts_eval.jsonl`` ({prompt, answer}) and ``sft_train.jsonl``
-    (tool-using traces) in ``out_dir``."""
+    (tool-using traces; ``direct_frac`` of them answer at once instead) in ``out_dir``."""
+    import random
+
     from posttrain.data.records import write_jsonl
 
-    out, written = Path(out_dir), {}
+    out, written, rng = Path(out_dir), {}, random.Random(seed)
     for split, n in (("train", n_train), ("eval", n_eval)):
         problems = sample_problems(n, split=split, digits=digits, ops=parse_ops(ops), seed=seed)
         written[f"prompts_{split}"] = write_jsonl(out / f"prompts_{split}.jsonl",
                                                   [{"prompt": p.prompt, "answer": str(p.answer)} for p in problems])
         if split == "train":
-            written["sft_train"] = write_jsonl(out / "sft_train.jsonl", [sft_record(p, tools_style) for p in problems])
+            written["sft_train"] = write_jsonl(out / "sft_train.jsonl", [
+                sft_record(p, tools_style, direct=rng.random() < direct_frac) for p in problems])
     return written

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tools-style", default="compact", choices=["json", "compact", "none"],
                         help="calculator: how the traces offer the tool, as env.tools_style offers it in rl and "
                              "eval (default compact, the environment's default; none keeps a tiny model's prompts short)")
+    parser.add_argument("--direct-frac", type=float, default=0.0,
+                        help="calculator: share of traces that answer at once, without the tool (default 0)")
     parser.add_argument("--repair-frac", type=float, default=0.5,
                         help="code_repair: share of traces that fix a wrong first version (default 0.5)")
 
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
             a, _, b = args.digits.partition(",")
             digits = (int(a), int(b or a))
             written = write_calculator_data(Path(args.out_dir), n_train=args.n_train, n_eval=args.n_eval,
-                                            seed=args.seed, digits=digits, tools_style=args.tools_style)
+                                            seed=args.seed, digits=digits, tools_style=args.tools_style,
+                                            direct_frac=args.direct_frac)
         except ValueError as e:
             raise UserError(f"calculator: {e}") from None
     else:

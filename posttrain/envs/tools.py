@@ -186,7 +186,7 @@ def parse_tool_calls(text: str, tools: dict[str, Tool]) -> list[ToolCall]:
 
 def format_call(name: str, arguments: dict) -> str:
     """The text of a call in our syntax (what a trace for SFT writes)."""
-    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
+    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}{CLOSE}"
 
 
 TOOLS_STYLES = ("json", "compact", "none")
