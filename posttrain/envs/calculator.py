@@ -26,7 +26,7 @@ from pathlib import Path
 from posttrain.envs.tool_env import ToolEnv
 from posttrain.envs.tools import Tool, format_call, with_tools_message
 from posttrain.outcome import Outcome
-from posttrain.tasks.arithmetic import OPS, Problem, extract_answer, parse_ops, sample_problems
+from posttrain.tasks.arithmetic import Problem, extract_answer, parse_ops, sample_problems
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -91,9 +91,7 @@ class CalculatorEnv(ToolEnv):
 
 
 def _expression(p: Problem) -> str:
-    """The prompt's own expression, symbols included (``347 × 86``): copying a span verbatim is
-    what a small model learns first."""
-    return f"{p.a} {OPS[p.op]} {p.b}"
+    return f"{p.a} {'*' if p.op == 'x' else p.op} {p.b}"
 
 
 def sft_record(p: Problem, tools_style: str = "compact", direct: bool = False) -> dict:
