@@ -1,7 +1,7 @@
 """The import picture: packages stand on floors and arrows only point down or sideways, no two
 packages import each other, and no module imports itself back through others (function-level
-imports included: a lazy import is still a dependency). Command modules (``cli.py``,
-``*_cli.py``) are the top floor wherever they live; ``if TYPE_CHECKING:`` imports are annotations."""
+imports included: a lazy import is still a dependency); ``if TYPE_CHECKING:`` imports are
+annotations."""
 
 import ast
 from pathlib import Path
@@ -51,22 +51,18 @@ def _package(module: str) -> str:
     return module.split(".")[1] if "." in module else "posttrain"
 
 
-def _is_command(module: str) -> bool:
-    return module.endswith(("_cli", ".cli")) or module in ("posttrain.cli", "posttrain.__main__")
-
-
 def test_every_package_has_a_floor():
     assert {_package(m) for m in _graph()} - {"posttrain"} <= set(FLOOR)
 
 
 def test_arrows_never_point_up():
-    bad = [f"{a} -> {b}" for a, bs in _graph().items() if not _is_command(a) for b in bs
+    bad = [f"{a} -> {b}" for a, bs in _graph().items() for b in bs
            if FLOOR.get(_package(b), 0) > FLOOR.get(_package(a), 0)]
     assert not bad, bad
 
 
 def test_no_two_packages_import_each_other():
-    edges = {(_package(a), _package(b)) for a, bs in _graph().items() if not _is_command(a) for b in bs}
+    edges = {(_package(a), _package(b)) for a, bs in _graph().items() for b in bs}
     mutual = sorted((a, b) for a, b in edges if a < b and (b, a) in edges)
     assert not mutual, mutual
 

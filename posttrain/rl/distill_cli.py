@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.make_teacher:
-        from posttrain.study.teacher import make_teacher
+        from posttrain.rl.teacher import make_teacher
 
         teacher = make_teacher(args.make_teacher, steps=args.teacher_steps)
         print(f"teacher: {teacher.checkpoint} (held-out greedy pass@1 {teacher.pass_at_1:.3f})")

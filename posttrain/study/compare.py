@@ -12,7 +12,7 @@ three answers side by side on the embedded arithmetic task:
 
 Design choices:
 - One start: a *weak* student, the `tiny` model SFT'd briefly on the task's traces. One teacher:
-  the `small` model SFT'd well (`posttrain.study.teacher`, cached).
+  the `small` model SFT'd well (`posttrain.rl.teacher`, cached).
 - One budget, in **trajectory tokens trained on**: completion tokens the student generated (b, c),
   or teacher-trace completion tokens (a, which generates none). Each arm stops when it reaches
   it; time (the sum of the arm's step times) is measured and reported, not equalised: it is too
@@ -103,7 +103,7 @@ def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progr
 def prepare(out: Path, p: dict, seed: int, progress: bool, printer) -> Study:
     """The task, the teacher (cached) and the weak student start."""
     from posttrain.models.tiny import build_tiny
-    from posttrain.study.teacher import TASK, make_teacher
+    from posttrain.rl.teacher import TASK, make_teacher
     from posttrain.tasks.arithmetic import write_arithmetic
 
     out.mkdir(parents=True, exist_ok=True)
@@ -274,7 +274,7 @@ def tokens_at_step(arm: str, run_dir: Path) -> dict[int, int]:
 
 def write_curves(study: Study, arms: dict) -> None:
     """Held-out greedy pass@1 of every checkpoint, as runs ``curves/<arm>`` with step = tokens."""
-    from posttrain.study.teacher import greedy_pass_at_1
+    from posttrain.rl.teacher import greedy_pass_at_1
     from posttrain.tracking import MetricsLogger
 
     limit, max_new = study.profile["n_eval"], study.profile["max_new_tokens"]
@@ -294,7 +294,7 @@ def write_curves(study: Study, arms: dict) -> None:
 def final_evals(study: Study, arms: dict) -> list[dict]:
     """`run_eval` of every model on the held-out split: greedy pass@1 and sampled pass@1..k."""
     from posttrain.eval.runner import BenchmarkConfig, DecodingProfile, EvalConfig, run_eval
-    from posttrain.study.teacher import TASK
+    from posttrain.rl.teacher import TASK
 
     p = study.profile
     rows = []
