@@ -186,23 +186,23 @@ def _routes(state: ServeState) -> list[Route]:
             "id": state.served_name, "object": "model", "created": state.created, "owned_by": "posttrain",
             "root": str(state.model_path), "max_model_len": state.limits.max_model_len}]})
 
+    async def generate(request: Request, parse, body, rid_prefix: str) -> Response:
+        """The shared path of both generation routes: parse, generate in the engine worker, answer."""
+        payload = await read_json(request)
+        check_model(payload, state.served_name)
+        req = parse(payload, state.limits)
+        r = await state.worker.generate(req.prompts, req.n, req.sampling)
+        return JSON(body(rid=f"{rid_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=state.served_name,
+                         req=req, choices=choices_of(r, req), token_text=state.token_text))
+
     @endpoint
     async def completions(request: Request) -> Response:
-        body = await read_json(request)
-        check_model(body, state.served_name)
-        req = parse_completion(body, state.limits, state.tokenize)
-        r = await state.worker.generate(req.prompts, req.n, req.sampling)
-        return JSON(completion_body(rid=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.served_name,
-                                    req=req, choices=choices_of(r, req), token_text=state.token_text))
+        return await generate(request, lambda b, lim: parse_completion(b, lim, state.tokenize), completion_body,
+                              "cmpl")
 
     @endpoint
     async def chat_completions(request: Request) -> Response:
-        body = await read_json(request)
-        check_model(body, state.served_name)
-        req = parse_chat(body, state.limits, state.render_chat)
-        r = await state.worker.generate(req.prompts, req.n, req.sampling)
-        return JSON(chat_body(rid=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.served_name,
-                              req=req, choices=choices_of(r, req), token_text=state.token_text))
+        return await generate(request, lambda b, lim: parse_chat(b, lim, state.render_chat), chat_body, "chatcmpl")
 
     @endpoint
     async def model_info(request: Request) -> Response:

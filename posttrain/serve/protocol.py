@@ -398,13 +398,17 @@ def completion_body(*, rid: str, created: int, model: str, req: GenerateRequest,
                 pos += len(tok)
             item["logprobs"] = {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None,
                                 "text_offset": offsets}
-            item["truncated_logprobs"] = c.truncated_logprobs
-        if req.return_token_ids:
-            item["token_ids"] = c.token_ids
-            item["prompt_token_ids"] = c.prompt_token_ids
-        items.append(item)
+        items.append(item | extensions(c, req))
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": items,
             "usage": usage(req, choices)}
+
+
+def extensions(c: Choice, req: GenerateRequest) -> dict:
+    """The fields both routes add to OpenAI's choice: truncated log-probs and the token ids."""
+    out = {"truncated_logprobs": c.truncated_logprobs} if req.logprobs else {}
+    if req.return_token_ids:
+        out |= {"token_ids": c.token_ids, "prompt_token_ids": c.prompt_token_ids}
+    return out
 
 
 def chat_body(*, rid: str, created: int, model: str, req: GenerateRequest, choices: list[Choice], token_text) -> dict:
@@ -420,10 +424,6 @@ def chat_body(*, rid: str, created: int, model: str, req: GenerateRequest, choic
                 # the completions shape too, so one client reads both endpoints the same way
                 "tokens": tokens, "token_logprobs": c.logprobs,
             }
-            item["truncated_logprobs"] = c.truncated_logprobs
-        if req.return_token_ids:
-            item["token_ids"] = c.token_ids
-            item["prompt_token_ids"] = c.prompt_token_ids
-        items.append(item)
+        items.append(item | extensions(c, req))
     return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": items,
             "usage": usage(req, choices)}
