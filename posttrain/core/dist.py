@@ -73,6 +73,15 @@ class World:
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def require_shares(self, key: str, value: int, what: str) -> None:
+        """Refuse (one line, exit 2) a ``value`` that the ranks cannot share equally: every rank must run
+        as many forwards as the others. ``what`` says what each rank takes an equal share of."""
+        if value % self.world_size:
+            from posttrain.errors import UserError
+
+            raise UserError(f"{key}={value}: must be a multiple of the world size ({self.world_size}); "
+                            f"each rank {what}")
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()

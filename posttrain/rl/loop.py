@@ -302,9 +302,7 @@ def check_world(cfg: RLConfig, world: World) -> None:
     """What a run under torchrun needs: whole groups in equal shares, the sync driver."""
     if not world.distributed:
         return
-    if cfg.prompts_per_step % world.world_size:
-        raise UserError(f"prompts_per_step={cfg.prompts_per_step}: must be a multiple of the world size "
-                        f"({world.world_size}); each rank trains on an equal share of the step's groups")
+    world.require_shares("prompts_per_step", cfg.prompts_per_step, "trains on an equal share of the step's groups")
     if cfg.mode == "async":
         raise UserError("mode=async: runs in one process (its engine is a child process); under torchrun use "
                         "mode=sync")

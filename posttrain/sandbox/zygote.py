@@ -616,8 +616,6 @@ def _umask() -> int:
 
 
 def _same_state(before) -> bool:
-    import builtins
-
     timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
     if signal.alarm(0) or any(signal.getitimer(t)[0] for t in timers):
         return False

@@ -78,9 +78,7 @@ def pairwise_world(cfg: PairwiseConfig) -> World:
     """This process's `World` (joining torchrun's process group), refusing a ``batch_pairs`` that
     the ranks cannot share equally."""
     world = init_world(cfg.model.device)
-    if cfg.batch_pairs % world.world_size:
-        raise UserError(f"batch_pairs={cfg.batch_pairs}: must be a multiple of the world size "
-                        f"({world.world_size}); each rank takes an equal share of a step's pairs")
+    world.require_shares("batch_pairs", cfg.batch_pairs, "takes an equal share of a step's pairs")
     return world
 
 

@@ -221,9 +221,7 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
 
     quiet_transformers()
     world = init_world(cfg.model.device)
-    if cfg.grad_accum % world.world_size:
-        raise UserError(f"grad_accum={cfg.grad_accum}: must be a multiple of the world size ({world.world_size}); "
-                        "each rank takes an equal share of a step's micro-batches")
+    world.require_shares("grad_accum", cfg.grad_accum, "takes an equal share of a step's micro-batches")
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
     tokenizer = load_tokenizer(cfg.model.path)
