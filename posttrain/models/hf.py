@@ -1,10 +1,9 @@
-"""Load causal LMs and tokenizers with transformers' Auto classes; optional LoRA via peft; save.
+"""Load causal LMs and tokenizers with transformers' Auto classes; optional LoRA via peft.
 
 A model is a local folder or a hub id (``org/name``: fetched where the machine reaches the hub, or
 found in the local hub cache); one that is neither is a `UserError` naming the setting that gave it.
-Checkpoints are written as plain Hugging Face folders (safetensors + tokenizer) that
-`AutoModelForCausalLM.from_pretrained` loads unchanged; a LoRA model is merged into its base before
-such a save, and its adapter is also saved on its own under ``adapter/`` so it can be reused with peft.
+Checkpoints are written by `posttrain.core.checkpoint` (plain Hugging Face folders that
+`from_pretrained` loads unchanged; LoRA merged, its adapter kept under ``adapter/``).
 """
 
 from __future__ import annotations
@@ -210,19 +209,3 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
 
     merged = copy.deepcopy(model).merge_and_unload()
     return {k: v.detach() for k, v in merged.state_dict().items()}
-
-
-def save_pretrained(model, tokenizer, out_dir: str | Path) -> Path:
-    """Save a plain HF folder; a LoRA model is merged (adapter kept under ``adapter/``)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if is_lora(model):
-        model.save_pretrained(out / "adapter")
-        import copy
-
-        copy.deepcopy(model).merge_and_unload().save_pretrained(out)
-    else:
-        model.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    return out

@@ -72,11 +72,13 @@ def test_ppo_targets_use_algos_gae_and_whiten_over_tokens():
 def rm_dir(nano_model_dir, tmp_path):
     """A reward-model checkpoint (an untrained head on the nano model is enough for wiring)."""
     from posttrain.models.heads import load_reward_model
-    from posttrain.models.hf import ModelConfig, load_tokenizer, save_pretrained
+    from posttrain.models.hf import ModelConfig, load_tokenizer
 
     torch.manual_seed(1)
     rm = load_reward_model(ModelConfig(path=str(nano_model_dir)))
-    return save_pretrained(rm, load_tokenizer(str(nano_model_dir)), tmp_path / "rm")
+    rm.save_pretrained(tmp_path / "rm")
+    load_tokenizer(str(nano_model_dir)).save_pretrained(tmp_path / "rm")
+    return tmp_path / "rm"
 
 
 def ppo_overrides(rl_overrides, rm_dir, **extra):
