@@ -51,3 +51,15 @@ def _torchrun(nproc: int, *args, timeout: int = 300, check: bool = True):
     if check and r.returncode != 0:
         raise AssertionError(f"torchrun failed ({r.returncode}):\n{r.stderr[-4000:]}")
     return r
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """One local Ray for the whole test session (start-up costs seconds): 8 logical CPUs, so tests
+    can place several engine and verifier actors on a 2-core machine. Yields the ray module."""
+    ray = pytest.importorskip("ray")
+    from posttrain.distributed.cluster import connect
+
+    connect("", num_cpus=8)
+    yield ray
+    ray.shutdown()

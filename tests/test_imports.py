@@ -11,10 +11,10 @@ import posttrain
 ROOT = Path(posttrain.__file__).parent
 FLOORS = [
     {"algos", "rollout", "outcome", "errors", "config", "jsonl", "tracking"},
-    {"core", "data", "models", "sandbox", "tasks"},
+    {"core", "data", "models", "sandbox", "tasks", "distributed"},
     {"verifiers", "envs"},
     {"train", "rl"},
-    {"eval", "study", "demo", "cli", "__main__", "serve", "distributed"},
+    {"eval", "study", "demo", "cli", "__main__", "serve"},
 ]
 FLOOR = {pkg: i for i, names in enumerate(FLOORS) for pkg in names}
 
