@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
+
+RUNTIMES = ("local", "ray")
+
+
+@dataclasses.dataclass(kw_only=True)
+class RayConfig:
+    """Where Ray work goes when ``runtime: ray``."""
+
+    address: str = ""
+    """``auto`` (the cluster this machine joined with ``ray start``), ``host:port``, or empty to
+    start a local Ray sized to the machine."""
+    num_cpus: int = 0
+    """CPUs of a local Ray started here (empty address); 0 = this machine's core count."""
+
+    def __post_init__(self):
+        if self.num_cpus < 0:
+            raise ConfigValueError("num_cpus", "must be >= 0")
 
 
 def require_ray():
