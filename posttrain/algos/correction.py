@@ -61,10 +61,12 @@ def geo_mean_seq_ratio(
 
     A sequence without valid tokens gets 1.
     """
-    return torch.exp(_geo_log_ratio_B(trainer_logp_BT, sampler_logp_BT, mask_BT))
+    return torch.exp(seq_mean_log_ratio(trainer_logp_BT, sampler_logp_BT, mask_BT))
 
 
-def _geo_log_ratio_B(trainer_logp_BT, sampler_logp_BT, mask_BT) -> torch.Tensor:
+def seq_mean_log_ratio(trainer_logp_BT, sampler_logp_BT, mask_BT) -> torch.Tensor:
+    """(B,) mean of ``log ρ_t`` over each sequence's valid tokens, detached and clamped to ±20;
+    0 for a sequence without valid tokens (GSPO's length-normalised log-ratio too)."""
     m = mask_BT.bool()
     d_BT = torch.where(m, (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float(), 0.0)
     return (d_BT.sum(-1) / m.sum(-1).clamp(min=1)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -82,7 +84,7 @@ def _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, level):
         d_BT = torch.where(m_BT, (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float(), 0.0)
         d_B = d_BT.sum(-1).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     else:
-        d_B = _geo_log_ratio_B(trainer_logp_BT, sampler_logp_BT, mask_BT)
+        d_B = seq_mean_log_ratio(trainer_logp_BT, sampler_logp_BT, mask_BT)
     return d_B[:, None].expand_as(m_BT), m_BT.any(-1, keepdim=True)
 
 

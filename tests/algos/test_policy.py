@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from posttrain.algos.advantages import grpo
-from posttrain.algos.policy import POLICY_LOSSES, pg_loss, ppo_clip_loss
+from posttrain.algos.policy import POLICY_LOSSES, cispo_loss, gspo_loss, pg_loss, ppo_clip_loss
 
 
 def _ratio_logp(ratios):
@@ -104,3 +104,153 @@ def test_pg_hand_worked():
     loss, m = pg_loss(logp, torch.tensor([[2.0, -1.0, 3.0]]), torch.tensor([[1, 1, 0]]))
     torch.testing.assert_close(loss, torch.tensor([[1.0, -2.0, 0.0]]))
     assert m["logp_mean"].item() == pytest.approx(-1.25)
+
+
+# ------------------------------------------------------------------------------------- GSPO
+
+
+def _seq_logp(log_ratios, old=-1.0):
+    """(logp, old_logp) rows with logp - old = log_ratios; logp requires grad."""
+    old_BT = torch.full((len(log_ratios), len(log_ratios[0])), old, dtype=torch.float64)
+    logp = (old_BT + torch.tensor(log_ratios, dtype=torch.float64)).requires_grad_()
+    return logp, old_BT
+
+
+def test_gspo_hand_worked():
+    # Sequence ratios are exp of the mean log-ratio over valid tokens (the masked 5.0 is ignored):
+    #  seq 0: mean(1e-3, -4e-4) = 3e-4, s = e^3e-4 = 1.00030005 inside [0.9997, 1.0004];  A = +1
+    #         loss -s at each token, gradient -A·s = -1.00030005 at each valid token.
+    #  seq 1: mean(2e-3, 0, 1e-3) = 1e-3, s = 1.0010005 > 1.0004;  A = +2
+    #         max(-2·1.0010005, -2·1.0004) = -2.0008, clipped: no gradient.
+    #  seq 2: mean(-1e-3, -1e-3) = -1e-3, s = 0.9990005 < 0.9997;  A = -1
+    #         max(0.9990005, 0.9997) = 0.9997, clipped: no gradient.
+    #  seq 3: mean(1e-2, 1e-2) = 1e-2, s = 1.0100502;  A = -1
+    #         max(1.0100502, 1.0004) = 1.0100502, not clipped (PPO keeps the pessimistic branch):
+    #         gradient -A·s = +1.0100502.
+    logp, old = _seq_logp([[1e-3, -4e-4, 5.0], [2e-3, 0.0, 1e-3], [-1e-3, -1e-3, 0.0], [1e-2, 1e-2, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]])
+    adv = torch.tensor([[1.0], [2.0], [-1.0], [-1.0]], dtype=torch.float64).expand(4, 3)
+    loss, m = POLICY_LOSSES["gspo"](logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4)
+    s0, s3 = math.exp(3e-4), math.exp(1e-2)
+    expected = torch.tensor([[-s0, -s0, 0.0], [-2.0008] * 3, [0.9997, 0.9997, 0.0], [s3, s3, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-7)
+    loss.sum().backward()
+    grad = torch.tensor([[-s0, -s0, 0.0], [0.0] * 3, [0.0] * 3, [s3, s3, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, grad, rtol=1e-6, atol=1e-7)
+    assert m["clip_frac"].item() == pytest.approx(5 / 9)  # seq 1 (3 tokens) and seq 2 (2) of 9 tokens
+    assert m["seq_ratio_max"].item() == pytest.approx(s3, rel=1e-6)
+    assert m["seq_ratio_mean"].item() == pytest.approx((s0 + math.exp(1e-3) + math.exp(-1e-3) + s3) / 4, rel=1e-6)
+
+
+def _gspo_reference(logp, old, adv_B, mask, lo, hi):
+    """Plain-python float64 GSPO: per-token loss values and d(Σ loss)/d logp, sequence by sequence."""
+    loss, grad = [], []
+    for lp, od, a, mk in zip(logp, old, adv_B, mask):
+        n = sum(mk)
+        s = math.exp(sum(x - y for x, y, k in zip(lp, od, mk) if k) / max(n, 1))
+        unclipped, clipped = -a * s, -a * min(max(s, 1 - lo), 1 + hi)
+        value = max(unclipped, clipped)
+        g = -a * s if unclipped >= clipped else 0.0  # the clipped branch is flat in θ
+        loss.append([value if k else 0.0 for k in mk])
+        grad.append([g if k else 0.0 for k in mk])
+    return loss, grad
+
+
+def test_gspo_matches_a_float64_reference_on_random_inputs():
+    gen = torch.Generator().manual_seed(0)
+    B, T, lo, hi = 16, 7, 3e-4, 4e-4
+    old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    logp = (old + 1e-3 * torch.randn(B, T, generator=gen, dtype=torch.float64)).requires_grad_()
+    mask = torch.rand(B, T, generator=gen) > 0.3
+    mask[0] = False  # a sequence without valid tokens contributes nothing
+    adv_B = torch.randn(B, generator=gen, dtype=torch.float64)
+    loss, m = gspo_loss(logp, old, adv_B[:, None].expand(B, T), mask, clip_low=lo, clip_high=hi)
+    loss.sum().backward()
+    ref_loss, ref_grad = _gspo_reference(logp.tolist(), old.tolist(), adv_B.tolist(), mask.int().tolist(), lo, hi)
+    torch.testing.assert_close(loss, torch.tensor(ref_loss, dtype=torch.float64), rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(logp.grad, torch.tensor(ref_grad, dtype=torch.float64), rtol=1e-6, atol=1e-9)
+    assert 0.1 < m["clip_frac"].item() < 0.9  # both branches were exercised
+
+
+def test_gspo_token_form_has_the_gradient_of_the_sequence_objective():
+    """Mean over a sequence's tokens of s_i,t has the gradient of s_i = exp(mean_t log-ratio), so
+    seq_mean_token_mean of the per-token loss is the paper's sequence-level objective."""
+    from posttrain.algos.aggregate import seq_mean_token_mean
+
+    gen = torch.Generator().manual_seed(1)
+    B, T = 6, 5
+    old = -torch.rand(B, T, generator=gen, dtype=torch.float64)
+    logp = (old + 2e-3 * torch.randn(B, T, generator=gen, dtype=torch.float64)).requires_grad_()
+    mask = torch.rand(B, T, generator=gen) > 0.2
+    adv_B = torch.randn(B, generator=gen, dtype=torch.float64)
+    loss_BT, _ = gspo_loss(logp, old, adv_B[:, None].expand(B, T), mask, clip_low=1e-3, clip_high=1e-3)
+    (g_token,) = torch.autograd.grad(seq_mean_token_mean(loss_BT, mask, global_num_seqs=B), logp)
+    d = torch.where(mask, logp - old, 0.0)
+    s_B = torch.exp(d.sum(1) / mask.sum(1))
+    objective = torch.maximum(-adv_B * s_B, -adv_B * s_B.clamp(1 - 1e-3, 1 + 1e-3)).mean()
+    (g_seq,) = torch.autograd.grad(objective, logp)
+    torch.testing.assert_close(g_token, g_seq)
+    assert float(g_seq.abs().sum()) > 0
+
+
+def test_gspo_on_policy_value_is_the_advantage_and_weights_multiply():
+    logp = torch.randn(2, 3, requires_grad=True)
+    w = torch.tensor([[0.5, 2.0, 1.0], [1.0, 1.0, 1.0]])
+    loss, m = gspo_loss(logp, logp.detach(), torch.tensor([[1.0], [-2.0]]).expand(2, 3), torch.ones(2, 3),
+                        is_weights_BT=w)
+    torch.testing.assert_close(loss, torch.tensor([[-0.5, -2.0, -1.0], [2.0, 2.0, 2.0]]))
+    assert m["clip_frac"].item() == 0.0 and m["seq_ratio_mean"].item() == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------- CISPO
+
+
+def test_cispo_hand_worked():
+    # ratios 1.5, 0.5, 1.1; log π = -1, -2, -0.5; A = 1, -1, 2.
+    # clip_low=1 (no lower bound), clip_high=0.28: weights 1.28, 0.5, 1.1
+    # loss = -w·A·log π = 1.28, -1.0, 1.1; gradient -w·A = -1.28, 0.5, -2.2 (no token loses it)
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = logp.detach() - torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    loss, m = cispo_loss(logp, old, adv, torch.ones(1, 3), clip_low=1.0, clip_high=0.28)
+    torch.testing.assert_close(loss, torch.tensor([[1.28, -1.0, 1.1]]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.28, 0.5, -2.2]]))
+    assert m["clip_frac"].item() == pytest.approx(1 / 3)
+    assert m["ratio_max"].item() == pytest.approx(1.5)
+    # a lower bound 1 - 0.2 = 0.8 lifts the middle weight: -0.8·(-1)·(-2) = -1.6
+    loss, m = cispo_loss(logp, old, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.28)
+    torch.testing.assert_close(loss, torch.tensor([[1.28, -1.6, 1.1]]))
+    assert m["clip_frac"].item() == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        cispo_loss(logp, old, adv, torch.ones(1, 3), clip_low=1.5)
+
+
+def test_cispo_matches_a_float64_reference_and_keeps_gradient_where_ppo_drops_it():
+    gen = torch.Generator().manual_seed(2)
+    B, T, lo, hi = 8, 6, 1.0, 0.28
+    old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    logp = (old + 0.4 * torch.randn(B, T, generator=gen, dtype=torch.float64)).requires_grad_()
+    mask = torch.rand(B, T, generator=gen) > 0.3
+    adv = torch.randn(B, 1, generator=gen, dtype=torch.float64).expand(B, T)
+    loss, _ = cispo_loss(logp, old, adv, mask, clip_low=lo, clip_high=hi)
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    ref_loss, ref_grad = [], []
+    for lp_row, od_row, a_row, mk_row in zip(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist()):
+        w_row = [min(max(math.exp(x - y), 1 - lo), 1 + hi) for x, y in zip(lp_row, od_row)]
+        ref_loss.append([-w * a * x if k else 0.0 for w, a, x, k in zip(w_row, a_row, lp_row, mk_row)])
+        ref_grad.append([-w * a if k else 0.0 for w, a, k in zip(w_row, a_row, mk_row)])
+    torch.testing.assert_close(loss, torch.tensor(ref_loss, dtype=torch.float64))
+    torch.testing.assert_close(g, torch.tensor(ref_grad, dtype=torch.float64))
+    ppo, _ = ppo_clip_loss(logp, old, adv, mask, clip_low=0.2, clip_high=hi)
+    (g_ppo,) = torch.autograd.grad(ppo.sum(), logp)
+    dropped = mask & (g_ppo == 0) & (adv != 0)
+    assert dropped.any() and torch.all(g[dropped] != 0)
+
+
+def test_cispo_on_policy_is_reinforce():
+    logp = torch.randn(3, 4, requires_grad=True)
+    adv, mask, w = torch.randn(3, 4), torch.rand(3, 4) > 0.3, torch.rand(3, 4) + 0.5
+    loss_c, _ = cispo_loss(logp, logp.detach(), adv, mask, is_weights_BT=w)
+    loss_pg, _ = pg_loss(logp, adv, mask, is_weights_BT=w)
+    torch.testing.assert_close(loss_c, loss_pg)
