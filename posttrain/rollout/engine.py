@@ -10,7 +10,9 @@ One `generate` call:
 2. prefills each *distinct* prompt of the chunk once, left-padded to a common length, then copies
    its KV rows to its ``n`` samples (prefill costs 1/n of a naive batched prefill);
 3. decodes step by step into a preallocated KV cache; each step samples all rows at once
-   (`sampling.sample_next`), records token and log-probs into preallocated (B, max_new) tensors,
+   (`sampling.sample_next`) with uniform numbers drawn up front from one generator per prompt
+   (`sampling.uniforms`, seeded by ``SamplingParams.seeds``: a prompt's samples do not depend on
+   its batch, its chunk, or compaction), records token and log-probs into preallocated (B, max_new) tensors,
    and marks rows finished on EOS, a stop string, or ``max_new_tokens``;
 4. **compacts** the batch when finished rows reach ``compact_fraction`` of it (at least one): the
    decoder index-selects the live rows of its cache, positions and padding bias, so finished
@@ -29,13 +31,12 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 
 import torch
 
 from posttrain.rollout.fast_llama import FastLlamaDecoder, supports
 from posttrain.rollout.hf_decoder import HFDecoder
-from posttrain.rollout.sampling import StopChecker, sample_next
+from posttrain.rollout.sampling import StopChecker, sample_next, uniforms
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError, weights_checksum
 
 FINISH_CODES = ("length", "eos", "stop")
@@ -132,11 +133,10 @@ class TorchEngine:
         """``n`` samples of each prompt; samples of prompt i are at i*n .. i*n+n-1."""
         self._check_prompts(prompts, n)
         stop = self._stop_checker(sampling.stop)
-        seed = sampling.seed if sampling.seed is not None else random.randrange(2**63)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        seeds = sampling.seeds(len(prompts))
         total = len(prompts) * n
         chunk = self.max_batch or total
-        parts = [self._generate_chunk(prompts, n, start, min(start + chunk, total), sampling, generator, stop)
+        parts = [self._generate_chunk(prompts, n, start, min(start + chunk, total), sampling, seeds, stop)
                  for start in range(0, total, chunk)]
         return Rollouts.concat(parts)
 
@@ -161,9 +161,14 @@ class TorchEngine:
             self._stop_checkers[key] = StopChecker(self.tokenizer, stops, self.vocab_size)
         return self._stop_checkers[key]
 
-    def _generate_chunk(self, prompts, n, start, end, sampling, generator, stop) -> Rollouts:
+    def _generate_chunk(self, prompts, n, start, end, sampling, seeds, stop) -> Rollouts:
         prompt_of_sample = torch.arange(start, end) // n
         unique, expand = torch.unique_consecutive(prompt_of_sample, return_inverse=True)
+        u_BT = None
+        if not sampling.greedy:  # the chunk's rows of its prompts' whole blocks
+            first = int(unique[0]) * n
+            u_BT = uniforms([seeds[i] for i in unique.tolist()], n, sampling.max_new_tokens)
+            u_BT = u_BT[start - first: end - first].to(self.device)
         chunk_prompts = [prompts[i] for i in unique.tolist()]
         width = max(len(p) for p in chunk_prompts)
         ids = torch.zeros(len(chunk_prompts), width, dtype=torch.long)
@@ -172,11 +177,11 @@ class TorchEngine:
         pad = torch.tensor([width - len(p) for p in chunk_prompts], dtype=torch.long)
         dev = self.device
         logits = self.decoder.prefill(ids.to(dev), pad.to(dev), expand.to(dev), width + sampling.max_new_tokens)
-        tok, lp, tlp, length, reason = self._decode(logits, sampling, generator, stop)
+        tok, lp, tlp, length, reason = self._decode(logits, sampling, u_BT, stop)
         return self._package(prompt_of_sample.tolist(), prompts, tok, lp, tlp, length, reason, sampling, stop)
 
     @torch.inference_mode()
-    def _decode(self, logits, sampling: SamplingParams, generator, stop):
+    def _decode(self, logits, sampling: SamplingParams, u_BT, stop):
         """The step loop. Returns per-row tokens/log-probs (B, max_new), lengths and finish codes."""
         b, steps, dev = logits.shape[0], sampling.max_new_tokens, self.device
         out_tok = torch.zeros(b, steps, dtype=torch.long, device=dev)
@@ -188,7 +193,7 @@ class TorchEngine:
         rows = torch.arange(b, device=dev)  # original row of each live batch position
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         for step in range(steps):
-            tok, lp, tlp = sample_next(logits, sampling, generator)
+            tok, lp, tlp = sample_next(logits, sampling, None if u_BT is None else u_BT[rows, step])
             out_tok[rows, step], out_lp[rows, step], out_tlp[rows, step] = tok, lp, tlp
             hit_eos = alive & torch.isin(tok, eos) if eos is not None else torch.zeros_like(alive)
             hit_stop = self._stop_hits(stop, tok, alive & ~hit_eos, rows, out_tok, step)

@@ -7,7 +7,8 @@ concurrently (a thread pool over one ``httpx.Client``), each to the server with 
 requests in flight, and the answers are put back in prompt order. Every request asks for
 ``logprobs=1`` and ``return_token_ids=true``: the completion *is* the server's ``token_ids`` and
 its sampler log-probs are ``logprobs.token_logprobs``, never a re-tokenisation of the text. The
-seed of prompt ``i`` is `prompt_seed` ``(sampling.seed, i)``, so a request retried on another
+seed of prompt ``i`` is ``sampling.seeds(...)[i]`` (`prompt_seed` ``(sampling.seed, i)`` unless the
+call carries explicit ``prompt_seeds``), so a request retried on another
 server holding the same weights draws the same samples.
 
 Weights: `load_weights` writes the tensors as ``model.safetensors`` into ``weights_dir/v{version}/``
@@ -26,7 +27,6 @@ the engine starts raises `ServerUnreachable`, a one-line error (exit status 1 fr
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -55,17 +55,6 @@ class ServerUnreachable(RuntimeError):
 
 class _RequestFailed(Exception):
     """One completion request failed on one server (the message says how)."""
-
-
-def prompt_seed(seed: int | None, index: int) -> int | None:
-    """The sampling seed of prompt ``index`` of a call seeded with ``seed`` (None stays None).
-
-    A 31-bit hash of both, so neighbouring prompts and neighbouring calls get unrelated streams
-    and every server implementation accepts it.
-    """
-    if seed is None:
-        return None
-    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:4], "big") >> 1
 
 
 def _error_choice() -> dict:
@@ -172,7 +161,7 @@ class HTTPEngine:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("no prompts given, or an empty prompt")
         version = self.version
-        bodies = [self._body(p, n, sampling, prompt_seed(sampling.seed, i)) for i, p in enumerate(prompts)]
+        bodies = [self._body(p, n, sampling, s) for p, s in zip(prompts, sampling.seeds(len(prompts)))]
         with ThreadPoolExecutor(max_workers=min(self.max_inflight, len(prompts))) as pool:
             groups = list(pool.map(self._complete, bodies))
         parts = [self._rollouts(i, p, n, choices, sampling, version)

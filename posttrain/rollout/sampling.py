@@ -3,8 +3,9 @@
 `sample_next` is batched over rows with no Python loop over samples. Order of the warpers follows
 the usual one (temperature, then top-k, then top-p). With top-k on, top-p is applied among the k
 survivors only, so the full-vocabulary sort is skipped. The token is drawn by inverting the CDF
-with one uniform number per row from a caller-owned ``torch.Generator``, so a seeded run is
-reproducible (for the same prompts, batch layout and weights).
+with one uniform number per row that the caller supplies: the engine draws each prompt's numbers
+from that prompt's own generator (`uniforms`), so a seeded prompt samples the same tokens whatever
+else shares its batch.
 
 Top-p keeps a token when the probability mass of the tokens strictly more likely than it is below
 ``top_p`` (the most likely token is always kept), i.e. the smallest prefix of the sorted
@@ -43,20 +44,33 @@ def truncate_logits(scaled_BV: torch.Tensor, top_k: int, top_p: float) -> tuple[
     return scaled_BV, index
 
 
-def _inverse_cdf_draw(probs_BK: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row by inverting the CDF: one uniform number per row, where
+def uniforms(seeds: list[int | None], n: int, steps: int) -> torch.Tensor:
+    """(len(seeds) * n, steps) uniform numbers: sample j of prompt i takes row i*n + j, one column per
+    decoding step. Each prompt's block comes from its own CPU generator seeded with its seed (a fresh
+    random seed when None), drawn whole up front: a sample's numbers do not depend on the other
+    prompts of the call, on how the call is chunked, or on which rows finished early."""
+    blocks = []
+    for seed in seeds:
+        g = torch.Generator()
+        g.manual_seed(seed) if seed is not None else g.seed()
+        blocks.append(torch.rand(n, steps, generator=g))
+    return torch.cat(blocks)
+
+
+def _inverse_cdf_draw(probs_BK: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    """One draw per row by inverting the CDF with the row's uniform number ``u_B``, where
     ``torch.multinomial`` spends an exponential variate per vocabulary entry. Zero-probability
     entries can never be drawn (the CDF is flat across them). Returns (B, 1) column indices."""
     cdf = probs_BK.cumsum(-1)
-    u = torch.rand(probs_BK.shape[0], 1, generator=generator, device=probs_BK.device, dtype=cdf.dtype)
+    u = u_B.to(device=cdf.device, dtype=cdf.dtype)[:, None]
     col = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     return col.clamp_(max=probs_BK.shape[-1] - 1)
 
 
 def sample_next(
-    logits_BV: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+    logits_BV: torch.Tensor, sampling: SamplingParams, u_B: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Choose one token per row.
+    """Choose one token per row, with ``u_B`` (B,) uniform numbers in [0, 1) (None when greedy).
 
     Returns ``(token_B, logp_B, truncated_logp_B)`` where ``logp_B`` is the log-prob of the token
     under ``log_softmax(logits / T)`` over the full vocabulary (``log_softmax(logits)`` for greedy)
@@ -71,7 +85,7 @@ def sample_next(
     full_logp_BV = scaled.log_softmax(-1)
     cand_BK, index_BK = truncate_logits(scaled, sampling.top_k, sampling.top_p)
     cand_logp_BK = cand_BK.log_softmax(-1)
-    col = _inverse_cdf_draw(cand_logp_BK.exp(), generator)
+    col = _inverse_cdf_draw(cand_logp_BK.exp(), u_B)
     token = col.squeeze(-1) if index_BK is None else index_BK.gather(-1, col).squeeze(-1)
     logp = full_logp_BV.gather(-1, token[:, None]).squeeze(-1)
     truncated = cand_logp_BK.gather(-1, col).squeeze(-1)

@@ -12,6 +12,12 @@ The truncated distribution the token was actually drawn from is reported separat
 ``truncated_logprobs`` (log-prob after top-k/top-p renormalisation; 0.0 for greedy, where the
 choice had probability one).
 
+Sampling streams are per prompt: prompt ``i`` of a call seeded with ``seed`` draws from its own
+generator seeded with `prompt_seed` ``(seed, i)`` (or ``SamplingParams.prompt_seeds[i]``), so its
+samples depend only on that seed and the weights, never on which other prompts share the call. A
+call split into parts (chunks, engine replicas, servers) reproduces the whole call exactly when each
+part passes the seeds of its prompts' indices in the whole (`SamplingParams.for_prompts`).
+
 `weights_checksum` hashes parameter names, dtypes, shapes and raw bytes in name order, so a sender
 and a receiver that hold the same tensors agree, whatever order the dict was built in.
 """
@@ -56,6 +62,9 @@ class SamplingParams:
     """Seed of the sampling generator; the same seed, prompts and weights give the same samples."""
     ignore_eos: bool = False
     """Keep generating past EOS tokens (benchmarks that need a fixed number of tokens)."""
+    prompt_seeds: list[int] | None = None
+    """The sampling seed of each prompt of the call, overriding the ones derived from ``seed``: a part
+    of a call sent elsewhere carries its prompts' seeds from the whole call (see `for_prompts`)."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -70,10 +79,39 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.prompt_seeds is not None and not all(isinstance(x, int) for x in self.prompt_seeds):
+            raise ValueError(f"prompt_seeds must be a list of ints or None, got {self.prompt_seeds!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def seeds(self, count: int) -> list[int | None]:
+        """The sampling seed of each of the call's ``count`` prompts (None: unseeded)."""
+        if self.prompt_seeds is None:
+            return [prompt_seed(self.seed, i) for i in range(count)]
+        if len(self.prompt_seeds) != count:
+            raise ValueError(f"prompt_seeds has {len(self.prompt_seeds)} seeds for {count} prompts")
+        return list(self.prompt_seeds)
+
+    def for_prompts(self, indices: list[int], count: int) -> "SamplingParams":
+        """These parameters for the prompts at ``indices`` of a call of ``count`` prompts: a part
+        that samples exactly what those prompts sample in the whole call."""
+        if self.seed is None and self.prompt_seeds is None:
+            return self
+        seeds = self.seeds(count)
+        return dataclasses.replace(self, prompt_seeds=[seeds[i] for i in indices])
+
+
+def prompt_seed(seed: int | None, index: int) -> int | None:
+    """The sampling seed of prompt ``index`` of a call seeded with ``seed`` (None stays None).
+
+    A 31-bit hash of both, so neighbouring prompts and neighbouring calls get unrelated streams
+    and every server implementation accepts it.
+    """
+    if seed is None:
+        return None
+    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:4], "big") >> 1
 
 
 @dataclass

@@ -14,7 +14,7 @@ from posttrain.rl.batch import outcome_batch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.loop import drive_rl, generate_groups, rl_step, setup
 from posttrain.rollout import HTTPEngine, Rollouts
-from posttrain.rollout.http import prompt_seed
+from posttrain.rollout.types import prompt_seed
 from posttrain.tracking import StageTimer
 from tests.rollout.test_http_engine import FakeServer, real_server
 

@@ -27,7 +27,8 @@ from posttrain.rollout import (
     WeightSyncError,
     weights_checksum,
 )
-from posttrain.rollout.http import WEIGHTS_FILE, model_eos_ids, prompt_seed
+from posttrain.rollout.http import WEIGHTS_FILE, model_eos_ids
+from posttrain.rollout.types import prompt_seed
 from posttrain.verifiers.evaluate import score
 
 TEXTS = ["Compute 12 x 34.", "What is 7 times 8?", "Hello", "The answer is", "a b c d e f", "Say something long"]

@@ -134,3 +134,40 @@ def test_partial_update_of_one_tensor(model):
     assert r.completion_ids[0] == [0, 0, 0]
     assert r.logprobs[0][0] == pytest.approx(-torch.log(torch.tensor(128.0)).item(), abs=1e-6)
     assert engine.version == 4
+
+
+# ------------------------------------------------------------------ batch-invariant sampling streams
+
+
+def _finishing_model():
+    """A model with many EOS ids, so sampled rows finish at scattered steps (and the batch compacts)."""
+    m = make_model()
+    m.generation_config.eos_token_id = list(range(100, 120))
+    return m
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_prompts_samples_do_not_depend_on_its_batch(backend):
+    """One call over [a, b, c, d] equals [a, b] and [c, d] sent apart with their seeds from the whole
+    call (what an engine replica receives), and equals chunking by 5 samples (groups cut mid-way)."""
+    model, prompts, n = _finishing_model(), PROMPTS[:4], 3
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=12, seed=11)
+    whole = TorchEngine(model, backend=backend).generate(prompts, n, sampling)
+    halves = [TorchEngine(model, backend=backend).generate(prompts[i:i + 2], n, sampling.for_prompts([i, i + 1], 4))
+              for i in (0, 2)]
+    chunked = TorchEngine(model, backend=backend, max_batch=5).generate(prompts, n, sampling)
+    lengths = [len(c) for c in whole.completion_ids]
+    assert {"eos", "length"} <= set(whole.finish_reason) and len(set(lengths)) > 2  # rows end apart
+    for other in (Rollouts.concat(halves), chunked):
+        assert other.completion_ids == whole.completion_ids
+        assert other.finish_reason == whole.finish_reason
+        for got, want in zip(other.logprobs, whole.logprobs):
+            assert got == pytest.approx(want, abs=1e-5)
+    # a prompt alone with its own seed samples what it samples among others
+    alone = TorchEngine(model, backend=backend).generate([prompts[2]], n, sampling.for_prompts([2], 4))
+    assert alone.completion_ids == whole.completion_ids[2 * n: 3 * n]
+
+
+def test_prompt_seeds_must_match_the_prompts(model):
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        TorchEngine(model).generate(PROMPTS[:3], 1, SamplingParams(prompt_seeds=[1, 2]))
