@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("posttrain.train.rm_cli", "reward model on pairwise preferences (Bradley-Terry)"),
     "dpo": ("posttrain.train.dpo_cli", "direct preference optimisation against a frozen reference"),
     "distill": ("posttrain.rl.distill_cli", "on-policy distillation from a frozen teacher"),
+    "sweep": ("posttrain.study.sweep_cli", "a grid of runs of any training command, with a report across seeds"),
     "study": ("posttrain.study.cli", "studies: `study compare` runs SFT vs RLVR vs distillation"),
     "eval": ("posttrain.eval.eval_cli", "pass@k of a model on benchmarks (resumable)"),
     "report": ("posttrain.eval.report_cli", "self-contained HTML report of run directories"),
