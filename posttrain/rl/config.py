@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from posttrain.algos.policy import POLICY_LOSSES
 from posttrain.config import ConfigValueError
 from posttrain.envs.config import EnvConfig
 from posttrain.models.hf import DTYPES, ModelConfig
@@ -216,15 +217,26 @@ class RLConfig:
     algorithm: str = "grpo"
     """Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, or ppo (GAE with a learned critic)."""
     policy_loss: str = "ppo_clip"
-    """ppo_clip (clipped surrogate) or pg (plain policy gradient)."""
+    """ppo_clip (clipped surrogate), pg (plain policy gradient), gspo (one clipped, length-normalised
+    ratio per sequence; Zheng et al. 2025) or cispo (REINFORCE weighted by a clipped, detached ratio;
+    MiniMax-M1 2025). docs/rl.md."""
     aggregation: str = ""
-    """token_mean, seq_mean_token_mean or seq_mean_token_sum_norm; empty = the algorithm's default."""
+    """token_mean, seq_mean_token_mean or seq_mean_token_sum_norm; empty = the algorithm's default
+    (seq_mean_token_mean with policy_loss=gspo, whose objective is a mean over sequences)."""
     clip_low: float = 0.2
     """PPO lower clip (ratio >= 1 - clip_low)."""
     clip_high: float = 0.28
     """PPO upper clip (ratio <= 1 + clip_high); above clip_low = DAPO clip-higher."""
     dual_clip: float = 0.0
     """Dual-clip bound c for negative advantages (e.g. 3.0); 0 = off."""
+    gspo_clip_low: float = 3e-4
+    """policy_loss=gspo: the sequence ratio's lower clip (s >= 1 - gspo_clip_low); GSPO's paper value."""
+    gspo_clip_high: float = 4e-4
+    """policy_loss=gspo: the sequence ratio's upper clip (s <= 1 + gspo_clip_high); GSPO's paper value."""
+    cispo_clip_low: float = 1.0
+    """policy_loss=cispo: the IS weight is at least 1 - cispo_clip_low; 1 = no lower bound (MiniMax-M1)."""
+    cispo_clip_high: float = 0.28
+    """policy_loss=cispo: the IS weight is at most 1 + cispo_clip_high."""
     verifier: str = "arithmetic"
     """Reward: a registered verifier (arithmetic, math, code, format) or package.module:function."""
     format_weight: float = 0.0
@@ -271,8 +283,13 @@ class RLConfig:
             raise ConfigValueError("algorithm", f"must be one of {', '.join(ALGORITHMS)}")
         if self.reward_model.path and self.algorithm != "ppo":
             raise ConfigValueError("reward_model.path", "a reward model is used by algorithm=ppo only")
-        if self.policy_loss not in ("ppo_clip", "pg"):
-            raise ConfigValueError("policy_loss", "must be ppo_clip or pg")
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ConfigValueError("policy_loss", f"must be one of {', '.join(POLICY_LOSSES)}")
+        for key in ("clip_low", "clip_high", "gspo_clip_low", "gspo_clip_high", "cispo_clip_high"):
+            if getattr(self, key) < 0:
+                raise ConfigValueError(key, "must be >= 0")
+        if not 0 <= self.cispo_clip_low <= 1:
+            raise ConfigValueError("cispo_clip_low", "must be in [0, 1] (1 = no lower bound)")
         if self.aggregation and self.aggregation not in DEFAULT_AGGREGATION.values():
             raise ConfigValueError("aggregation", "must be token_mean, seq_mean_token_mean or "
                                    "seq_mean_token_sum_norm")
@@ -296,7 +313,9 @@ class RLConfig:
 
     @property
     def aggregation_mode(self) -> str:
-        return self.aggregation or DEFAULT_AGGREGATION[self.algorithm]
+        if self.aggregation:
+            return self.aggregation
+        return "seq_mean_token_mean" if self.policy_loss == "gspo" else DEFAULT_AGGREGATION[self.algorithm]
 
 
 def sampling_params(cfg: RLConfig, seed: int) -> SamplingParams:

@@ -1,32 +1,39 @@
 """The RL loss, assembled from pure functions in ``posttrain.algos`` by name.
 
 ``make_loss_fn(cfg)`` returns ``loss_fn(logp_BT, mb) -> (loss_BT, metrics)``: the policy surrogate
-(clipped PPO or plain PG) weighted by the sampler->trainer importance weights, plus the KL-to-
-reference term when it is a loss. The same function serves the GRPO family (one advantage per
-sample, ``adv_B``) and PPO (per-token GAE advantages, ``token_adv_BT``). Aggregation is applied by the trainer with global denominators.
+(``policy_loss``: clipped PPO, plain PG, GSPO or CISPO, by name from ``algos.POLICY_LOSSES``)
+weighted by the sampler->trainer importance weights, plus the KL-to-reference term when it is a
+loss. The same function serves the GRPO family (one advantage per sample, ``adv_B``) and PPO
+(per-token GAE advantages, ``token_adv_BT``). Aggregation is applied by the trainer with global
+denominators.
 """
 
 from __future__ import annotations
 
 import torch
 
-from posttrain.algos import IS_CORRECTIONS, KL_ESTIMATORS, mismatch_metrics, pg_loss, ppo_clip_loss
+from posttrain.algos import IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_metrics
 from posttrain.core.dist import World, current_world
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import CorrectionConfig, RLConfig
 
 
+def policy_loss_options(cfg: RLConfig) -> dict:
+    """The clip knobs of ``cfg.policy_loss``, as keyword arguments of its `POLICY_LOSSES` entry."""
+    return {"ppo_clip": dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip or None),
+            "pg": {},
+            "gspo": dict(clip_low=cfg.gspo_clip_low, clip_high=cfg.gspo_clip_high),
+            "cispo": dict(clip_low=cfg.cispo_clip_low, clip_high=cfg.cispo_clip_high)}[cfg.policy_loss]
+
+
 def make_loss_fn(cfg: RLConfig):
     kl_fn = KL_ESTIMATORS[cfg.kl.estimator]
     kl_in_loss = cfg.kl.coef > 0 and cfg.kl.mode == "loss"
+    surrogate, options = POLICY_LOSSES[cfg.policy_loss], policy_loss_options(cfg)
 
     def policy_term(logp_BT, mb: RLBatch):
         adv_BT = mb.adv_B[:, None].expand_as(logp_BT) if mb.token_adv_BT is None else mb.token_adv_BT
-        if cfg.policy_loss == "pg":
-            return pg_loss(logp_BT, adv_BT, mb.train_mask_BT, is_weights_BT=mb.is_weights_BT)
-        return ppo_clip_loss(logp_BT, mb.old_logp_BT, adv_BT, mb.train_mask_BT,
-                             clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                             dual_clip=cfg.dual_clip or None, is_weights_BT=mb.is_weights_BT)
+        return surrogate(logp_BT, mb.old_logp_BT, adv_BT, mb.train_mask_BT, is_weights_BT=mb.is_weights_BT, **options)
 
     def loss_fn(logp_BT, mb: RLBatch):
         loss_BT, metrics = policy_term(logp_BT, mb)

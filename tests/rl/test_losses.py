@@ -179,3 +179,64 @@ def test_async_without_decoupled_ppo_clips_around_the_sampler(rl_overrides, algo
     m = learn(run, 1, StageTimer(), ro, outcomes, {})
     ratios = [math.exp(-d) for i, row in enumerate(ro.logprobs) for d in _nudges(i, len(row))]
     assert m["policy/ratio_mean"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-3)
+
+
+def _expected_surrogate(run, ro, cfg, anchor_on_sampler: bool):
+    """The step's GSPO or CISPO loss from the formulas (grpo advantages, seq_mean_token_mean).
+
+    Sync (and async with decoupled PPO): the ratio's anchor is the trainer's own log-probs (ratio 1)
+    and the truncated IS weight vs the sampler multiplies each token. Async without decoupled PPO:
+    the anchor is the sampler's (nudged) log-probs and there is no separate weight."""
+    batch = outcome_batch(ro, [Outcome.model_fail(reward=r) for r in REWARDS], run.tokenizer.pad_token_id)
+    mask = batch.train_mask_BT
+    with torch.no_grad():
+        logp = _plain_logp(run.policy.model, batch, cfg.rollout.temperature)
+    sampler = batch.sampler_logp_BT
+    old = sampler if anchor_on_sampler else logp
+    w = torch.ones_like(logp) if anchor_on_sampler else torch.exp(logp - sampler).clamp(max=cfg.correction.cap)
+    rewards = torch.tensor(REWARDS).view(-1, G)
+    zero_var = rewards.amax(1) == rewards.amin(1)
+    adv = torch.where(zero_var[:, None], 0.0, _hand_advantages(rewards, "grpo", None)).flatten()[:, None]
+    if cfg.policy_loss == "gspo":
+        s = torch.exp(((logp - old) * mask).sum(1) / mask.sum(1))[:, None]
+        lo, hi = cfg.gspo_clip_low, cfg.gspo_clip_high
+        loss_tok = torch.maximum(-adv * s, -adv * s.clamp(1 - lo, 1 + hi))
+    else:
+        lo, hi = cfg.cispo_clip_low, cfg.cispo_clip_high
+        loss_tok = -torch.exp(logp - old).clamp(1 - lo, 1 + hi) * adv * logp
+    loss_tok = loss_tok * w * mask
+    return float((loss_tok.sum(1) / mask.sum(1)).mean())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("loss", ["gspo", "cispo"])
+def test_learn_optimises_the_hand_computed_gspo_and_cispo_loss(rl_overrides, loss, mode):
+    """Each new loss through `learn`, on-policy with the sampler correction (sync), and anchored on a
+    stale sampler without decoupled PPO (async): the ratio then differs from 1 and is what clips."""
+    from posttrain.rollout import TorchEngine
+
+    over = {"policy_loss": loss, "kl.track": False, "rollout.max_new_tokens": 12, "optim.lr": 0.0,
+            "correction.cap": 1.2, "mode": mode, "asynchrony.decoupled_ppo": False}
+    cfg = load_config(RLConfig, None, rl_overrides(**over))
+    assert cfg.aggregation_mode == "seq_mean_token_mean"
+    run = setup(cfg)
+    if mode == "async":
+        run.engine = TorchEngine(cfg.model.path, tokenizer=run.tokenizer)
+    ro, outcomes = _step_inputs(run)
+    if mode == "async":
+        run.engine = _NullEngine()
+    expected = _expected_surrogate(run, ro, cfg, anchor_on_sampler=mode == "async")
+    m = learn(run, 1, StageTimer(), ro, outcomes, {})
+    assert abs(expected) > 1e-4
+    assert m["loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    if mode == "async" and loss == "gspo":  # nudges of 0.4 move sequence ratios past 4e-4: some clip
+        assert 0 < m["policy/clip_frac"] < 1
+
+
+@pytest.mark.parametrize("override, key", [("policy_loss=gpso", "policy_loss"), ("cispo_clip_low=1.5", "cispo_clip_low"),
+                                           ("gspo_clip_high=-1e-4", "gspo_clip_high")])
+def test_bad_policy_loss_settings_are_refused_by_name(override, key):
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match=key):
+        load_config(RLConfig, None, [override])
