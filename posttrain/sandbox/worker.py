@@ -82,6 +82,11 @@ class SandboxConfig:
     """Trip when more than this fraction of the recent runs hit an infrastructure failure."""
     python: str = "/usr/bin/python3.11"
     """Interpreter inside the sandbox; must be readable by an unprivileged uid."""
+    replicas: int = 0
+    """Sandbox pools run as Ray actors when the recipe says ``runtime: ray`` (the verifier farm,
+    `posttrain.distributed.farm`); 0 = one pool in this process. Ignored with ``runtime: local``."""
+    cpus: int = 2
+    """Farm only: CPUs each actor reserves from Ray; it runs this many sandboxes."""
 
     def __post_init__(self):
         if self.workers < 0:
@@ -90,6 +95,8 @@ class SandboxConfig:
             raise ValueError("timeout_s must be > 0, memory_mb >= 64, nproc >= 1")
         if not 0 < self.breaker_threshold <= 1:
             raise ValueError("breaker_threshold must be in (0, 1]")
+        if self.replicas < 0 or self.cpus < 1:
+            raise ValueError("replicas must be >= 0 and cpus >= 1")
 
     @property
     def n_workers(self) -> int:

@@ -15,9 +15,12 @@ Outcomes: the sandbox's classes pass through unchanged, so INFRA_FAIL (a worker 
 ran out) is masked from the gradient by the RL loop, never scored 0. An example without tests is
 TASK_FAIL; a completion with no code is MODEL_FAIL/format.
 
-All callers in a process share one pool, started on first use (``configure`` sets its limits
-before that) and closed at exit. If the machine cannot run the sandbox, or its circuit breaker
-trips, the exception propagates and stops the run: there is no weaker fallback.
+All callers in a process share one pool, started on first use and closed at exit. ``configure``
+sets its limits and where it runs: in this process (``runtime="local"``, or ``cfg.replicas`` 0),
+or on ``cfg.replicas`` sandbox actors of a Ray cluster (``runtime="ray"``: the verifier farm,
+`posttrain.distributed.farm`, with the same interface and the same outcomes). If the machine
+cannot run the sandbox, or a circuit breaker trips, the exception propagates and stops the run:
+there is no weaker fallback.
 """
 
 from __future__ import annotations
@@ -25,29 +28,43 @@ from __future__ import annotations
 import atexit
 import re
 import threading
+from typing import TYPE_CHECKING
 
+from posttrain.distributed.cluster import RayConfig
 from posttrain.outcome import Outcome
 from posttrain.sandbox.pool import Job, SandboxPool
 from posttrain.sandbox.worker import SandboxConfig
 
+if TYPE_CHECKING:
+    from posttrain.distributed.farm import VerifierFarm
+
 _FENCE_RE = re.compile(r"^[ \t]*```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
 _LOCK = threading.Lock()
-_STATE: dict = {"pool": None, "config": None}
+_STATE: dict = {"pool": None, "settings": (SandboxConfig(), "local", None)}
 
 
-def configure(cfg: SandboxConfig) -> None:
-    """Limits for the shared pool; must be called before its first use."""
+def configure(cfg: SandboxConfig, runtime: str = "local", ray: RayConfig | None = None) -> None:
+    """Limits and placement of the shared pool. A running pool with other settings is closed; the
+    next use starts one with these."""
+    settings = (cfg, runtime, ray)
     with _LOCK:
-        if _STATE["pool"] is not None:
-            raise RuntimeError("the code verifier's sandbox pool is already running")
-        _STATE["config"] = cfg
+        if settings == _STATE["settings"]:
+            return
+        _STATE["settings"] = settings
+    close()
 
 
-def shared_pool() -> SandboxPool:
+def shared_pool() -> SandboxPool | VerifierFarm:
     with _LOCK:
         if _STATE["pool"] is None:
-            _STATE["pool"] = SandboxPool(_STATE["config"] or SandboxConfig())
-            atexit.register(close)
+            cfg, runtime, ray = _STATE["settings"]
+            if runtime == "ray" and cfg.replicas:
+                from posttrain.distributed.farm import VerifierFarm
+
+                ray = ray or RayConfig()
+                _STATE["pool"] = VerifierFarm(cfg, ray.address, ray.num_cpus)
+            else:
+                _STATE["pool"] = SandboxPool(cfg)
         return _STATE["pool"]
 
 
@@ -56,6 +73,9 @@ def close() -> None:
         pool, _STATE["pool"] = _STATE["pool"], None
     if pool is not None:
         pool.close()
+
+
+atexit.register(close)
 
 
 def extract_code(completion: str) -> str:
