@@ -29,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("posttrain.eval.eval_cli", "pass@k of a model on benchmarks (resumable)"),
     "report": ("posttrain.eval.report_cli", "self-contained HTML report of run directories"),
     "decontam": ("posttrain.eval.decontam_cli", "drop training records sharing n-grams with benchmarks"),
-    "sandbox": ("posttrain.sandbox.cli", "judge programs in the isolated sandbox; audit code datasets"),
+    "sandbox": ("posttrain.distributed.sandbox_cli",
+                "judge programs in the sandbox, here or on a Ray farm; audit code datasets"),
     "serve": ("posttrain.serve.serve_cli", "OpenAI-compatible HTTP server over the rollout engine"),
     "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
 }

@@ -176,7 +176,8 @@ class VerifierFarm:
     # -------------------------------------------------------------------------- actors
     def _start_actor(self) -> None:
         name = f"sandbox-{next(self._names)}"
-        handle = self._remote.options(num_cpus=self.cfg.cpus, max_concurrency=DEPTH + 1, max_restarts=0).remote(self.cfg, name)
+        handle = self._remote.options(num_cpus=self.cfg.cpus, max_concurrency=DEPTH + 1,
+                                      max_restarts=0).remote(self.cfg, name)
         actor = _Actor(name, handle)
         self.actors.append(actor)
         self._starting[handle.ready.remote()] = (actor, time.monotonic() + self.start_timeout_s)
@@ -352,7 +353,8 @@ class VerifierFarm:
 
     def _actor_failed(self, req: _Request, e: Exception) -> None:
         actor, cause = req.actor, _cause(e)
-        what = f"sandbox actor {actor.name}{self._where(actor)} failed request {req.rid} ({len(req.tasks)} programs): {cause}"
+        what = (f"sandbox actor {actor.name}{self._where(actor)} failed request {req.rid} "
+                f"({len(req.tasks)} programs): {cause}")
         if isinstance(getattr(e, "cause", None), CircuitOpen) or isinstance(e, CircuitOpen):
             counter = "breaker_trips"
         elif isinstance(e, self.ray.exceptions.RayActorError):

