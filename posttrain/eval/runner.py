@@ -23,6 +23,9 @@ Design choices:
   adds turns and tool calls per episode and the tool-error fraction (``env/*``). Problems come
   from ``path`` (JSONL), or for the embedded ``calculator`` / ``code_repair`` environments from
   the held-out splits of their tasks.
+- Where programs run: ``sandbox`` sets the code verifier's limits; with ``runtime=ray`` and
+  ``sandbox.replicas`` > 0 they are judged on the verifier farm (`posttrain.distributed.farm`,
+  sandbox actors on the Ray cluster at ``ray.address``), and this machine needs no sandbox.
 - ``thinking`` (on / off / template default) is passed to the chat template as ``enable_thinking``,
   the switch Qwen3-style templates read; templates without it ignore it.
 """
@@ -35,9 +38,11 @@ from pathlib import Path
 from typing import Sequence
 
 from posttrain.config import ConfigValueError
+from posttrain.distributed.cluster import RUNTIMES, RayConfig
 from posttrain.envs.config import EnvConfig
 from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
+from posttrain.sandbox.worker import SandboxConfig
 
 KINDS = ("arithmetic", "math", "code", "humaneval", "env")
 DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code", "humaneval": "code"}
@@ -151,6 +156,13 @@ class EvalConfig:
     """Problems per generate call; also how often samples are saved (the unit of resumption)."""
     seed: int = 0
     """Sampling seed (also picks the arithmetic problems)."""
+    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
+    """Limits of the code sandbox (docs/sandbox.md); ``sandbox.replicas`` > 0 with runtime=ray judges
+    on that many sandbox actors of ``sandbox.cpus`` CPUs each (the verifier farm, docs/ray.md)."""
+    runtime: str = "local"
+    """local (programs judged in this process tree) or ray (on the verifier farm when sandbox.replicas > 0)."""
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    """The Ray cluster of runtime=ray."""
 
     def __post_init__(self):
         if not self.out_dir:
@@ -167,6 +179,8 @@ class EvalConfig:
             raise ConfigValueError("urls", "backend=openai needs at least one server, e.g. [http://localhost:8000]")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigValueError("dtype", "must be float32, bfloat16 or float16")
+        if self.runtime not in RUNTIMES:
+            raise ConfigValueError("runtime", f"must be one of {', '.join(RUNTIMES)}")
         names = [b.name for b in self.benchmarks]
         if len(set(names)) != len(names):
             raise ConfigValueError("benchmarks", f"names must be distinct, got {names}")
@@ -199,9 +213,11 @@ def resolve_model(path: str) -> tuple[str, int | None]:
     return str(steps[-1][1]), steps[-1][0]
 
 
-def load_problems(bench: BenchmarkConfig, seed: int) -> list[dict]:
-    """The benchmark's examples as dicts with a unique ``id``, a ``prompt`` and what its verifier needs."""
-    if bench.kind in ("code", "humaneval") or bench.kind == "env" and bench.env.name == "code_repair":
+def load_problems(bench: BenchmarkConfig, seed: int, farm: bool = False) -> list[dict]:
+    """The benchmark's examples as dicts with a unique ``id``, a ``prompt`` and what its verifier needs.
+    ``farm``: programs are judged on the verifier farm, so this machine need not run the sandbox."""
+    sandboxed = bench.kind in ("code", "humaneval") or bench.kind == "env" and bench.env.name == "code_repair"
+    if sandboxed and not farm:
         _require_sandbox(bench)
     if bench.kind == "humaneval":
         return _humaneval_problems(bench)
@@ -344,8 +360,12 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
 
     ``engine`` / ``tokenizer`` may be passed in (tests, the RL loop); by default they are loaded
     from ``cfg.model``."""
+    from posttrain.verifiers import code
+
     model_path, step = resolve_model(cfg.model) if engine is None else (cfg.model, None)
-    benches = [(b, load_problems(b, cfg.seed), _judge(b)) for b in cfg.benchmarks]
+    code.configure(cfg.sandbox, cfg.runtime, cfg.ray)
+    farm = cfg.runtime == "ray" and cfg.sandbox.replicas > 0
+    benches = [(b, load_problems(b, cfg.seed, farm), _judge(b)) for b in cfg.benchmarks]
     if engine is None:
         engine, tokenizer = _load_engine(model_path, cfg)
     out = Path(cfg.out_dir)

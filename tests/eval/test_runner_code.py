@@ -62,6 +62,24 @@ def test_humaneval_benchmark(tmp_path, tokenizer):
     assert [s.outcome for s in samples] == ["PASS", "MODEL_FAIL"] * 6
 
 
+def test_humaneval_on_the_verifier_farm_judges_like_in_process(tmp_path, tokenizer, ray_cluster):
+    from posttrain.verifiers import code
+
+    recs = humaneval_records()[:8]
+    answers = {r["prelude"]: (r["reference"][len(r["prelude"]):] if i % 2 == 0 else "    return None\n")
+               for i, r in enumerate(recs)}
+    bench = 'benchmarks=[{"kind": "humaneval", "num_problems": 8}]'
+    outcomes = {}
+    for where, extra in (("local", []), ("farm", ["runtime=ray", "sandbox.replicas=2", "sandbox.cpus=1"])):
+        cfg = config(tmp_path / where, bench, *extra)
+        run_eval(cfg, engine=OracleEngine(tokenizer, answers), tokenizer=tokenizer, show_progress=False)
+        samples = read_samples(tmp_path / where / "samples" / "humaneval.greedy.jsonl")
+        outcomes[where] = [(s.outcome, s.reward) for s in samples]
+        assert type(code.shared_pool()).__name__ == ("VerifierFarm" if where == "farm" else "SandboxPool")
+    code.configure(code.SandboxConfig())
+    assert outcomes["farm"] == outcomes["local"] == [("PASS", 1.0), ("MODEL_FAIL", 0.0)] * 4
+
+
 def test_jsonl_code_benchmark(tmp_path, tokenizer):
     files = write_toy_code(tmp_path / "data", n_train=0, n_eval=6)
     recs = [json.loads(x) for x in files["eval"].read_text().splitlines()]
