@@ -191,8 +191,9 @@ class VerifierFarm:
         done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s)
         for ref in refs:
             actor, _ = self._starting.pop(ref)
-            why = self._start_error(ref, actor) if ref in done else \
-                f"did not start within {self.start_timeout_s:.0f} s (waiting for its canaries)"
+            why = self._start_error(ref, actor) if ref in done else (
+                f"did not start within {self.start_timeout_s:.0f} s (no node with {self.cfg.cpus} free CPUs, "
+                "or its sandboxes hang)")
             if why:
                 self._shutdown_actors()
                 raise SandboxUnavailable(f"verifier farm: sandbox actor {actor.name}{self._where(actor)}: {why}")
