@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         last = run_rl(cfg)
     except RuntimeError as e:  # async: a hung or dead engine, a refused weight sync, a failed self-test
-        from posttrain.rl.async_.protocol import EngineError
+        from posttrain.rollout.protocol import EngineError
         from posttrain.rl.async_.selftest import SelfTestError
         from posttrain.rollout.types import WeightSyncError
 

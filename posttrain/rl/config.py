@@ -6,6 +6,7 @@ import dataclasses
 
 from posttrain.algos.policy import POLICY_LOSSES
 from posttrain.config import ConfigValueError
+from posttrain.distributed.cluster import RUNTIMES, RayConfig
 from posttrain.envs.config import EnvConfig
 from posttrain.models.hf import DTYPES, ModelConfig
 from posttrain.rollout import SamplingParams
@@ -47,9 +48,17 @@ class RolloutConfig:
     """backend=openai: a folder every server can read; each new version is written to
     weights_dir/v{version}/ and loaded by the servers. Empty = OUT_DIR/rollout_weights."""
     request_timeout_s: float = 600.0
-    """backend=openai: longest wait for one completion request before it is retried elsewhere."""
+    """backend=openai: longest wait for one completion request before it is retried elsewhere;
+    runtime=ray: longest wait for a replica's answer before the run stops naming the replica."""
     sync_timeout_s: float = 600.0
-    """backend=openai: longest wait for a server to load a new version of the weights."""
+    """backend=openai: longest wait for a server to load a new version of the weights; runtime=ray:
+    for a replica to start or to acknowledge new weights."""
+    replicas: int = 1
+    """runtime=ray: engine replicas (Ray actors); each prompt's group goes to one of them."""
+    replica_cpus: float = 1.0
+    """runtime=ray: CPUs each replica reserves (also its torch thread count, at least 1)."""
+    replica_gpus: float = 0.0
+    """runtime=ray: GPUs each replica reserves; > 0 puts the replica's engine on cuda."""
     retries: int = 2
     """backend=openai: further tries of a failed request, each on another server when there is one;
     after the last its samples are INFRA_FAIL (masked, counted in outcomes/INFRA_FAIL_frac)."""
@@ -76,6 +85,11 @@ class RolloutConfig:
                 raise ConfigValueError(key, "must be > 0")
         if self.retries < 0 or self.retry_backoff_s < 0:
             raise ConfigValueError("retries" if self.retries < 0 else "retry_backoff_s", "must be >= 0")
+        if self.replicas < 1:
+            raise ConfigValueError("replicas", "must be >= 1")
+        if self.replica_cpus <= 0 or self.replica_gpus < 0:
+            raise ConfigValueError("replica_cpus" if self.replica_cpus <= 0 else "replica_gpus",
+                                   "must be > 0" if self.replica_cpus <= 0 else "must be >= 0")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -277,6 +291,11 @@ class RLConfig:
     """Pass-rate curriculum: favour prompts with intermediate pass rates, retire solved ones."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Multi-turn environment the episodes run in (env.name empty = single-turn prompts; docs/envs.md)."""
+    runtime: str = "local"
+    """local (engine in this process tree) or ray (rollout.replicas engine actors on a Ray cluster;
+    docs/ray.md)."""
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    """The Ray cluster of runtime=ray."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -300,6 +319,11 @@ class RLConfig:
             raise ConfigValueError("mini_batches", "must divide prompts_per_step * rollout.group_size")
         if self.mode not in ("sync", "async"):
             raise ConfigValueError("mode", "must be sync or async")
+        if self.runtime not in RUNTIMES:
+            raise ConfigValueError("runtime", f"must be one of {', '.join(RUNTIMES)}")
+        if self.runtime == "ray" and self.rollout.backend != "torch":
+            raise ConfigValueError("runtime", "ray places TorchEngine replicas; with rollout.backend=openai "
+                                   "use runtime=local")
         if self.mode == "async" and self.rollout.backend != "torch":
             raise ConfigValueError("mode", "async runs its own engine process; with rollout.backend=openai "
                                    "use mode=sync")

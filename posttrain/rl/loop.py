@@ -28,7 +28,7 @@ from posttrain.core.optim import build_optimizer, build_scheduler, seed_everythi
 from posttrain.errors import UserError
 from posttrain.models.hf import check_model_path, disable_dropout, load_model, load_tokenizer, quiet_transformers
 from posttrain.outcome import Outcome
-from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
+from posttrain.rl.batch import RLBatch, concat_groups, group_outcomes, outcome_batch, select_groups
 from posttrain.rl.config import RLConfig, sampling_params
 from posttrain.rl.diagnostics import Watchdog, rollout_metrics
 from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
@@ -63,49 +63,53 @@ class RLRun:
     env: object = None  # env.name set: episodes in a multi-turn environment (posttrain.envs.session.EnvSession)
 
 
-def generate_groups(run: RLRun, step: int, round_: int, k: int):
+def generate_groups(run: RLRun, step: int, round_: int, k: int) -> tuple[Rollouts, list[Outcome], list[int]]:
     """Sample G completions (or, with an environment, G episodes) for each of the next ``k``
-    prompts and judge them."""
+    prompts and judge them: ``(rollouts, outcomes, episode_of_row)``, one outcome per episode (a
+    completion is an episode of one row) and the episode of each row."""
     picked = run.source.next(k)
     examples = [ex for _, ex in picked]
     seed = run.cfg.seed * 1_000_003 + step * 101 + round_
-    if run.env is not None:  # one row per episode: model and environment tokens, the model's masked in
-        ro, outcomes = run.env.generate(run.engine, examples, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
+    if run.env is not None:  # a row per sample of an episode: model and environment tokens, the model's masked in
+        ro, outcomes, episode_of_row = run.env.generate(run.engine, examples, run.cfg.rollout.group_size,
+                                                        sampling_params(run.cfg, seed))
     else:
         prompts = [run.train_prompts[i] for i, _ in picked]
         ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
         outcomes = score(run.verifier, ro.completion_texts(), [examples[i] for i in ro.prompt_idx], ro.finish_reason)
+        episode_of_row = list(range(len(ro)))
     run.source.observe([i for i, _ in picked], outcomes, run.cfg.rollout.group_size)
-    return ro, outcomes
+    return ro, outcomes, episode_of_row
 
 
-def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict]:
-    """One generation round, or with dynamic sampling several, keeping informative groups only."""
+
+
+def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict, list[int]]:
+    """One generation round, or with dynamic sampling several, keeping informative groups only:
+    ``(rollouts, outcomes, info, episode_of_row)`` as `generate_groups`."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     want = cfg.prompts_per_step
-    ro, outcomes = generate_groups(run, step, 0, want)
+    ro, outcomes, episodes = generate_groups(run, step, 0, want)
     info = {"dynamic_sampling/rounds": 1} | (run.env.metrics() if run.env is not None else {})
     if not cfg.dynamic_sampling.enabled:
-        return ro, outcomes, info
-    kept_ro, kept_out = [], []
+        return ro, outcomes, info, episodes
+    kept = []
     for round_ in range(cfg.dynamic_sampling.max_rounds):
         if round_ > 0:
-            ro, outcomes = generate_groups(run, step, round_, want)
+            ro, outcomes, episodes = generate_groups(run, step, round_, want)
         zv = group_outcomes(outcomes, G)[2]
         if round_ == 0:  # what sampling alone would have trained on
             info["dynamic_sampling/sampled_zero_variance_frac"] = float(zv.float().mean())
-        for p in torch.nonzero(~zv).flatten().tolist():
-            if len(kept_ro) < want:
-                rows = list(range(p * G, (p + 1) * G))
-                kept_ro.append(ro.select(rows, [len(kept_ro)] * G))
-                kept_out.extend(outcomes[r] for r in rows)
+        informative = torch.nonzero(~zv).flatten().tolist()[: want - len(kept)]
+        kept += [select_groups(ro, outcomes, episodes, [p], G) for p in informative]
         info["dynamic_sampling/rounds"] = round_ + 1
-        if len(kept_ro) == want:
+        if len(kept) == want:
             break
-    info["dynamic_sampling/kept_groups"] = len(kept_ro)
-    if not kept_ro:
-        return ro, outcomes, info | {"dynamic_sampling/starved": 1}
-    return Rollouts.concat(kept_ro), kept_out, info
+    info["dynamic_sampling/kept_groups"] = len(kept)
+    if not kept:
+        return ro, outcomes, info | {"dynamic_sampling/starved": 1}, episodes
+    ro, outcomes, episodes = concat_groups(kept, G)
+    return ro, outcomes, info, episodes
 
 
 def advantages(cfg: RLConfig, batch: RLBatch, world: World) -> tuple[torch.Tensor, dict]:
@@ -117,29 +121,38 @@ def advantages(cfg: RLConfig, batch: RLBatch, world: World) -> tuple[torch.Tenso
     ``kl.mode=reward`` the per-sequence KL (``kl.coef`` · the sum over the sample's tokens) is
     subtracted from the rewards of the other groups before their normalisation.
 
-    Every rank holds whole groups; the per-row inputs are gathered so that statistics over the
+    Every rank holds whole groups; the per-episode inputs are gathered so that statistics over the
     batch (REINFORCE++'s token whitening) are those of the whole step at any world size.
+
+    The statistics are over episodes: an episode split into several rows (``batch.episode_B``)
+    takes its reward once, its KL and its length summed over its rows, and every row gets the
+    episode's advantage.
     """
-    G = batch.group_size
+    G, ep = batch.group_size, batch.episode_ids()
     metrics, kl_seq_B = {}, torch.zeros(len(batch))
     if batch.ref_logp_BT is not None:
         kl_BT, metrics = reference_kl(cfg, batch, world)
         kl_seq_B = kl_BT.sum(1)
-    parts = world.all_gather_object((batch.rewards_B, batch.valid_B, kl_seq_B, batch.train_mask_BT.sum(1)))
-    rewards_B, valid_B, kl_seq_B, lengths_B = (torch.cat(x) for x in zip(*parts))
-    rewards_PG, valid_PG = rewards_B.view(-1, G), valid_B.view(-1, G)
+    E = int(ep.max()) + 1
+    first_E = torch.zeros(E, dtype=torch.long).scatter_reduce(0, ep, torch.arange(len(batch)), "amin",
+                                                              include_self=False)
+    lengths_B = batch.train_mask_BT.sum(1)
+    mine = (batch.rewards_B[first_E], batch.valid_B[first_E], torch.zeros(E).index_add(0, ep, kl_seq_B),
+            torch.zeros(E, dtype=lengths_B.dtype).index_add(0, ep, lengths_B))
+    rewards_E, valid_E, kl_E, lengths_E = (torch.cat(x) for x in zip(*world.all_gather_object(mine)))
+    rewards_PG, valid_PG = rewards_E.view(-1, G), valid_E.view(-1, G)
     zero_var_P = zero_variance(rewards_PG, valid_PG)
-    shaped_PG = rewards_PG - cfg.kl.coef * kl_seq_B.view(-1, G) if cfg.kl.mode == "reward" else rewards_PG
-    adv_PG, _ = ADVANTAGES[cfg.algorithm](shaped_PG, valid_PG, lengths_PG=lengths_B.view(-1, G))
-    adv_B = torch.where(zero_var_P[:, None], 0.0, adv_PG).flatten().float()
-    return adv_B[own_rows(len(adv_B), G, world)], metrics | {
-        "adv/abs_mean": float(adv_B.abs().mean()), "groups/zero_variance_frac": float(zero_var_P.float().mean())}
+    shaped_PG = rewards_PG - cfg.kl.coef * kl_E.view(-1, G) if cfg.kl.mode == "reward" else rewards_PG
+    adv_PG, _ = ADVANTAGES[cfg.algorithm](shaped_PG, valid_PG, lengths_PG=lengths_E.view(-1, G))
+    adv_E = torch.where(zero_var_P[:, None], 0.0, adv_PG).flatten().float()
+    return adv_E[own_rows(len(adv_E), G, world)][ep], metrics | {
+        "adv/abs_mean": float(adv_E.abs().mean()), "groups/zero_variance_frac": float(zero_var_P.float().mean())}
 
 
-def own_rows(n: int, group_size: int, world: World) -> list[int]:
-    """This rank's rows of a step of ``n`` samples: whole groups, in contiguous equal blocks."""
+def own_rows(n: int, group_size: int, world: World) -> range:
+    """This rank's rows (or episodes) of a step of ``n``: whole groups, in contiguous equal blocks."""
     groups = shard_range(n // group_size, world)
-    return list(range(groups.start * group_size, groups.stop * group_size))
+    return range(groups.start * group_size, groups.stop * group_size)
 
 
 def reference_due(cfg: RLConfig, step: int) -> bool:
@@ -148,33 +161,40 @@ def reference_due(cfg: RLConfig, step: int) -> bool:
     return cfg.kl.coef > 0 or step == 1 or step % cfg.kl.track_every == 0
 
 
-def share_step(run: RLRun, ro: Rollouts | None, outcomes: list | None, info: dict | None):
-    """Rank 0's generated step on every rank (the others pass None)."""
-    return run.world.broadcast_object((ro, outcomes, info) if run.world.main else None)
+def share_step(run: RLRun, *made):
+    """Rank 0's generated step on every rank (the others pass Nones)."""
+    return run.world.broadcast_object(made if run.world.main else None)
 
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
     with timer("rollout"):
-        ro, outcomes, info = share_step(run, *(collect(run, step) if run.world.main else (None, None, None)))
-    return learn(run, step, timer, ro, outcomes, info)
+        ro, outcomes, info, episodes = share_step(run, *(collect(run, step) if run.world.main else (None,) * 4))
+    return learn(run, step, timer, ro, outcomes, info, episodes)
 
 
-def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict) -> dict:
+def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict,
+          episode_of_row: list[int] | None = None) -> dict:
     """Everything after generation, shared by sync and async and by every algorithm: batch,
     log-probs, advantages (or PPO's critic targets), off-policy correction, update, weight sync.
-    Every rank gets the whole step and trains on its own groups."""
-    cfg, world = run.cfg, run.world
-    rows = own_rows(len(ro), cfg.rollout.group_size, world)
+    Every rank gets the whole step and trains on its own groups.
+
+    ``outcomes`` has one entry per episode (G per group); ``episode_of_row`` the episode of each row
+    of ``ro`` (None: one row per episode, as for single-turn completions)."""
+    cfg, world, G = run.cfg, run.world, run.cfg.rollout.group_size
+    episode_of_row = list(range(len(ro))) if episode_of_row is None else episode_of_row
+    episodes = own_rows(len(outcomes), G, world)  # whole groups of episodes
+    rows = [r for r, e in enumerate(episode_of_row) if e in episodes]
+    first = episodes.start
     with timer("reward"):
-        mine = ro.select(rows, [i // cfg.rollout.group_size for i in range(len(rows))])
-        batch = outcome_batch(mine, [outcomes[r] for r in rows], run.tokenizer.pad_token_id, cfg.rollout.group_size)
+        mine = ro.select(rows, [(episode_of_row[r] - first) // G for r in rows])
+        batch = outcome_batch(mine, [outcomes[episode_of_row[r]] for r in rows], run.tokenizer.pad_token_id, G)
+        batch.episode_B = torch.tensor([episode_of_row[r] - first for r in rows], dtype=torch.long)
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     with timer("logprobs"):
         batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step))
         metrics |= m
     if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
         targets, m = run.ppo.targets(run, batch, timer)
-        G = cfg.rollout.group_size
         m["groups/zero_variance_frac"] = float(group_outcomes(outcomes, G)[2].float().mean())
     else:
         with timer("adv"):
@@ -287,6 +307,8 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
     the other ranks and in async mode (its engine runs in its own process, started by run_async)."""
     if cfg.mode != "sync" or not world.main:
         return None
+    if cfg.runtime == "ray":
+        return ray_engines(cfg)
     r = cfg.rollout
     if r.backend == "openai":
         path = cfg.model.path
@@ -296,6 +318,19 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
                           sync_timeout_s=r.sync_timeout_s, retries=r.retries, retry_backoff_s=r.retry_backoff_s)
     return TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
                        dtype=getattr(torch, r.engine_dtype))
+
+
+def ray_engines(cfg: RLConfig, printer=print):
+    """``rollout.replicas`` engine actors on the Ray cluster of ``cfg.ray`` (docs/ray.md)."""
+    from posttrain.distributed.cluster import connect
+    from posttrain.distributed.engines import RayEngines, ReplicaSpec
+
+    connect(cfg.ray.address, cfg.ray.num_cpus or None)
+    r, path = cfg.rollout, cfg.model.path
+    spec = ReplicaSpec(path=str(Path(path).resolve()) if Path(path).exists() else path, dtype=r.engine_dtype,
+                       cpus=r.replica_cpus, gpus=r.replica_gpus)
+    return RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,
+                      max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer)
 
 
 def check_world(cfg: RLConfig, world: World) -> None:
@@ -398,4 +433,8 @@ def drive_rl(run: RLRun, step_fn, *, config, name: str, printer=print, max_token
 def run_sync(cfg: RLConfig, printer=print) -> dict:
     """Run (or resume) synchronous RL; returns the last step's metrics."""
     run = setup(cfg)
-    return drive_rl(run, rl_step, config=cfg, name="rl", printer=printer)
+    try:
+        return drive_rl(run, rl_step, config=cfg, name="rl", printer=printer)
+    finally:
+        if cfg.runtime == "ray" and run.engine is not None:
+            run.engine.close()  # the replicas would outlive the run on a shared cluster

@@ -15,7 +15,7 @@ from posttrain.config import load_config
 from posttrain.outcome import Outcome
 from posttrain.rl.async_ import worker
 from posttrain.rl.async_.controller import AsyncController
-from posttrain.rl.async_.protocol import EngineDied, EngineTimeout, Generated
+from posttrain.rollout.protocol import EngineDied, EngineTimeout, Generated
 from posttrain.rl.async_.selftest import SelfTestError, self_test
 from posttrain.rl.async_.worker import LocalEngine, ProcessEngine
 from posttrain.rl.config import RLConfig
@@ -168,7 +168,7 @@ def test_decoupled_ppo_clips_around_the_trainer_and_behaviour_mode_around_the_sa
     cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters",
                                                    **{"asynchrony.decoupled_ppo": decoupled}))
     run = setup(cfg)
-    ro, outcomes, info = collect(run, 1)
+    ro, outcomes, info, _ = collect(run, 1)
     ro.logprobs = [[lp + 0.5 for lp in row] for row in ro.logprobs]  # as if sampled by an older policy
     run.cfg.mode = "async"
     m = learn(run, 1, StageTimer(), ro, outcomes, info)

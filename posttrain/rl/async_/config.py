@@ -17,8 +17,8 @@ class AsyncConfig:
     """Longest wait on the engine process (start, a generate request, a weight-sync answer) before
     the run stops with an error naming what hung."""
     max_engine_restarts: int = 2
-    """A dead engine process is restarted from the last weights this many times; then the run
-    stops cleanly with a checkpoint."""
+    """A dead engine process (with runtime=ray: a dead replica, sync or async) is restarted from the
+    last weights this many times; then the run stops cleanly with a checkpoint."""
     decoupled_ppo: bool = True
     """Decoupled PPO: clip the ratio around the trainer's own (proximal) log-probs at the current
     version and correct behaviour->proximal with the importance weights of ``correction``. false =

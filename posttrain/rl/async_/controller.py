@@ -27,6 +27,7 @@ from posttrain.outcome import Outcome
 from posttrain.rl.batch import group_outcomes
 from posttrain.verifiers.evaluate import score
 from posttrain.rl.ledger import PromptLedger
+from posttrain.rollout.protocol import Lost
 from posttrain.rollout.types import Rollouts
 
 
@@ -64,7 +65,7 @@ class AsyncController:
 
     @staticmethod
     def _fresh_stats() -> dict:
-        return {"idle": 0.0, "dropped": 0, "bound_requeued": 0, "chunks": 0}
+        return {"idle": 0.0, "dropped": 0, "bound_requeued": 0, "chunks": 0, "lost": 0}
 
     # ------------------------------------------------------------------------- dispatch (admission)
 
@@ -92,6 +93,9 @@ class AsyncController:
 
     def receive(self, replies) -> None:
         for reply in replies:
+            if isinstance(reply, Lost):
+                self._requeue(reply)
+                continue
             uids = self.requests.pop(reply.rid)
             ro = reply.rollouts
             indices = [self.ledger.index[u] for u in uids]
@@ -110,6 +114,13 @@ class AsyncController:
                 self.ledger.complete(uid, version)
                 self.buffer.append(Group(uid, indices[j], ro.select(rows, [0] * self.G),
                                          [outcomes[r] for r in rows], version))
+
+    def _requeue(self, lost: Lost) -> None:
+        """A request its engine will never answer (the replica died): its prompts go back to pending
+        and are sent again by the next `fill`, so none is lost and none is trained twice."""
+        for uid in self.requests.pop(lost.rid):
+            self.ledger.requeue(uid, lost.reason)
+        self.stats["lost"] += 1
 
     # ------------------------------------------------------------------------- take a step's groups
 
@@ -162,6 +173,7 @@ class AsyncController:
              "async/buffer_depth": len(self.buffer), "async/in_flight": self.pipeline() - len(self.buffer),
              "async/dropped_groups": self.stats["dropped"], "async/bound_requeued": self.stats["bound_requeued"],
              "async/requests": self.stats["chunks"], "async/engine_restarts": self.engine.restarts,
+             "async/lost_requests": self.stats["lost"],
              "time/trainer_idle_s": self.stats["idle"], "time/engine_idle_s": self.engine.idle_s - self.engine_idle_seen}
         for s in range(self.K + 1):
             m[f"async/staleness_hist/{s}"] = sum(x == s for x in stale) / max(len(stale), 1)

@@ -23,12 +23,12 @@ import torch
 from posttrain.core.checkpoint import load_trainer_state
 from posttrain.core.loop import Plan, drive, open_run
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
-from posttrain.rl.async_.protocol import EngineError
+from posttrain.rollout.protocol import EngineError
 from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import checkpoint, held_out_eval, learn, maybe_resume, setup
+from posttrain.rl.loop import checkpoint, held_out_eval, learn, maybe_resume, ray_engines, setup
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
 
@@ -40,7 +40,10 @@ def split_threads(cfg: RLConfig) -> tuple[int, int]:
     return engine, trainer
 
 
-def start_engine(cfg: RLConfig, printer=print) -> ProcessEngine:
+def start_engine(cfg: RLConfig, printer=print):
+    """The engine process, or with runtime=ray the engine replicas (`posttrain.distributed.engines`)."""
+    if cfg.runtime == "ray":
+        return ray_engines(cfg, printer)
     engine_threads, _ = split_threads(cfg)
     return ProcessEngine(cfg.model.path, dtype=cfg.rollout.engine_dtype, device=cfg.model.device,
                          threads=engine_threads, timeout_s=cfg.asynchrony.timeout_s,

@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from posttrain.rl.async_.protocol import (
+from posttrain.rollout.protocol import (
     EngineDied, EngineError, EngineTimeout, Failed, Generate, Generated, LoadWeights, Ready, Shutdown,
-    WeightsLoaded,
+    WeightsLoaded, engine_checksum, load_and_read_back,
 )
-from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError, weights_checksum
+from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
 
 
 def _pack_weights(weights: dict[str, torch.Tensor]) -> bytes:
@@ -44,13 +44,11 @@ def _unpack_weights(payload: bytes) -> dict[str, torch.Tensor]:
 
 def load_into(engine, msg: LoadWeights):
     """Apply a `LoadWeights` to an engine; the reply reads the engine's tensors back."""
-    weights = _unpack_weights(msg.payload)
     try:
-        engine.load_weights(weights, msg.version, msg.checksum)
+        return WeightsLoaded(msg.version, load_and_read_back(engine, _unpack_weights(msg.payload), msg.version,
+                                                             msg.checksum))
     except WeightSyncError as e:
         return Failed("weights", str(e), version=msg.version)
-    own = engine.model.state_dict()
-    return WeightsLoaded(msg.version, weights_checksum({k: own[k] for k in weights}))
 
 
 def worker_main(requests, replies, spec: dict) -> None:
@@ -119,8 +117,7 @@ class _Handle:
         if version < self.version:
             raise WeightSyncError(f"version {version} is older than the version already sent ({self.version})")
         msg = LoadWeights(version=version, checksum=checksum, payload=_pack_weights(weights))
-        same = all(v.dtype == self.dtype for v in weights.values())
-        self._acks[version] = checksum if same else weights_checksum({k: v.to(self.dtype) for k, v in weights.items()})
+        self._acks[version] = engine_checksum(weights, checksum, self.dtype)
         self.version, self._last_weights = version, msg
         return msg
 
@@ -220,8 +217,7 @@ class ProcessEngine(_Handle):
             self._outbox.put(self._pending[rid])
 
     def _expected_for(self, msg: LoadWeights) -> str:
-        weights = _unpack_weights(msg.payload)
-        return weights_checksum({k: v.to(self.dtype) for k, v in weights.items()})
+        return engine_checksum(_unpack_weights(msg.payload), msg.checksum, self.dtype)
 
     # ------------------------------------------------------------------------------ message pump
 

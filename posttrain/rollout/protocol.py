@@ -7,8 +7,12 @@ rests on this). Replies go engine -> trainer; each names the request it answers.
 `EngineHandle` is the trainer's view of an engine: ``submit`` returns at once, ``poll`` collects
 finished generations, ``load_weights`` queues new weights and verifies their arrival when the
 engine acknowledges them. `posttrain.rl.async_.worker.ProcessEngine` implements it with a child
-process and pipes; `LocalEngine` in-process (tests, debugging); a Ray actor can implement the same
-five methods with ``actor.generate.remote`` and ``ray.wait``.
+process and pipes (a dead child is restarted and its requests sent again); `LocalEngine` in-process
+(tests, debugging); `posttrain.distributed.engines.RayEngines` with engine replicas as Ray actors
+(a dead replica's requests come back as `Lost`, and the controller sends their prompts again).
+
+Every engine acknowledges new weights with the checksum of its *own* tensors read back after the
+copy (`load_and_read_back`), which the handle compares with `engine_checksum` of what it sent.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from posttrain.rollout.types import Rollouts, SamplingParams
+from posttrain.rollout.types import Rollouts, SamplingParams, weights_checksum
 
 
 class EngineError(RuntimeError):
@@ -92,6 +96,28 @@ class Failed:
     version: int = -1
 
 
+@dataclasses.dataclass
+class Lost:
+    rid: int
+    """A generate request that will never be answered (its engine died); its prompts must be sent again."""
+    reason: str
+
+
+def engine_checksum(weights: dict[str, torch.Tensor], checksum: str, dtype: torch.dtype) -> str:
+    """The checksum an engine holding ``dtype`` tensors reads back after loading ``weights``."""
+    if all(v.dtype == dtype for v in weights.values()):
+        return checksum
+    return weights_checksum({k: v.to(dtype) for k, v in weights.items()})
+
+
+def load_and_read_back(engine, weights: dict[str, torch.Tensor], version: int, checksum: str) -> str:
+    """Load ``weights`` into a `TorchEngine` (it verifies ``checksum``) and return the checksum of
+    the engine's own tensors of those names, read back after the copy."""
+    engine.load_weights(weights, version, checksum)
+    own = engine.model.state_dict()
+    return weights_checksum({k: own[k] for k in weights})
+
+
 class EngineHandle(Protocol):
     """What the async controller needs from a rollout engine living elsewhere."""
 
@@ -100,7 +126,12 @@ class EngineHandle(Protocol):
 
     def submit(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> int: ...
 
-    def poll(self, timeout: float) -> list[Generated]: ...
+    restarts: int
+    """Engines (processes, replicas) started again after they died."""
+    idle_s: float
+    """Engine seconds spent waiting for work, cumulative (summed over replicas)."""
+
+    def poll(self, wait: bool) -> list[Generated | Lost]: ...
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
 

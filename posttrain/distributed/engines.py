@@ -1,0 +1,342 @@
+"""Rollout-engine replicas as Ray actors, and `RayEngines`, the trainer's handle on them.
+
+Placement: ``replicas`` actors, each reserving ``cpus`` CPUs (also its torch thread count) and
+``gpus`` GPUs (its engine then runs on cuda), each holding a `TorchEngine` loaded from the model
+path, which every node must be able to read.
+
+Sync (`RayEngines.generate`, what the sync RL loop calls): the call's prompts are cut into
+contiguous blocks of whole groups, balanced by prompt count, one block per replica, run
+concurrently and joined in prompt order. Each block carries its prompts' sampling seeds from the
+whole call (`SamplingParams.for_prompts`) and the engine's sampling streams are per prompt, so the
+result equals one in-process call, token for token.
+
+Async (the `EngineHandle` of `posttrain.rollout.protocol`): ``submit`` sends a request to the
+replica with the fewest samples in flight and returns at once; ``poll`` collects the answers.
+
+Weights: ``load_weights`` puts the state dict in the object store once per version and passes that
+one reference to every replica. Each replica loads it (its engine verifies the sender's checksum)
+and answers with the checksum of its own tensors read back after the copy, which the handle
+compares with what it sent; a mismatch or a refusal raises `WeightSyncError` naming the replica.
+
+Ordering, and with it async's staleness bound: a Ray actor runs one caller's calls in the order
+they were submitted, so a request sent after the weights of version v is served by version v or
+newer, as in the engine process. Each request also carries that version, and a replica refuses to
+serve it with older weights (a broken ordering fails loudly instead of training on stale samples).
+
+Faults: a replica that dies (killed, out of memory, its node lost) is replaced by a new actor that
+first loads the current weights (the same object-store reference: no second put); ``restarts``
+counts the replacements, at most ``max_restarts``, then `EngineDied`. In sync mode the dead
+replica's block is sent again, with the same seeds, so it samples the same tokens. In async mode
+its unanswered requests come back from ``poll`` as `Lost`: the controller returns their prompts to
+the ledger's pending list and sends them again (nothing lost, nothing trained twice). Every wait has
+a deadline, and `EngineTimeout` names the replica (and its actor id) and the request it waited for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from posttrain.distributed.cluster import require_ray
+from posttrain.rollout.engine import TorchEngine
+from posttrain.rollout.protocol import (
+    EngineDied, EngineError, EngineTimeout, Generated, Lost, engine_checksum, load_and_read_back,
+)
+from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReplicaSpec:
+    """What each engine replica loads and reserves."""
+
+    path: str
+    dtype: str = "float32"
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+
+class EngineReplica:
+    """The body of one engine actor: a `TorchEngine`, and the seconds it waited for work."""
+
+    def __init__(self, spec: ReplicaSpec):
+        torch.set_num_threads(max(1, int(spec.cpus)))
+        device = "cuda" if spec.gpus > 0 else "cpu"
+        self.engine = TorchEngine(spec.path, dtype=getattr(torch, spec.dtype), device=device)
+        self.idle_s = 0.0
+        self._free_since = time.perf_counter()
+
+    def ready(self) -> int:
+        return self.engine.version
+
+    def generate(self, prompts, n: int, sampling: SamplingParams, min_version: int):
+        """(rollouts, seconds generating, idle seconds so far), served at ``min_version`` or newer."""
+        if self.engine.version < min_version:
+            raise EngineError(f"asked to serve at version {min_version} or newer but holds {self.engine.version}")
+        t0 = self._busy()
+        try:
+            ro = self.engine.generate(prompts, n, sampling)
+        finally:
+            self._free_since = time.perf_counter()
+        return ro, self._free_since - t0, self.idle_s
+
+    def load_weights(self, weights, version: int, checksum: str) -> str:
+        self._busy()
+        try:
+            return load_and_read_back(self.engine, weights, version, checksum)
+        finally:
+            self._free_since = time.perf_counter()
+
+    def _busy(self) -> float:
+        now = time.perf_counter()
+        self.idle_s += now - self._free_since
+        return now
+
+
+def split_groups(count: int, parts: int) -> list[list[int]]:
+    """Prompt indices 0..count-1 in contiguous blocks whose sizes differ by at most one (no empty ones)."""
+    base, extra = divmod(count, parts)
+    blocks, start = [], 0
+    for j in range(parts):
+        size = base + (j < extra)
+        if size:
+            blocks.append(list(range(start, start + size)))
+        start += size
+    return blocks
+
+
+@dataclasses.dataclass
+class _Request:
+    slot: int
+    actor: object
+    ref: object
+    prompts: list[list[int]]
+    n: int
+    sampling: SamplingParams
+
+
+@dataclasses.dataclass
+class _Ack:
+    slot: int
+    actor: object
+    version: int
+    expected: str
+
+
+class RayEngines:
+    """The trainer's handle on ``replicas`` engine actors: sync ``generate`` and the async
+    `EngineHandle` (see the module docstring)."""
+
+    def __init__(self, spec: ReplicaSpec, replicas: int, *, request_timeout_s: float = 600.0,
+                 sync_timeout_s: float = 600.0, max_restarts: int = 2, printer=print):
+        self.ray = require_ray()
+        self.spec, self.printer = spec, printer
+        self.request_timeout_s, self.sync_timeout_s, self.max_restarts = request_timeout_s, sync_timeout_s, max_restarts
+        self.version, self.restarts = 0, 0
+        self.checksums: dict[int, str] = {}  # slot -> checksum its replica read back last
+        self._actor_class = self.ray.remote(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=0)(EngineReplica)
+        self._rid = 0
+        self._requests: dict[int, _Request] = {}
+        self._acks: dict[object, _Ack] = {}  # object ref -> the acknowledgement it will carry
+        self._ready: list[Generated | Lost] = []
+        self._weights = None  # (ref, version, checksum, expected) of the newest version sent
+        self._idle: dict[int, float] = {}
+        self._idle_dead = 0.0
+        self.actors = [self._actor_class.remote(spec) for _ in range(replicas)]
+        self._sent = [0] * replicas  # requests sent to each slot
+        self._wait_started()
+
+    def name(self, slot: int, actor=None) -> str:
+        actor = actor or self.actors[slot]
+        return f"engine replica {slot} (actor {actor._actor_id.hex()[:12]})"
+
+    def _wait_started(self) -> None:
+        refs = [a.ready.remote() for a in self.actors]
+        ready, late = self.ray.wait(refs, num_returns=len(refs), timeout=self.sync_timeout_s)
+        if late:
+            slot = refs.index(late[0])
+            raise EngineTimeout(f"{self.name(slot)} did not start within {self.sync_timeout_s:g} s "
+                                f"(rollout.sync_timeout_s); does the cluster have {len(refs)} x "
+                                f"{self.spec.cpus:g} CPUs / {self.spec.gpus:g} GPUs free?")
+        for slot, ref in enumerate(refs):
+            self._get(ref, f"{self.name(slot)} failed to start")
+
+    def _get(self, ref, what: str):
+        """``ray.get`` of a finished call; an exception inside the actor becomes `EngineError`."""
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as e:
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            if isinstance(cause, WeightSyncError):
+                raise WeightSyncError(f"{what}: {cause}") from None
+            raise EngineError(f"{what}: {type(cause).__name__}: {cause}") from None
+
+    # --------------------------------------------------------------------------------- requests
+
+    def _send(self, slot: int, prompts, n: int, sampling: SamplingParams) -> int:
+        self._rid += 1
+        self._sent[slot] += 1
+        actor = self.actors[slot]
+        prompts = [list(p) for p in prompts]
+        ref = actor.generate.remote(prompts, n, sampling, self.version)
+        self._requests[self._rid] = _Request(slot, actor, ref, prompts, n, sampling)
+        return self._rid
+
+    def _least_loaded(self) -> int:
+        """The replica with the fewest samples in flight; on a tie, the one sent the fewest requests."""
+        load = [0] * len(self.actors)
+        for req in self._requests.values():
+            load[req.slot] += len(req.prompts) * req.n
+        return min(range(len(load)), key=lambda slot: (load[slot], self._sent[slot]))
+
+    def submit(self, prompts, n: int, sampling: SamplingParams) -> int:
+        return self._send(self._least_loaded(), prompts, n, sampling)
+
+    def generate(self, prompts, n: int, sampling: SamplingParams) -> Rollouts:
+        """The sync call: whole groups split across the replicas, joined in prompt order."""
+        self.wait_synced()
+        blocks = split_groups(len(prompts), len(self.actors))
+        todo = {self._send(j, [prompts[i] for i in b], n, sampling.for_prompts(b, len(prompts))): j
+                for j, b in enumerate(blocks)}
+        done: dict[int, Rollouts] = {}
+        while todo:
+            self._wait(lambda: any(r.rid in todo for r in self._ready), "answer", self.request_timeout_s)
+            for reply in self._take(set(todo)):
+                j = todo.pop(reply.rid)
+                if isinstance(reply, Lost):  # same block, same seeds, on the replacement
+                    b = blocks[j]
+                    todo[self._send(self._least_loaded(), [prompts[i] for i in b], n,
+                                    sampling.for_prompts(b, len(prompts)))] = j
+                else:
+                    done[j] = dataclasses.replace(reply.rollouts, prompt_idx=[blocks[j][0] + i for i in
+                                                                              reply.rollouts.prompt_idx])
+        return Rollouts.concat([done[j] for j in range(len(blocks))])
+
+    def poll(self, wait: bool) -> list[Generated | Lost]:
+        """Finished (or lost) requests; with ``wait`` block until at least one."""
+        self._collect(0.0)
+        if wait and not self._ready:
+            if not self._requests:
+                raise EngineError("poll(wait=True) with no request in flight would wait forever")
+            self._wait(lambda: bool(self._ready), "answer", self.request_timeout_s)
+        return self._take(None)
+
+    def _take(self, rids: set[int] | None) -> list[Generated | Lost]:
+        mine = [r for r in self._ready if rids is None or r.rid in rids]
+        self._ready = [r for r in self._ready if rids is not None and r.rid not in rids]
+        return mine
+
+    # --------------------------------------------------------------------------------- weights
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None:
+        """One object-store put for every replica; acknowledgements are checked by `wait_synced`
+        (and by every `poll`)."""
+        if version < self.version:
+            raise WeightSyncError(f"version {version} is older than the version already sent ({self.version})")
+        cpu = {k: v.detach().cpu() for k, v in weights.items()}
+        ref = self.ray.put(cpu)  # serialised now: a private copy, the trainer may keep updating its own
+        self._weights = (ref, version, checksum, engine_checksum(cpu, checksum, getattr(torch, self.spec.dtype)))
+        self.version = version
+        for slot in range(len(self.actors)):
+            self._send_weights(slot)
+
+    def _send_weights(self, slot: int) -> None:
+        ref, version, checksum, expected = self._weights
+        actor = self.actors[slot]
+        self._acks[actor.load_weights.remote(ref, version, checksum)] = _Ack(slot, actor, version, expected)
+
+    def wait_synced(self) -> None:
+        self._wait(lambda: not self._acks, "acknowledge", self.sync_timeout_s)
+
+    def _on_ack(self, ref, ack: _Ack) -> None:
+        got = self._get(ref, f"{self.name(ack.slot, ack.actor)} refused weights of version {ack.version}")
+        if got != ack.expected:
+            raise WeightSyncError(f"{self.name(ack.slot, ack.actor)}: weights of version {ack.version} did not "
+                                  f"load intact: it holds {got[:12]}, expected {ack.expected[:12]}")
+        self.checksums[ack.slot] = got
+
+    # --------------------------------------------------------------------------------- the pump
+
+    def _collect(self, timeout: float) -> None:
+        """Handle every call that has finished, waiting up to ``timeout`` for the first."""
+        refs = [r.ref for r in self._requests.values()] + list(self._acks)
+        if not refs:
+            return
+        ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+        finished = set(ready)
+        for rid, req in list(self._requests.items()):
+            if req.ref in finished and rid in self._requests:
+                self._on_answer(rid, req)
+        for ref in [r for r in ready if r in self._acks]:
+            ack = self._acks.get(ref)
+            if ack is not None:
+                self._on_reply_of(ack.slot, ack.actor, lambda: self._on_ack(ref, ack))
+                self._acks.pop(ref, None)
+
+    def _on_answer(self, rid: int, req: _Request) -> None:
+        def answer():
+            ro, gen_s, idle = self._get(req.ref, f"{self.name(req.slot, req.actor)} failed generate request {rid}")
+            self._idle[req.slot] = idle
+            self._ready.append(Generated(rid=rid, rollouts=ro, gen_s=gen_s, idle_s=self.idle_s))
+            del self._requests[rid]
+        self._on_reply_of(req.slot, req.actor, answer)
+
+    def _on_reply_of(self, slot: int, actor, handle) -> None:
+        try:
+            handle()
+        except self.ray.exceptions.RayActorError:
+            self._replace(slot, actor)
+
+    def _replace(self, slot: int, actor) -> None:
+        """The actor in ``slot`` died: a new one loads the current weights; its requests are `Lost`."""
+        lost = sorted(rid for rid, r in self._requests.items() if r.actor is actor)
+        for rid in lost:
+            del self._requests[rid]
+            self._ready.append(Lost(rid, "engine_replica_died"))
+        self._acks = {ref: a for ref, a in self._acks.items() if a.actor is not actor}
+        if self.actors[slot] is not actor:
+            return  # already replaced
+        if self.restarts >= self.max_restarts:
+            raise EngineDied(f"{self.name(slot)} died and {self.restarts} replicas were already replaced "
+                             f"(asynchrony.max_engine_restarts={self.max_restarts}); giving up")
+        self.restarts += 1
+        self.printer(f"WARNING [engine_restart] {self.name(slot)} died; replacing it at weights version "
+                     f"{self.version}, {len(lost)} requests lost and sent again")
+        self._idle_dead += self._idle.pop(slot, 0.0)
+        self.actors[slot] = self._actor_class.remote(self.spec)
+        if self._weights is not None:
+            self._send_weights(slot)  # first in its queue: nothing is served with the model's initial weights
+
+    def _wait(self, done, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineTimeout(self._late(what, timeout_s))
+            self._collect(min(left, 1.0))
+
+    def _late(self, what: str, timeout_s: float) -> str:
+        key = "rollout.request_timeout_s" if what == "answer" else "rollout.sync_timeout_s"
+        if what == "answer" and self._requests:
+            rid = min(self._requests)
+            req = self._requests[rid]
+            return (f"{self.name(req.slot, req.actor)} did not answer generate request {rid} "
+                    f"({len(req.prompts)} prompts x {req.n}) within {timeout_s:g} s ({key})")
+        ack = next(iter(self._acks.values()))
+        return (f"{self.name(ack.slot, ack.actor)} did not acknowledge weights version {ack.version} "
+                f"within {timeout_s:g} s ({key})")
+
+    # --------------------------------------------------------------------------------- the rest
+
+    @property
+    def idle_s(self) -> float:
+        """Replica seconds spent waiting for work, summed over replicas (dead ones included)."""
+        return self._idle_dead + sum(self._idle.values())
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
