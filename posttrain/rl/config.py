@@ -12,6 +12,7 @@ from posttrain.models.hf import DTYPES, ModelConfig
 from posttrain.rollout import SamplingParams
 from posttrain.rl.async_.config import AsyncConfig
 from posttrain.rl.curriculum import CurriculumConfig
+from posttrain.sandbox.worker import SandboxConfig
 from posttrain.tracking import LoggingConfig
 from posttrain.core.optim import OptimConfig
 
@@ -296,6 +297,9 @@ class RLConfig:
     docs/ray.md)."""
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     """The Ray cluster of runtime=ray."""
+    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
+    """Limits of the code sandbox (verifier=code; docs/sandbox.md); with runtime=ray, sandbox.replicas > 0
+    judges on that many sandbox actors of sandbox.cpus CPUs each (the verifier farm; docs/ray.md)."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:

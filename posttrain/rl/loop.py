@@ -240,7 +240,7 @@ def load_prompt_records(path: str) -> list[dict]:
 
 def setup(cfg: RLConfig) -> RLRun:
     """Load and check everything before the run directory is touched (bad input writes nothing)."""
-    from posttrain.verifiers import build_reward
+    from posttrain.verifiers import build_reward, code
 
     quiet_transformers()
     world = init_world(cfg.model.device)
@@ -251,6 +251,7 @@ def setup(cfg: RLConfig) -> RLRun:
     eval_examples = load_prompt_records(cfg.data.eval_path)[: cfg.data.eval_max_prompts] \
         if cfg.data.eval_path else []
     verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
+    code.configure(cfg.sandbox, cfg.runtime, cfg.ray)  # where code is judged; the pool starts on first use
     if cfg.rollout.backend == "openai":
         check_servers(cfg.rollout.urls)  # on every rank, before any model is loaded
     tokenizer = load_tokenizer(cfg.model.path)

@@ -180,3 +180,42 @@ def test_tracked_kl_runs_the_reference_on_a_sample_of_steps(rl_overrides, reward
     run_rl(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=2,
                                                     out_dir=tmp_path / "coef", **{"kl.coef": 0.1})))
     assert all("kl/ref" in m for m in _metrics(tmp_path / "coef"))
+
+
+SANDBOXED = '''
+from posttrain.verifiers import code
+
+TESTS = {"tests": "def check(c):\\n    assert c() == 1\\n", "entry_point": "f"}
+
+
+def program(completion):
+    return f"def f():\\n    return {len(completion) % 2}\\n"
+
+
+def by_length(completion, example):
+    return code.verify(program(completion), TESTS)
+
+
+by_length.batch = lambda cs, es: code.verify_batch([program(c) for c in cs], [TESTS] * len(cs))
+'''
+
+
+def test_code_rewards_on_the_verifier_farm_equal_the_local_run(rl_overrides, tmp_path, monkeypatch, ray_cluster):
+    """runtime=ray with sandbox.replicas=2: the recipe's programs are judged on sandbox actors and
+    every step's rewards equal the local run's (a reward that passes in the sandbox by completion length)."""
+    from posttrain.sandbox.worker import probe
+    from posttrain.verifiers import code
+
+    if not (probe()["bwrap"] and probe()["root"]):
+        pytest.skip("no sandbox here")
+    (tmp_path / "rl_sandboxed.py").write_text(SANDBOXED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runs = {}
+    for where, extra in (("local", {}), ("farm", {"runtime": "ray", "sandbox.replicas": 2, "sandbox.cpus": 1})):
+        run_rl(load_config(RLConfig, None, rl_overrides(verifier="rl_sandboxed:by_length", out_dir=tmp_path / where,
+                                                        **{"sandbox.timeout_s": 2, **extra})))
+        runs[where] = [(m["reward/mean"], m["outcomes/PASS_frac"]) for m in _metrics(tmp_path / where)]
+        assert type(code.shared_pool()).__name__ == ("VerifierFarm" if where == "farm" else "SandboxPool")
+    code.configure(code.SandboxConfig())
+    assert runs["farm"] == runs["local"]
+    assert any(0 < frac < 1 for _, frac in runs["local"]), "the sandbox judged some programs each way"
