@@ -257,8 +257,9 @@ class VerifierFarm:
                 self._dispatch()
                 self._collect()
                 self._check_overdue()
-            except Exception as e:  # a bug here must not leave callers waiting forever
+            except Exception as e:  # a bug here, or Ray gone: no caller may be left waiting
                 self._trip(f"verifier farm: dispatcher failed: {type(e).__name__}: {e}")
+                return
 
     def _take_incoming(self) -> None:
         idle = not self._pending and not self._requests and not self._starting
@@ -336,6 +337,8 @@ class VerifierFarm:
         req.actor.inflight -= 1
         try:
             results, pool_stats = self.ray.get(ref)
+            if len(results) != len(req.tasks):
+                raise RuntimeError(f"{len(results)} outcomes for {len(req.tasks)} programs")
         except Exception as e:
             self._actor_failed(req, e)
             return

@@ -201,3 +201,11 @@ def test_code_verifier_through_the_farm_gives_the_in_process_rewards(ray_cluster
         code.configure(SandboxConfig())
     assert [o.reward for o in local] == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert verdicts(remote) == verdicts(local)
+
+
+def test_a_farm_whose_actors_fail_their_canaries_does_not_start(ray_cluster):
+    from posttrain.distributed.farm import VerifierFarm
+
+    broken = dataclasses.replace(CFG, replicas=1, python="/nonexistent/python3", max_retries=0)
+    with pytest.raises(SandboxUnavailable, match=r"sandbox actor sandbox-0 on .*: canaries failed: pass gave INFRA_FAIL"):
+        VerifierFarm(broken, start_timeout_s=60)
