@@ -207,5 +207,6 @@ def test_a_farm_whose_actors_fail_their_canaries_does_not_start(ray_cluster):
     from posttrain.distributed.farm import VerifierFarm
 
     broken = dataclasses.replace(CFG, replicas=1, python="/nonexistent/python3", max_retries=0)
-    with pytest.raises(SandboxUnavailable, match=r"sandbox actor sandbox-0 on .*: canaries failed: pass gave INFRA_FAIL"):
+    named = r"sandbox actor sandbox-0 on .*: canaries failed: pass gave INFRA_FAIL"
+    with pytest.raises(SandboxUnavailable, match=named):
         VerifierFarm(broken, start_timeout_s=60)
