@@ -6,7 +6,8 @@ micro-batches then gives exactly the loss and gradient of the whole batch, whate
 no micro-batch is averaged with a local count that differs from its neighbours'.
 
 Modes (uniform signature ``fn(loss_BT, mask_BT, *, global_num_tokens, global_num_seqs,
-norm_constant) -> scalar``; each uses what it needs and raises ValueError when that is missing):
+norm_constant, seq_num_tokens_B) -> scalar``; each uses what it needs and raises ValueError when
+that is missing):
 
 * ``token_mean``: Σ loss·mask / global_num_tokens. Every token weighs the same (DAPO, Yu et al.
   2025, argue for it in long-chain RL; it is the standard SFT objective).
@@ -18,6 +19,12 @@ norm_constant) -> scalar``; each uses what it needs and raises ValueError when t
 
 A sequence with no valid token contributes 0 to the sequence modes (it still counts in
 ``global_num_seqs`` if the caller counted it).
+
+A sequence may span several rows (a multi-turn episode split into samples where the chat template
+rewrote its history): ``seq_num_tokens_B`` then gives, per row, the valid tokens of the whole
+sequence, so ``seq_mean_token_mean`` divides each row's sum by the sequence's count and the rows
+of one sequence add up to its token mean; the caller counts the sequence once in
+``global_num_seqs``. The other modes need nothing: token sums add up across rows by themselves.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ def token_mean(
     global_num_tokens: Number | None = None,
     global_num_seqs: Number | None = None,
     norm_constant: Number | None = None,
+    seq_num_tokens_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Σ_{b,t} loss·mask / global_num_tokens."""
     denom = _require("global_num_tokens", global_num_tokens)
@@ -60,10 +68,13 @@ def seq_mean_token_mean(
     global_num_tokens: Number | None = None,
     global_num_seqs: Number | None = None,
     norm_constant: Number | None = None,
+    seq_num_tokens_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Σ_b [Σ_t loss·mask / Σ_t mask] / global_num_seqs."""
+    """Σ_b [Σ_t loss·mask / n_b] / global_num_seqs, n_b = Σ_t mask of row b, or the valid tokens
+    of the sequence row b is part of when ``seq_num_tokens_B`` (B,) is given."""
     denom = _require("global_num_seqs", global_num_seqs)
-    tokens_B = mask_BT.bool().sum(-1).clamp(min=1).to(loss_BT.dtype)
+    tokens_B = mask_BT.bool().sum(-1) if seq_num_tokens_B is None else seq_num_tokens_B
+    tokens_B = tokens_B.clamp(min=1).to(loss_BT.dtype)
     return (_masked(loss_BT, mask_BT).sum(-1) / tokens_B).sum() / denom
 
 
@@ -74,6 +85,7 @@ def seq_mean_token_sum_norm(
     global_num_tokens: Number | None = None,
     global_num_seqs: Number | None = None,
     norm_constant: Number | None = None,
+    seq_num_tokens_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Σ_b [Σ_t loss·mask / norm_constant] / global_num_seqs (Dr. GRPO)."""
     denom = _require("global_num_seqs", global_num_seqs)

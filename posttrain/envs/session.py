@@ -1,14 +1,15 @@
 """`EnvSession`: what a training or evaluation loop needs from environments, in two calls.
 
-``generate(engine, examples, n, sampling) -> (rollouts, outcomes)`` runs ``n`` episodes of each
-example and returns them in the shape of a single-turn generation — one `Rollouts` row per
-episode (``loss_mask`` marking the model's tokens) and one `Outcome` per row — so the RL loop's
-learn step (batching, advantages, importance weights, update) is the same code for both.
-``metrics()`` are the episodes' ``env/*`` figures of the last call.
+``generate(engine, examples, n, sampling) -> (rollouts, outcomes, episode_of_row)`` runs ``n``
+episodes of each example and returns them in the shape of a single-turn generation — `Rollouts`
+rows (``loss_mask`` marking the model's tokens), one `Outcome` per episode and the episode of
+each row — so the RL loop's learn step (batching, advantages, importance weights, update) is the
+same code for both. ``metrics()`` are the episodes' ``env/*`` figures of the last call.
 
-An episode split at a prefix break (`posttrain.envs.trajectory`) trains on its last segment
-only in RL (the loop's groups are G rows): the earlier segments are dropped and counted
-(``env/prefix_break_frac``). Evaluation uses every episode whole.
+An episode is one row, unless the chat template rewrote its history (a prefix break,
+`posttrain.envs.trajectory`): then each of its segments is a row, every one trained, with the
+episode's outcome and advantage; the loss counts the episode once as a sequence
+(`posttrain.rl.batch`). ``env/segments_mean`` counts the rows per episode.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ class EnvSession:
         self.last = EpisodeRunner(engine, self.tokenizer, self.make_env, self.cfg.limits).run(examples, n, sampling)
         return self.last
 
-    def generate(self, engine, examples: list[dict], n: int, sampling: SamplingParams) -> tuple[Rollouts, list[Outcome]]:
+    def generate(self, engine, examples: list[dict], n: int,
+                 sampling: SamplingParams) -> tuple[Rollouts, list[Outcome], list[int]]:
         episodes = self.episodes(engine, examples, n, sampling)
-        ro, _ = episodes_to_rollouts(episodes, sampling, segments="last", tokenizer=self.tokenizer)
-        return ro, [e.outcome for e in episodes]
+        ro, episode_of_row = episodes_to_rollouts(episodes, sampling, segments="all", tokenizer=self.tokenizer)
+        return ro, [e.outcome for e in episodes], episode_of_row
 
     def metrics(self) -> dict:
         return episode_metrics(self.last) if self.last else {}

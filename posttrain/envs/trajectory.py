@@ -112,6 +112,7 @@ def episode_metrics(episodes: list[Episode], prefix: str = "env") -> dict:
         f"{prefix}/model_tokens_mean": sum(e.model_tokens for e in episodes) / n,
         f"{prefix}/env_tokens_mean": sum(e.env_tokens for e in episodes) / n,
         f"{prefix}/prefix_break_frac": sum(e.prefix_breaks > 0 for e in episodes) / n,
+        f"{prefix}/segments_mean": sum(len(e.segments) for e in episodes) / n,
         f"{prefix}/pass_frac": sum(e.outcome is not None and e.outcome.cls is OutcomeClass.PASS
                                    for e in episodes) / n,
     }

@@ -6,6 +6,12 @@ is *target-aligned*: column t scores token ``input_ids_BT[:, t + 1]``, so its wi
 (`posttrain.envs`) is one row whose completion interleaves model turns and environment replies:
 ``Rollouts.loss_mask`` marks the model's tokens, so the environment's are 0 in ``mask_BT`` (no
 loss, no KL, no entropy, no importance weight) and their sampler log-probs are 0.
+
+An episode split where the chat template rewrote its history is several rows (its samples), one
+*episode* all the same: ``episode_B`` says which episode each row is part of. Advantages are
+computed per episode (G episodes a group) and broadcast to its rows, and the loss counts each
+episode once as a sequence (``episode_tokens_B``, ``episode_share_B``): the rows of a split
+episode weigh what the unsplit episode would.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 from posttrain.algos.advantages import zero_variance
 from posttrain.core.dist import World, current_world
 from posttrain.outcome import Outcome
+from posttrain.rollout.types import Rollouts
 
 
 @dataclasses.dataclass
@@ -36,7 +43,9 @@ class RLBatch:
     is_weights_BT: torch.Tensor | None = None     # (N, L-1) sampler->trainer importance weights
     truncated_logp_BT: torch.Tensor | None = None  # (N, L-1) log-probs under the top-k/top-p
     #                                                distribution sampled; None without truncation
-    group_size: int = 1                           # G: the samples of prompt i are rows i*G .. i*G+G-1
+    episode_B: torch.Tensor | None = None         # (N,) long: the episode (0..E-1) each row is a sample
+    #                                                of, episodes of group i at i*G..; None: row r is episode r
+    group_size: int = 1                           # G: the episodes of prompt i are i*G .. i*G+G-1
 
     @property
     def behaviour_logp_BT(self) -> torch.Tensor:
@@ -45,6 +54,23 @@ class RLBatch:
 
     def __len__(self) -> int:
         return self.input_ids_BT.shape[0]
+
+    def episode_ids(self) -> torch.Tensor:
+        """(N,) the episode of each row (``arange(N)`` when every row is its own)."""
+        return torch.arange(len(self)) if self.episode_B is None else self.episode_B
+
+    def episode_tokens_B(self) -> torch.Tensor:
+        """(N,) training tokens of the whole episode each row is part of, over the batch's rows: the
+        per-row denominator that makes a sequence mean an episode mean."""
+        ep = self.episode_ids()
+        tokens_B = self.train_mask_BT.sum(1)
+        return torch.zeros(int(ep.max()) + 1, dtype=tokens_B.dtype).index_add(0, ep, tokens_B)[ep]
+
+    def episode_share_B(self) -> torch.Tensor:
+        """(N,) what each row adds to the count of sequences: 1 / (rows of its episode) when its
+        outcome is a reward, else 0, so the rows of an episode count it once."""
+        ep = self.episode_ids()
+        return self.valid_B.float() / torch.bincount(ep)[ep]
 
     @property
     def train_mask_BT(self) -> torch.Tensor:
@@ -126,3 +152,27 @@ def build_batch(rollouts, rewards: list[float], valid: list[bool], pad_id: int) 
         policy_version_B=torch.tensor(list(rollouts.policy_version), dtype=torch.long),
         truncated_logp_BT=padded.truncated_logp_BT[:, 1:] if truncated else None,
     )
+
+
+def select_groups(ro: Rollouts, outcomes: list[Outcome], episode_of_row: list[int], groups: list[int],
+                  group_size: int) -> tuple[Rollouts, list[Outcome], list[int]]:
+    """The rows, outcomes and episode numbers of ``groups`` (renumbered 0, 1, ... in that order)."""
+    G, rows, new_group, new_episode = group_size, [], [], []
+    for i, p in enumerate(groups):
+        mine = [r for r, e in enumerate(episode_of_row) if e // G == p]
+        rows += mine
+        new_group += [i] * len(mine)
+        new_episode += [episode_of_row[r] - (p - i) * G for r in mine]
+    return ro.select(rows, new_group), [outcomes[p * G + j] for p in groups for j in range(G)], new_episode
+
+
+def concat_groups(parts: list[tuple[Rollouts, list[Outcome], list[int]]], group_size: int):
+    """``(rollouts, outcomes, episode_of_row)`` of whole groups, one after the other (group i of the
+    result is ``parts``' i-th group)."""
+    ros, outcomes, episodes, groups = [], [], [], 0
+    for ro, outs, eps in parts:
+        ros.append(dataclasses.replace(ro, prompt_idx=[groups + e // group_size for e in eps]))
+        episodes += [groups * group_size + e for e in eps]
+        outcomes += outs
+        groups += len(outs) // group_size
+    return Rollouts.concat(ros), outcomes, episodes

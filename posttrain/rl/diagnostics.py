@@ -18,6 +18,9 @@ from posttrain.outcome import Outcome, OutcomeClass
 
 
 def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float) -> dict:
+    """Rewards and outcome classes per episode (``outcomes``: one per completion or multi-turn
+    episode); ``samples`` counts the rows trained on (an episode split in two is two samples);
+    ``response_length/mean`` is the generated tokens per episode."""
     lengths = [len(c) for c in rollouts.completion_ids]
     n = len(outcomes)
     rewards = [o.reward for o in outcomes if o.is_reward]
@@ -26,9 +29,9 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
         "reward/pass_frac": sum(o.cls is OutcomeClass.PASS for o in outcomes) / n,
         "response_length/mean": sum(lengths) / n,
         "response_length/max": max(lengths),
-        "response_length/truncated_frac": sum(r == "length" for r in rollouts.finish_reason) / n,
+        "response_length/truncated_frac": sum(r == "length" for r in rollouts.finish_reason) / len(rollouts),
         "groups/zero_variance_frac": zero_variance_frac,
-        "samples": n,
+        "samples": len(rollouts),
     }
     for cls in OutcomeClass:
         m[f"outcomes/{cls.value}_frac"] = sum(o.cls is cls for o in outcomes) / n

@@ -297,7 +297,7 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     cfg, rl = run.cfg, run.rl
     G, world = cfg.rollout.group_size, rl.world
     with timer("rollout"):
-        made = generate_groups(rl, step, 0, cfg.prompts_per_step) if world.main else (None, None)
+        made = generate_groups(rl, step, 0, cfg.prompts_per_step)[:2] if world.main else (None, None)
         ro, outcomes, _ = share_step(rl, *made, {})
     with timer("reward"):
         rows = own_rows(len(ro), G, world)

@@ -114,7 +114,7 @@ class Policy:
         n_updates = 0
         for _ in range(epochs):
             order = torch.randperm(len(batch), generator=gen)
-            for mini in order.chunk(mini_batches):
+            for mini in order.tensor_split(mini_batches):  # split episodes can make the rows uneven
                 metrics = self._update(batch, mini, loss_fn, agg, norm_constant)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -124,7 +124,8 @@ class Policy:
     def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float) -> dict:
         """One optimizer step; denominators are over the whole mini-batch of every rank."""
         global_tokens = max(self.world.all_reduce(int(batch.train_mask_BT[rows].sum())), 1)
-        global_seqs = max(self.world.all_reduce(int(batch.valid_B[rows].sum())), 1)
+        global_seqs = max(self.world.all_reduce(float(batch.episode_share_B()[rows].sum())), 1)
+        seq_tokens_B = batch.episode_tokens_B()  # over the whole batch: an episode's rows may be apart
 
         def micro_loss(idx: torch.Tensor):
             mb = batch.select(idx)
@@ -132,8 +133,8 @@ class Policy:
             if logp is None:
                 logp, _ = self._forward_grad(mb)
             loss_BT, metrics = loss_fn(logp, mb)
-            loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens,
-                       global_num_seqs=global_seqs, norm_constant=norm_constant)
+            loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens, global_num_seqs=global_seqs,
+                       norm_constant=norm_constant, seq_num_tokens_B=seq_tokens_B[idx])
             weight = float(mb.train_mask_BT.sum()) / global_tokens
             return loss, {k: float(v) * weight for k, v in metrics.items()}
 

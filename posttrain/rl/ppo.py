@@ -197,7 +197,7 @@ def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> di
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(cfg.ppo_epochs):
-        for rows in torch.randperm(len(batch), generator=gen).chunk(cfg.mini_batches):
+        for rows in torch.randperm(len(batch), generator=gen).tensor_split(cfg.mini_batches):
             for k, v in ppo_minibatch(run, batch, targets, rows).items():
                 sums[k] = sums.get(k, 0.0) + v
             n_updates += 1
@@ -209,7 +209,8 @@ def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.T
     denominators span the whole mini-batch of every rank."""
     cfg, policy, critic, world = run.cfg, run.policy, run.ppo.critic, run.world
     tokens = max(world.all_reduce(int(batch.train_mask_BT[rows].sum())), 1)
-    seqs = max(world.all_reduce(int(batch.valid_B[rows].sum())), 1)
+    seqs = max(world.all_reduce(float(batch.episode_share_B()[rows].sum())), 1)
+    seq_tokens_B = batch.episode_tokens_B()
     agg = AGGREGATIONS[cfg.aggregation_mode]
 
     def select(idx):
@@ -222,7 +223,7 @@ def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.T
         mb, _, share = select(idx)
         loss_BT, pm = run.loss_fn(policy._forward_grad(mb)[0], mb)
         loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=tokens, global_num_seqs=seqs,
-                   norm_constant=float(cfg.rollout.max_new_tokens))
+                   norm_constant=float(cfg.rollout.max_new_tokens), seq_num_tokens_B=seq_tokens_B[idx])
         return loss, {k: float(v) * share for k, v in pm.items()}
 
     def critic_loss(idx):

@@ -57,3 +57,21 @@ def test_micro_batches_with_global_counts_equal_whole_batch(mode):
     if mode == "token_mean":
         local = sum(fn((x[i] * w) ** 2, mask[i], global_num_tokens=mask[i].sum()) for i in ([0, 1], [2], [3, 4, 5])) / 3
         assert not torch.allclose(local, whole)
+
+
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_a_sequence_split_over_rows_counts_once(mode):
+    """Rows 0 and 1 are one sequence cut in two: with its whole token count per row and the
+    sequence counted once, every mode equals the unsplit row [1, 2, 3, 4, 5] next to row [6, 7].
+    Hand-worked: token_mean (28/7) = 4; seq_mean_token_mean (15/5 + 13/2)/2 = 4.75;
+    seq_mean_token_sum_norm (15/4 + 13/4)/2 = 3.5."""
+    split_loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 0.0], [6.0, 7.0, 0.0]])
+    split_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0]])
+    whole_loss = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 0.0, 0.0, 0.0]])
+    whole_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    kw = dict(global_num_tokens=7, global_num_seqs=2, norm_constant=4)
+    fn = AGGREGATIONS[mode]
+    split = fn(split_loss, split_mask, seq_num_tokens_B=torch.tensor([5, 5, 2]), **kw)
+    whole = fn(whole_loss, whole_mask, **kw)
+    expected = {"token_mean": 4.0, "seq_mean_token_mean": 4.75, "seq_mean_token_sum_norm": 3.5}[mode]
+    assert split.item() == pytest.approx(expected) and whole.item() == pytest.approx(expected)

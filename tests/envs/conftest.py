@@ -35,6 +35,20 @@ class ScriptedEngine:
                         truncated_logprobs=[[-0.5] * len(c) for c in ids])
 
 
+def drop_old_thinking(tokenizer):
+    """A copy of the tokenizer whose template drops <think>...</think> from earlier assistant turns
+    (as Qwen3's does): the history it renders is not the concatenation the model saw."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and '</think>' in m['content'] %}{{ m['content'].split('</think>')[-1] }}"
+        "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
+
+
 @pytest.fixture(scope="session")
 def nano_tokenizer(nano_model_dir):
     from transformers import AutoTokenizer

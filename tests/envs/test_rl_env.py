@@ -3,15 +3,19 @@ step for every algorithm, sampler and trainer agreeing on the model's tokens, en
 
 from __future__ import annotations
 
+import itertools
+import math
 import textwrap
 
 import pytest
+import torch
 
 from posttrain.config import load_config
 from posttrain.errors import UserError
 from posttrain.rl.config import RLConfig
 from posttrain.rl.loop import rl_step, setup
 from posttrain.tracking import StageTimer
+from tests.envs.conftest import ScriptedEngine, drop_old_thinking
 
 PLUGIN = textwrap.dedent('''
     from posttrain.envs import Environment, StepResult
@@ -30,6 +34,19 @@ PLUGIN = textwrap.dedent('''
                 return StepResult(observation=f"go on ({self.n})")
             frac = sum(c.isalpha() for c in text) / max(len(text), 1)
             return StepResult(reward=frac, done=True, outcome=Outcome.model_fail("wrong_answer", reward=frac))
+
+    class TwoTurns(Environment):
+        """Two turns; PASS when the second is "yes"."""
+
+        def reset(self, example):
+            self.n = 0
+            return [{"role": "user", "content": example["prompt"]}]
+
+        def step(self, text):
+            self.n += 1
+            if self.n < 2:
+                return StepResult(observation="obs 1")
+            return StepResult(reward=float(text == "yes"), done=True)
 ''')
 
 
@@ -95,3 +112,60 @@ def test_environments_need_the_sync_mode(nano_model_dir, arith_data_dir, tmp_pat
 def test_bad_environment_settings_are_one_line_errors(nano_model_dir, arith_data_dir, tmp_path, override, needle):
     with pytest.raises(UserError, match=needle):
         setup(load_config(RLConfig, None, overrides(nano_model_dir, arith_data_dir, tmp_path) + [override]))
+
+
+class _Scripted(ScriptedEngine):
+    """The scripted engine, receiving (and ignoring) the trainer's weights after the update. Its
+    log-probs are -6 (near the nano model's), so importance weights vary around 1 and the loss is
+    not a near-cancelling sum of tiny terms."""
+
+    def generate(self, prompts, n, sampling):
+        ro = super().generate(prompts, n, sampling)
+        ro.logprobs = [[-6.0] * len(row) for row in ro.logprobs]
+        return ro
+
+    def load_weights(self, weights, version, checksum):
+        self.version = version
+
+
+def test_split_episodes_train_every_segment_with_the_episodes_advantage(nano_model_dir, arith_data_dir, tmp_path,
+                                                                        env_plugin):
+    """A template that drops earlier <think> blocks splits the episodes whose first turn thinks:
+    both samples reach the trainer, each with its own loss mask and the episode's advantage, and
+    the loss counts the episode once as a sequence."""
+    cfg = load_config(RLConfig, None, overrides(nano_model_dir, arith_data_dir, tmp_path, **{
+        "env.name": "rl_test_envs:TwoTurns", "rollout.max_new_tokens": 20, "kl.track": False, "optim.lr": 0.0}))
+    run = setup(cfg)
+    run.env.tokenizer = drop_old_thinking(run.tokenizer)
+    calls = itertools.count()
+
+    def script(prompt, i):  # turns are served episode by episode: e = episode within its group of 4
+        e = next(calls) % 4
+        if "obs 1" not in prompt:
+            return "<think>hmm</think>first" if e % 2 == 0 else "first"  # episodes 0 and 2 split
+        return "yes" if e < 2 else "no"  # rewards 1, 1, 0, 0 in every group
+
+    run.engine = _Scripted(run.env.tokenizer, script)
+    batches, train_step = [], run.policy.train_step
+    run.policy.train_step = lambda batch, loss_fn, **kw: batches.append(batch) or train_step(batch, loss_fn, **kw)
+    m = rl_step(run, 1, StageTimer())
+    (batch,) = batches
+    assert batch.episode_B.tolist() == [0, 0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7]
+    assert m["samples"] == 12 and m["env/segments_mean"] == 1.5 and m["env/prefix_break_frac"] == 0.5
+    a = 1.5 / math.sqrt(3)  # grpo on rewards (1, 1, 0, 0): ±0.5 / std 0.577
+    torch.testing.assert_close(batch.adv_B, torch.tensor([a, a, a, -a, -a, -a] * 2))
+    segments = [seg for ep in run.env.last for seg in ep.segments]
+    assert "<think>" not in run.tokenizer.decode(segments[1].prompt_ids)  # the template's rendering
+    for r, seg in enumerate(segments):  # column t of mask_BT scores token t + 1
+        expected = torch.zeros(batch.mask_BT.shape[1], dtype=torch.bool)
+        start = len(seg.prompt_ids) - 1
+        expected[start: start + len(seg.loss_mask)] = torch.tensor(seg.loss_mask, dtype=torch.bool)
+        assert torch.equal(batch.mask_BT[r], expected), r
+    assert all(segments[1].loss_mask)  # the second sample is the model's last turn alone
+    assert 0 in segments[2].loss_mask  # the unsplit episode carries the environment's reply, masked out
+    # seq_mean_token_mean over episodes: each row divided by its episode's tokens, 8 sequences
+    mask = batch.train_mask_BT
+    ep_tokens = torch.zeros(8).index_add(0, batch.episode_B, mask.sum(1).float())[batch.episode_B]
+    per_row = (-batch.adv_B[:, None] * batch.is_weights_BT * mask).sum(1) / ep_tokens
+    assert abs(float(per_row.sum())) > 1e-3
+    assert m["loss"] == pytest.approx(float(per_row.sum() / 8), rel=1e-4, abs=1e-7)

@@ -16,6 +16,7 @@ from posttrain.envs.tools import format_call
 from posttrain.outcome import Outcome, OutcomeClass
 from posttrain.rl.batch import build_batch
 from posttrain.rollout import SamplingParams, TorchEngine
+from tests.envs.conftest import drop_old_thinking
 
 
 class Talk(Environment):
@@ -101,20 +102,6 @@ def test_trainer_logprobs_on_model_tokens_match_the_sampler(nano_engine, nano_to
     diff = (logp - batch.sampler_logp_BT).abs()[batch.mask_BT]
     assert diff.numel() > 60 and float(diff.max()) < 1e-5
     assert float(batch.sampler_logp_BT[~batch.mask_BT].abs().max()) == 0.0
-
-
-def drop_old_thinking(tokenizer):
-    """A copy of the tokenizer whose template drops <think>...</think> from earlier assistant turns
-    (as Qwen3's does): the history it renders is not the concatenation the model saw."""
-    import copy
-
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-        "{% if m['role'] == 'assistant' and '</think>' in m['content'] %}{{ m['content'].split('</think>')[-1] }}"
-        "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    return tok
 
 
 def test_a_template_that_rewrites_history_splits_the_episode_into_samples(nano_tokenizer, scripted):

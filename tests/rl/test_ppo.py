@@ -127,7 +127,7 @@ def test_critic_loss_falls_on_a_fixed_batch(rl_overrides, rm_dir):
     cfg = load_config(RLConfig, None, ppo_overrides(rl_overrides, rm_dir, **{
         "optim.lr": 0.0, "critic.value_clip": 0.0, "reward_model.weight": 5.0, "ppo_epochs": 1, "mini_batches": 1}))
     run = setup(cfg)
-    ro, outcomes, _ = collect(run, 1)
+    ro, outcomes, _, _ = collect(run, 1)
     batch = build_batch(ro, [o.reward for o in outcomes], [o.is_reward for o in outcomes], run.tokenizer.pad_token_id)
     combine_rewards(run, batch)
     batch.old_logp_BT, batch.ref_logp_BT, _ = run.policy.score(batch)

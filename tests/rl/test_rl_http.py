@@ -112,7 +112,7 @@ def test_requests_no_server_can_answer_are_infra_fail_masked_and_counted(rl_over
     for s in fakes:
         s.fail = lambda prompt: tuple(prompt) == doomed
 
-    ro, outcomes = generate_groups(dataclasses.replace(run, source=copy.deepcopy(run.source)), 1, 0, k)
+    ro, outcomes, _ = generate_groups(dataclasses.replace(run, source=copy.deepcopy(run.source)), 1, 0, k)
     assert ro.finish_reason[:G] == ["error"] * G and "error" not in ro.finish_reason[G:]
     assert [o.cls.value for o in outcomes[:G]] == ["INFRA_FAIL"] * G
     assert all(o.reason == "rollout_error" for o in outcomes[:G])
