@@ -45,6 +45,9 @@ from posttrain.sandbox.pool import CANARIES, CircuitOpen, Job, SandboxPool, Sand
 from posttrain.sandbox.worker import SandboxConfig
 
 DEPTH = 2  # batches in flight per actor: one running while the next is on its way
+# Counters reported from the start (as 0), so a run's metrics show that nothing went wrong.
+COUNTERS = ("programs", "requests", "retries", "infra_fail", "actors_started", "actors_replaced", "actor_deaths",
+            "breaker_trips", "timeouts", "canary_failures", "start_failures", "actor_errors")
 
 
 class SandboxActor:
@@ -113,7 +116,7 @@ class VerifierFarm:
         self._remote = self.ray.remote(actor_class)
         self._names = itertools.count()
         self._rids = itertools.count()
-        self._counts: collections.Counter = collections.Counter()
+        self._counts: collections.Counter = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self._pool_stats: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._incoming: queue.Queue = queue.Queue(maxsize=cfg.queue_size)

@@ -31,6 +31,7 @@ from posttrain.outcome import Outcome
 from posttrain.rl.batch import RLBatch, concat_groups, group_outcomes, outcome_batch, select_groups
 from posttrain.rl.config import RLConfig, sampling_params
 from posttrain.rl.diagnostics import Watchdog, rollout_metrics
+from posttrain.verifiers.code import farm_metrics
 from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
@@ -202,7 +203,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
     batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
     metrics |= m | world.mean_metrics(correction, float(batch.train_mask_BT.sum()))
     metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
-    metrics |= run.source.metrics() if world.main else {}
+    metrics |= run.source.metrics() | farm_metrics() if world.main else {}
     metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
     if info.get("dynamic_sampling/starved"):
         return metrics | {"update/skipped": 1}

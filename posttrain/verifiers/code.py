@@ -68,6 +68,15 @@ def shared_pool() -> SandboxPool | VerifierFarm:
         return _STATE["pool"]
 
 
+def farm_metrics() -> dict:
+    """The verifier farm's counters so far as ``farm/<key>`` (actor deaths, retries, timeouts, ...),
+    or nothing when programs are judged in this process."""
+    pool = _STATE["pool"]
+    if pool is None or isinstance(pool, SandboxPool):
+        return {}
+    return {f"farm/{k}": v for k, v in pool.stats.items() if "/" not in k}
+
+
 def close() -> None:
     with _LOCK:
         pool, _STATE["pool"] = _STATE["pool"], None

@@ -214,7 +214,9 @@ def test_code_rewards_on_the_verifier_farm_equal_the_local_run(rl_overrides, tmp
     for where, extra in (("local", {}), ("farm", {"runtime": "ray", "sandbox.replicas": 2, "sandbox.cpus": 1})):
         run_rl(load_config(RLConfig, None, rl_overrides(verifier="rl_sandboxed:by_length", out_dir=tmp_path / where,
                                                         **{"sandbox.timeout_s": 2, **extra})))
-        runs[where] = [(m["reward/mean"], m["outcomes/PASS_frac"]) for m in _metrics(tmp_path / where)]
+        rows = _metrics(tmp_path / where)
+        runs[where] = [(m["reward/mean"], m["outcomes/PASS_frac"]) for m in rows]
+        assert ("farm/requests" in rows[-1] and rows[-1]["farm/actor_deaths"] == 0) == (where == "farm")
         assert type(code.shared_pool()).__name__ == ("VerifierFarm" if where == "farm" else "SandboxPool")
     code.configure(code.SandboxConfig())
     assert runs["farm"] == runs["local"]
