@@ -31,7 +31,7 @@ from posttrain.core.dist import World
 from posttrain.core.fsdp import export_state_dict, reshard
 from posttrain.core.trainer import TrainCore
 from posttrain.rl.batch import RLBatch
-from posttrain.rl.shared_prefix import completion_logits
+from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 
 LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
 
@@ -50,20 +50,22 @@ class Policy:
         self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
         self._kept = None  # (batch, core.updates, logp_BT with graph) recorded by score
 
-    def _target_logits(self, model, mb: RLBatch) -> torch.Tensor:
-        """(N, L-1, V) logits scoring ``input_ids[:, 1:]``; each shared prompt runs once when it can."""
+    def _target_logits(self, model, mb: RLBatch) -> TargetLogits:
+        """Logits scoring ``input_ids[:, 1:]`` (the completion targets only, each shared prompt run
+        once, when it can)."""
         logits = completion_logits(model, mb, self.device)
         if logits is not None:
             return logits
         out = model(input_ids=mb.input_ids_BT.to(self.device), attention_mask=mb.attention_mask_BT.to(self.device),
                     position_ids=mb.position_ids_BT().to(self.device))
-        return out.logits[:, :-1]
+        return TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:].to(self.device))
 
     def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
-        ids = mb.input_ids_BT.to(self.device)
-        logits = self._target_logits(model, mb)
-        logp = token_logprobs(logits, ids[:, 1:], temperature=self.temperature).cpu()
-        ent = entropy_from_logits(logits.detach(), temperature=self.temperature).cpu() if with_entropy else None
+        t = self._target_logits(model, mb)
+        logp = t.place(token_logprobs(t.logits_BXV, t.targets_BX, temperature=self.temperature)).cpu()
+        ent = None
+        if with_entropy:
+            ent = t.place(entropy_from_logits(t.logits_BXV.detach(), temperature=self.temperature)).cpu()
         return logp, ent
 
     def micro_batches(self, batch: RLBatch, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -151,9 +153,7 @@ class Policy:
         return logp[idx.to(logp.device)]
 
     def _forward_grad(self, mb: RLBatch):
-        ids = mb.input_ids_BT.to(self.device)
-        logp = token_logprobs(self._target_logits(self.model, mb), ids[:, 1:], temperature=self.temperature)
-        return logp.cpu() if logp.device.type != "cpu" else logp, None
+        return self._forward(self.model, mb)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Merged full-model weights (LoRA folded in) for the rollout engine: on rank 0 (others get {});

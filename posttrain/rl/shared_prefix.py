@@ -8,14 +8,19 @@ sample flows back into the one prompt pass) and the completions run on top of it
 is that of the full forward: a completion token attends to exactly its prompt's tokens and the
 completion tokens before it, at the same positions; only the order of floating-point sums changes.
 
-Only the completion targets come out: the returned target-aligned logits are zero on prompt and
-padding columns, which every consumer masks with ``mask_BT``. When no prompt is shared, or a row
-is not laid out as prompt then completion, ``completion_logits`` returns None and the caller runs
-the plain forward.
+Only the completion targets come out, compactly: ``TargetLogits`` holds (N, C, V) logits for the
+C completion positions of the longest row, the tokens they score, and where each lands among the
+(N, L-1) target-aligned columns. The log-softmax, the entropy and their backward then run over
+completion positions only (prompt columns are a third of a row here), and ``place`` puts the
+per-token results where ``mask_BT`` expects them, zero elsewhere. A row's last completion token
+scores nothing (nothing follows it) and is never run. When no prompt is shared, or a row is not
+laid out as prompt then completion, ``completion_logits`` returns None and the caller runs the
+plain forward (`TargetLogits.full` wraps its logits the same way).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch
@@ -38,8 +43,32 @@ def _left_padded_prompts(ids_BL: torch.Tensor, start_B: torch.Tensor) -> tuple[t
     return prompts, real_BP.long()
 
 
-def completion_logits(model, mb: RLBatch, device) -> torch.Tensor | None:
-    """(N, L-1, V) target-aligned logits, real where ``mb.mask_BT`` is set; None to fall back."""
+@dataclasses.dataclass
+class TargetLogits:
+    """Logits of some target-aligned positions: ``logits_BXV`` scores ``targets_BX``; ``place`` maps
+    any (N, X) per-position values to the (N, L-1) target-aligned columns, zero where none lands."""
+
+    logits_BXV: torch.Tensor
+    targets_BX: torch.Tensor
+    rows: torch.Tensor | None = None  # with cols and js: (rows, cols) of the output take (rows, js); None = identity
+    cols: torch.Tensor | None = None
+    js: torch.Tensor | None = None
+    width: int = 0
+
+    @classmethod
+    def full(cls, logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> "TargetLogits":
+        return cls(logits_BTV, targets_BT)
+
+    def place(self, values_BX: torch.Tensor) -> torch.Tensor:
+        """(N, L-1) values at their target columns (differentiable), zero elsewhere."""
+        if self.rows is None:
+            return values_BX
+        out = values_BX.new_zeros(values_BX.shape[0], self.width)
+        return out.index_put((self.rows, self.cols), values_BX[self.rows, self.js])
+
+
+def completion_logits(model, mb: RLBatch, device) -> TargetLogits | None:
+    """The completion targets' logits (see the module docstring); None to fall back."""
     mask, ids = mb.mask_BT, mb.input_ids_BT
     n, width = mask.shape
     lengths_B = mask.sum(1)
@@ -59,14 +88,17 @@ def completion_logits(model, mb: RLBatch, device) -> torch.Tensor | None:
     out = model(input_ids=prompts_BP[first_U].to(device), attention_mask=real_UP.to(device),
                 position_ids=(real_UP.cumsum(1) - 1).clamp(min=0).to(device), use_cache=True, logits_to_keep=1,
                 **{key: cache})
-    cache.batch_select_indices(expand_B.to(device))
     pos_BC = start_B[:, None] + torch.arange(span_BC.shape[1])
     comp_BC = torch.where(span_BC, ids.gather(1, pos_BC.clamp(max=ids.shape[1] - 1)), 0)
-    comp = model(input_ids=comp_BC.to(device), attention_mask=torch.cat([real_BP, span_BC.long()], 1).to(device),
-                 position_ids=pos_BC.to(device), use_cache=True, **{key: cache})
     # completion token 0 is predicted by the prompt's last position, token j by completion position j-1
-    logits_BCV = torch.cat([out.logits[:, -1:][expand_B.to(device)], comp.logits[:, :-1]], 1)
+    logits = [out.logits[:, -1:][expand_B.to(device)]]
+    run = span_BC.shape[1] - 1  # the last completion position predicts nothing
+    if run > 0:
+        cache.batch_select_indices(expand_B.to(device))
+        comp = model(input_ids=comp_BC[:, :run].to(device),
+                     attention_mask=torch.cat([real_BP, span_BC[:, :run].long()], 1).to(device),
+                     position_ids=pos_BC[:, :run].to(device), use_cache=True, **{key: cache})
+        logits.append(comp.logits)
     rows, js = span_BC.nonzero(as_tuple=True)
-    full = logits_BCV.new_zeros(n, width, logits_BCV.shape[-1])
-    cols = (start_B[rows] - 1 + js).to(device)
-    return full.index_put((rows.to(device), cols), logits_BCV[rows.to(device), js.to(device)])
+    return TargetLogits(torch.cat(logits, 1), comp_BC.to(device), rows.to(device),
+                        (start_B[rows] - 1 + js).to(device), js.to(device), width)

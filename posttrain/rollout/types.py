@@ -232,9 +232,11 @@ class RolloutEngine(Protocol):
     def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None: ...
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
+def _tensor_bytes(t: torch.Tensor):
+    """The tensor's raw bytes as a buffer, without a copy when it is a contiguous CPU tensor (a
+    fresh bytes object of every weight cost more than hashing it)."""
     t = t.detach().to("cpu").contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.view(torch.uint8).numpy() if t.numel() else b""
 
 
 def weights_checksum(weights: dict[str, torch.Tensor]) -> str:

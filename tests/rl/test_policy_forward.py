@@ -9,7 +9,7 @@ from posttrain.rl.batch import build_batch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.losses import make_loss_fn
 from posttrain.rl.policy import Policy, has_active_dropout
-from posttrain.rl.shared_prefix import completion_logits
+from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 from posttrain.rollout import Rollouts, SamplingParams
 from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler
 
@@ -53,11 +53,11 @@ def _batch():
 
 def _plain_logits(model, mb):
     out = model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, position_ids=mb.position_ids_BT())
-    return out.logits[:, :-1]
+    return TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:])
 
 
-def _masked_logp_grads(model, logits, mb):
-    logp = logits.log_softmax(-1).gather(-1, mb.input_ids_BT[:, 1:, None]).squeeze(-1)
+def _masked_logp_grads(model, t: TargetLogits, mb):
+    logp = t.place(t.logits_BXV.log_softmax(-1).gather(-1, t.targets_BX[..., None]).squeeze(-1))
     model.zero_grad()
     (logp * mb.mask_BT).sum().backward()
     return logp.detach(), [p.grad.clone() for p in model.parameters()]
@@ -67,11 +67,17 @@ def test_shared_prompts_give_the_full_forward_logprobs_and_gradients(nano_model_
     model = load_model(ModelConfig(path=str(nano_model_dir)))
     mb = _batch().select(torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))  # groups interleaved, prompts of 3 and 6 tokens
     plain_logp, plain_grads = _masked_logp_grads(model, _plain_logits(model, mb), mb)
+    positions = []  # tokens each model forward runs
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: positions.append(args[0].numel()))
     shared = completion_logits(model, mb, torch.device("cpu"))
-    assert shared is not None and shared.shape == (8, mb.mask_BT.shape[1], model.config.vocab_size)
+    # the 2 prompts once (6 columns each, left-padded), then 8 rows x the longest completion (6)
+    # less its last token, which predicts nothing
+    assert positions == [2 * 6, 8 * 5]
+    assert shared is not None and shared.logits_BXV.shape == (8, 6, model.config.vocab_size)
     shared_logp, shared_grads = _masked_logp_grads(model, shared, mb)
+    assert shared_logp.shape == mb.mask_BT.shape
     assert torch.allclose(shared_logp[mb.mask_BT], plain_logp[mb.mask_BT], atol=1e-5)
-    assert (shared[~mb.mask_BT] == 0).all()
+    assert (shared_logp[~mb.mask_BT] == 0).all()
     for a, b in zip(plain_grads, shared_grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
