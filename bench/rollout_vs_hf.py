@@ -7,8 +7,17 @@ generate exactly prompts x max_new_tokens tokens; the script checks that count. 
 best of ``--repeats`` runs after one warm-up run. The ratio printed is engine tokens/s divided by
 generate tokens/s.
 
+Then the engine's time per decode step against its compute floor, at each batch size and the
+longest ``--new``: the engine's step is ``(t(new) - t(1)) / (new - 1)`` for whole `generate` calls
+(sampling and bookkeeping included), the decoder's step is `FastLlamaDecoder.step` alone (the
+model's forward for one token per row), and the floor is the forward's matmuls of the same shapes
+(fused q/k/v, o, fused gate/up, down per layer, then the LM head, on a (batch, in) input) timed
+alone with nothing between them. Attention over the cache, norms, RoPE and sampling are what the
+floor leaves out; the ratios say how much of a step they and Python cost.
+
     .venv/bin/python bench/rollout_vs_hf.py            # default grid
     .venv/bin/python bench/rollout_vs_hf.py --batch 64 --new 128 --repeats 3
+    .venv/bin/python bench/rollout_vs_hf.py --batch 64 --new 32 --threads 1   # the step vs its floor
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import argparse
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from posttrain.rollout import SamplingParams, TorchEngine
@@ -73,13 +83,77 @@ def best_of(fn, repeats: int) -> tuple[float, int]:
     return min(t for t, _ in runs), runs[0][1]
 
 
+def matmul_shapes(model) -> list[tuple[int, int]]:
+    """(in, out) of every matmul of one decode step's forward, as the fast decoder fuses them."""
+    cfg = model.config
+    E, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    D = getattr(cfg, "head_dim", None) or E // cfg.num_attention_heads
+    H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
+    layer = [(E, (H + 2 * KV) * D), (H * D, E), (E, 2 * I), (I, E)]
+    return layer * cfg.num_hidden_layers + [(E, V)]
+
+
+def time_floor(shapes: list[tuple[int, int]], batch: int, repeats: int, iters: int = 50) -> float:
+    """Seconds for one pass of the step's matmuls at ``batch`` rows, nothing else (best of ``repeats``)."""
+    g = torch.Generator().manual_seed(0)
+    mats = [(torch.randn(batch, i, generator=g), torch.randn(o, i, generator=g)) for i, o in shapes]
+
+    def one_pass():
+        for x, w in mats:
+            F.linear(x, w)
+
+    one_pass()
+    return min(timed(one_pass, iters) for _ in range(repeats))
+
+
+def time_decoder_step(engine, prompts, new_tokens: int, repeats: int) -> float:
+    """Seconds per `FastLlamaDecoder.step` (the forward alone, no sampling), best of ``repeats``."""
+    ids, mask = left_pad(prompts)
+    dec, pad = engine.decoder, (1 - mask).sum(1)
+    tok = torch.randint(3, 512, (len(prompts),), generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run warms up
+        dec.prefill(ids, pad, torch.arange(len(prompts)), ids.shape[1] + new_tokens)
+        start = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            dec.step(tok)
+        best = min(best, (time.perf_counter() - start) / (new_tokens - 1))
+    return best
+
+
+def timed(fn, iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def step_vs_floor(engine, model, batches: list[int], new_tokens: int, repeats: int) -> None:
+    print(f"\nper decode step at {new_tokens} new tokens (ms; ratio to the matmul floor):")
+    print(f"{'prompts':>7} {'floor':>7} {'decoder':>8} {'ratio':>6} {'engine':>7} {'ratio':>6}")
+    for batch in batches:
+        prompts = make_prompts(batch)
+        t_long = best_of(lambda: time_engine(engine, prompts, new_tokens), repeats)[0]
+        t_one = best_of(lambda: time_engine(engine, prompts, 1), repeats)[0]
+        engine_s = (t_long - t_one) / (new_tokens - 1)
+        floor_s = time_floor(matmul_shapes(model), batch, repeats)
+        dec = f"{time_decoder_step(engine, prompts, new_tokens, repeats) * 1e3:8.3f}" if engine.backend == "fast" else \
+            f"{'-':>8}"
+        dec_ratio = f"{float(dec) / (floor_s * 1e3):5.2f}x" if engine.backend == "fast" else f"{'-':>6}"
+        print(f"{batch:>7} {floor_s * 1e3:7.3f} {dec} {dec_ratio} {engine_s * 1e3:7.3f} {engine_s / floor_s:5.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--new", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"])
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 on a loaded machine, see bench/grpo_vs_trl.py")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = build_model()
     engine = TorchEngine(model, backend=args.backend)
     params = sum(p.numel() for p in model.parameters())
@@ -93,6 +167,7 @@ def main() -> None:
             assert n_hf == n_en == batch * new, (n_hf, n_en, batch * new)
             hf_rate, en_rate = n_hf / t_hf, n_en / t_en
             print(f"{batch:>7} {new:>4} {hf_rate:>10.0f} {en_rate:>13.0f} {en_rate / hf_rate:>5.2f}x")
+    step_vs_floor(engine, model, args.batch, max(args.new), args.repeats)
 
 
 if __name__ == "__main__":
