@@ -131,6 +131,13 @@ class EpisodeRunner:
     # -------------------------------------------------------------------------------- episodes
     def run(self, examples: list[dict], n: int, sampling: SamplingParams) -> list[Episode]:
         """``n`` episodes of each example, episodes of example i at i*n .. i*n+n-1."""
+        return drive(self.steps(examples, n, sampling), self.engine)
+
+    def steps(self, examples: list[dict], n: int, sampling: SamplingParams):
+        """`run` as a generator of engine calls: it yields ``(prompts, n, sampling)`` for each model
+        turn, is sent the `Rollouts` the engine answers, and returns the episodes. Whoever holds the
+        engine drives it: `drive` with a blocking ``generate``, or async RL's controller with
+        ``submit`` and ``poll`` while the trainer trains (`posttrain.rl.async_.controller`)."""
         lives = [_Live(Episode(example_idx=i, segments=[]), self.make_env()) for i in range(len(examples)) for _ in range(n)]
         opened = self._call_all([lambda lv=lv: lv.env.reset(examples[lv.episode.example_idx]) for lv in lives])
         for lv, messages in zip(lives, opened):
@@ -138,7 +145,7 @@ class EpisodeRunner:
         turn = 0
         try:
             while live := [lv for lv in lives if lv.episode.outcome is None]:
-                self._model_turn(live, n if turn == 0 and len(live) == len(lives) else 1, sampling, turn)
+                yield from self._model_turn(live, n if turn == 0 and len(live) == len(lives) else 1, sampling, turn)
                 stepping = [lv for lv in live if lv.episode.outcome is None]
                 results = self._call_all([lambda lv=lv: lv.env.step(lv.episode.turn_texts[-1]) for lv in stepping])
                 for lv, res in zip(stepping, results):
@@ -170,8 +177,9 @@ class EpisodeRunner:
         return min(self.limits.max_turns, own) if own else self.limits.max_turns
 
     def _model_turn(self, live: list[_Live], n: int, sampling: SamplingParams, turn: int) -> None:
-        """One batched generate call: a turn for every live episode (``n`` > 1 on the first turn,
-        when the G episodes of an example share their prompt: it is prefilled once)."""
+        """One batched generate call, yielded: a turn for every live episode (``n`` > 1 on the first
+        turn, when the G episodes of an example share their prompt: it is prefilled once). An
+        episode's policy version is the oldest that served any of its turns."""
         room = {id(lv): self.limits.max_total_tokens - len(lv.context_ids) for lv in live}
         for lv in live:
             if room[id(lv)] < 1 and lv.episode.turns == 0:
@@ -189,14 +197,15 @@ class EpisodeRunner:
         params = dataclasses.replace(sampling, stop=stops, seed=seed,
                                      max_new_tokens=min(sampling.max_new_tokens, max(room[id(lv)] for lv in live)))
         prompts = [lv.context_ids for lv in live[::n]]
-        ro = self.engine.generate(prompts, n, params)
+        ro = yield prompts, n, params
         for r, lv in enumerate(live):
             k = min(len(ro.completion_ids[r]), room[id(lv)])
             ids = ro.completion_ids[r][:k]
             lv.seg.add(ids, model=True, logprobs=ro.logprobs[r][:k],
                        truncated=(ro.truncated_logprobs[r] if ro.truncated_logprobs else [0.0] * k)[:k])
             lv.episode.finish_reason = "length" if k < len(ro.completion_ids[r]) else ro.finish_reason[r]
-            lv.episode.policy_version = ro.policy_version[r]
+            version = ro.policy_version[r]
+            lv.episode.policy_version = version if lv.episode.turns == 0 else min(lv.episode.policy_version, version)
             raw = self.decode(ids)
             content = self.decode(ids[:-1]) if ids and ids[-1] in self.end_ids else raw
             lv.episode.turn_texts.append(content)
@@ -237,6 +246,17 @@ class EpisodeRunner:
         lv.text = full
         return None
 
+
+def drive(steps, engine):
+    """Run an `EpisodeRunner.steps` generator to its end, each turn by ``engine.generate``; its value."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(engine.generate(*request))
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()  # an engine that raised still closes the environments
 
 
 def run_episodes(engine, tokenizer, make_env: Callable[[], Environment], examples: list[dict], n: int,

@@ -15,7 +15,7 @@ episode's outcome and advantage; the loss counts the episode once as a sequence
 from __future__ import annotations
 
 from posttrain.envs.config import EnvConfig, env_factory
-from posttrain.envs.runner import EpisodeRunner
+from posttrain.envs.runner import EpisodeRunner, drive
 from posttrain.envs.trajectory import Episode, episode_metrics, episodes_to_rollouts
 from posttrain.outcome import Outcome, OutcomeClass
 from posttrain.rollout.types import Rollouts, SamplingParams
@@ -27,15 +27,24 @@ class EnvSession:
         self.make_env = env_factory(cfg)
         self.last: list[Episode] = []
 
+    def runner(self, engine=None) -> EpisodeRunner:
+        return EpisodeRunner(engine, self.tokenizer, self.make_env, self.cfg.limits)
+
     def episodes(self, engine, examples: list[dict], n: int, sampling: SamplingParams) -> list[Episode]:
-        self.last = EpisodeRunner(engine, self.tokenizer, self.make_env, self.cfg.limits).run(examples, n, sampling)
+        self.last = self.runner(engine).run(examples, n, sampling)
         return self.last
 
     def generate(self, engine, examples: list[dict], n: int,
                  sampling: SamplingParams) -> tuple[Rollouts, list[Outcome], list[int]]:
-        episodes = self.episodes(engine, examples, n, sampling)
+        ro, outcomes, episode_of_row, self.last = drive(self.requests(examples, n, sampling), engine)
+        return ro, outcomes, episode_of_row
+
+    def requests(self, examples: list[dict], n: int, sampling: SamplingParams):
+        """`generate` as a generator of engine calls (`EpisodeRunner.steps`); it returns
+        ``(rollouts, outcomes, episode_of_row, episodes)``. Async RL drives it turn by turn."""
+        episodes = yield from self.runner().steps(examples, n, sampling)
         ro, episode_of_row = episodes_to_rollouts(episodes, sampling, segments="all", tokenizer=self.tokenizer)
-        return ro, [e.outcome for e in episodes], episode_of_row
+        return ro, [e.outcome for e in episodes], episode_of_row, episodes
 
     def metrics(self) -> dict:
         return episode_metrics(self.last) if self.last else {}

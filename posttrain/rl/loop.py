@@ -83,8 +83,6 @@ def generate_groups(run: RLRun, step: int, round_: int, k: int) -> tuple[Rollout
     return ro, outcomes, episode_of_row
 
 
-
-
 def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict, list[int]]:
     """One generation round, or with dynamic sampling several, keeping informative groups only:
     ``(rollouts, outcomes, info, episode_of_row)`` as `generate_groups`."""
@@ -292,12 +290,11 @@ def setup(cfg: RLConfig) -> RLRun:
 
 
 def setup_env(cfg: RLConfig, tokenizer):
-    """The multi-turn environment session of ``env.name`` (None without one). Sync mode only: the
-    episodes' turns alternate between the engine and the environments in this process."""
+    """The multi-turn environment session of ``env.name`` (None without one). The environments run
+    in this process; sync mode drives the episodes' turns with blocking generate calls, async mode
+    turn by turn through the engine process (`posttrain.rl.async_.controller`)."""
     if not cfg.env.name:
         return None
-    if cfg.mode != "sync":
-        raise UserError("env.name: multi-turn environments run in mode=sync only")
     from posttrain.envs.session import EnvSession
 
     return EnvSession(cfg.env, tokenizer)

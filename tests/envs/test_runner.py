@@ -242,3 +242,22 @@ def test_calculator_episode_end_to_end(nano_tokenizer, scripted):
     assert eps[1].outcome == Outcome.model_fail("wrong_answer", detail="got 49, expected 48")
     assert eps[0].messages[0]["role"] == "user"  # the tools are offered by the runner's rendering
     assert "Tools: calculator" in nano_tokenizer.decode(eps[0].segments[0].prompt_ids)
+
+
+def test_an_episodes_version_is_the_oldest_that_served_its_turns(nano_tokenizer, scripted):
+    """Weights may change between the turns of an episode (async RL): the sample is as stale as its
+    oldest turn, so the staleness bound holds for every turn."""
+    engine = scripted(lambda prompt, i: "more")
+
+    class Updating:
+        version = 5
+
+        def generate(self, prompts, n, sampling):
+            ro = engine.generate(prompts, n, sampling)
+            ro.policy_version = [self.version] * len(ro)
+            self.version += 1  # new weights arrive after every turn
+            return ro
+
+    (e,) = run_episodes(Updating(), nano_tokenizer, lambda: Talk(3), [{"prompt": "hi"}], 1,
+                        SamplingParams(max_new_tokens=5), EpisodeLimits(max_turns=5, max_total_tokens=400))
+    assert e.turns == 3 and e.policy_version == 5

@@ -120,7 +120,7 @@ def test_staleness_bound_holds_under_a_randomly_slow_engine(seed):
                                        "mode=async", f"dynamic_sampling.enabled={dynamic}", f"seed={seed}"])
     examples = [{"prompt": f"p{i}", "answer": "yes"} for i in range(7)]
     run = types.SimpleNamespace(cfg=cfg, source=CurriculumSource(examples, seed, cfg.curriculum),
-                                train_prompts={i: [1, 2, 3] for i in range(7)}, verifier=_judge)
+                                train_prompts={i: [1, 2, 3] for i in range(7)}, verifier=_judge, env=None)
     engine = SlowEngine(rng)
     ctl = AsyncController(run, engine)
     worst, trained = 0, 0

@@ -22,6 +22,7 @@ import torch
 
 from posttrain.core.checkpoint import load_trainer_state
 from posttrain.core.loop import Plan, drive, open_run
+from posttrain.envs.trajectory import episode_metrics
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
 from posttrain.rollout.protocol import EngineError
 from posttrain.rl.async_.selftest import self_test
@@ -62,8 +63,11 @@ def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
     if not groups:
         return {"update/skipped": 1, "dynamic_sampling/starved": 1, "tokens/generated": 0} | ctl.step_metrics([])
     async_metrics = ctl.step_metrics(groups)  # staleness against the version that trains on them
-    ro, outcomes = groups_to_rollouts(groups)
-    metrics = learn(run, step, timer, ro, outcomes, {"dynamic_sampling/rounds": 1}) | async_metrics
+    ro, outcomes, episode_of_row = groups_to_rollouts(groups, ctl.G)
+    info = {"dynamic_sampling/rounds": 1}
+    if run.env is not None:
+        info |= episode_metrics([e for g in groups for e in g.episodes])
+    metrics = learn(run, step, timer, ro, outcomes, info, episode_of_row) | async_metrics
     ctl.fill()
     return metrics
 

@@ -57,12 +57,14 @@ def perturbed(weights: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torc
 
 def self_test(run, engine) -> dict:
     from posttrain.rl.config import sampling_params
+    from posttrain.rl.loop import encode_prompts
 
     cfg = run.cfg
     weights = {k: v.clone() for k, v in run.policy.export_weights().items()}
     version = engine.version
     _push(engine, weights, version)
-    prompts = [run.train_prompts[i] for i in sorted(run.train_prompts)[:2]]
+    prompts = [run.train_prompts[i] for i in sorted(run.train_prompts)[:2]] or \
+        encode_prompts(run.tokenizer, run.source.examples[:2], cfg.data.use_chat_template)  # environments
     sp = dataclasses.replace(sampling_params(cfg, cfg.seed + 12_345), max_new_tokens=min(cfg.rollout.max_new_tokens, 16))
     first = engine.generate(prompts, 2, sp)
     m = agreement(run, first)
