@@ -123,13 +123,13 @@ class FastLlamaDecoder:
         half = sin.shape[-1] // 2
         return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
-    def _attend(self, q_BHQD, K_BKTD, V_BKTD, bias_BQT) -> torch.Tensor:
+    def _attend(self, q_BHQD, K_BKTD, V_BKTD, bias_B11QT) -> torch.Tensor:
         """Grouped-query attention without repeating K/V; returns (B, Q, H*D)."""
         B, H, Q, D = q_BHQD.shape
         rep = H // self.n_kv
         qg = q_BHQD.reshape(B, self.n_kv, rep * Q, D)
         scores = torch.matmul(qg, K_BKTD.transpose(-1, -2)).mul_(self.scale)
-        scores = scores.view(B, self.n_kv, rep, Q, -1) + bias_BQT[:, None, None]
+        scores = scores.view(B, self.n_kv, rep, Q, -1) + bias_B11QT
         probs = scores.softmax(-1, dtype=torch.float32).to(q_BHQD.dtype)
         out = torch.matmul(probs.view(B, self.n_kv, rep * Q, -1), V_BKTD)
         return out.view(B, H, Q, D).transpose(1, 2).reshape(B, Q, H * D)
@@ -139,12 +139,13 @@ class FastLlamaDecoder:
         B, Q, _ = h_BQE.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         cos, sin = cos_BQD[:, :, None], sin_BQD[:, :, None]
+        bias = bias_BQT[:, None, None]  # shaped once for every layer's (B, n_kv, rep, Q, T) scores
         for l, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, bgu, wd, bd) in enumerate(self.layers):
             qkv = F.linear(_rms_norm(h_BQE, ln1, self.eps), wqkv, bqkv).view(B, Q, H + 2 * KV, D)
             qk = _rotate(qkv[:, :, : H + KV], cos, sin)  # q and k heads rotated in one go
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
             K, V = write(l, k, qkv[:, :, H + KV :].transpose(1, 2))
-            h_BQE = h_BQE + F.linear(self._attend(q, K, V, bias_BQT), wo, bo)
+            h_BQE = h_BQE + F.linear(self._attend(q, K, V, bias), wo, bo)
             gate, up = F.linear(_rms_norm(h_BQE, ln2, self.eps), wgu, bgu).chunk(2, dim=-1)
             h_BQE += F.linear(F.silu(gate).mul_(up), wd, bd)
         return h_BQE
@@ -169,12 +170,11 @@ class FastLlamaDecoder:
         allowed_UPT = (real_UT[:, None, :P] & (cols[None, :P, None] >= cols[None, None, :P])) | torch.eye(P, dtype=torch.bool, device=dev)
         bias_UPT = torch.zeros(U, P, P, dtype=dtype, device=dev).masked_fill_(~allowed_UPT, neg)
         pos_UP = (cols[None, :P] - pad_U[:, None]).clamp_(min=0)
-        self.K = torch.empty(len(self.layers), b, self.n_kv, total_len, self.head_dim, dtype=dtype, device=dev)
-        self.V = torch.empty_like(self.K)
+        self._set_cache(torch.empty(len(self.layers), b, self.n_kv, total_len, self.head_dim, dtype=dtype, device=dev))
 
         def write(l, k, v):
-            self.K[l, :, :, :P] = k[expand_b]
-            self.V[l, :, :, :P] = v[expand_b]
+            self.K_l[l][:, :, :P] = k[expand_b]
+            self.V_l[l][:, :, :P] = v[expand_b]
             return k, v
 
         h = self._layers(self.embed[ids_UP], self.cos_TD[pos_UP], self.sin_TD[pos_UP], bias_UPT, write)
@@ -192,15 +192,21 @@ class FastLlamaDecoder:
         cos, sin = self.cos_TD[self.pos_b][:, None], self.sin_TD[self.pos_b][:, None]
 
         def write(l, k, v):
-            self.K[l, :, :, c] = k[:, :, 0]
-            self.V[l, :, :, c] = v[:, :, 0]
-            return self.K[l, :, :, : c + 1], self.V[l, :, :, : c + 1]
+            K, V = self.K_l[l], self.V_l[l]
+            K[:, :, c] = k[:, :, 0]
+            V[:, :, c] = v[:, :, 0]
+            return K[:, :, : c + 1], V[:, :, : c + 1]
 
         h = self._layers(self.embed[token_b][:, None], cos, sin, bias, write)
         self.rows_seen.append(b)
         self.col += 1
         self.pos_b += 1
         return self._logits(h[:, 0])
+
+    def _set_cache(self, K: torch.Tensor, V: torch.Tensor | None = None) -> None:
+        """The (L, B, n_kv, T, D) caches and their per-layer views (indexed once, not at every step)."""
+        self.K, self.V = K, torch.empty_like(K) if V is None else V
+        self.K_l, self.V_l = self.K.unbind(0), self.V.unbind(0)
 
     @torch.inference_mode()
     def keep(self, rows: torch.Tensor) -> None:
@@ -210,6 +216,6 @@ class FastLlamaDecoder:
         V = torch.empty_like(K)
         K[:, :, :, :filled] = self.K[:, :, :, :filled].index_select(1, rows)
         V[:, :, :, :filled] = self.V[:, :, :, :filled].index_select(1, rows)
-        self.K, self.V = K, V
+        self._set_cache(K, V)
         self.pos_b = self.pos_b[rows]
         self.bias_bT = self.bias_bT[rows]
