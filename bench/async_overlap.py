@@ -1,0 +1,137 @@
+"""Async overlap over Ray: the engine on one core, the trainer on the other, sync vs async.
+
+Async RL pays when the engine and the trainer own their hardware; two processes sharing two cores
+with no pinning is not that measure. Here a local Ray is started with its processes pinned to core 0
+(the affinity its processes inherit), so the one engine replica (``runtime=ray``,
+``rollout.replicas=1``) generates on core 0, and this process, the trainer, is pinned to core 1 with
+one torch thread. The same GRPO recipe as the demo runs from the demo's SFT checkpoint, sync, then
+async with ``max_staleness=1``, for ``--steps`` steps each.
+
+Prints per run: loop wall time (held-out evals excluded), generation and training seconds, the
+speed-up of async over sync, the ideal (generation + training) / max(generation, training) measured
+on the sync run, the fraction of the ideal reached, and held-out greedy accuracy at the end. Goals:
+>= 85% of the ideal, held-out accuracy within 2 points of sync.
+
+    .venv/bin/python bench/async_overlap.py                          # 20 steps, the demo's SFT
+    .venv/bin/python bench/async_overlap.py --demo-out runs/demo0     # an existing demo run directory
+    .venv/bin/python bench/async_overlap.py --steps 3 --profile quick # a smoke run
+
+The demo's run directory is reused when it holds an SFT checkpoint (``OUT/sft``); otherwise the
+demo's model, data and SFT stage are run first (``--profile``: full is the demo's, quick a smoke).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+ENGINE_CORE, TRAINER_CORE = 0, 1
+
+
+def sft_checkpoint(out: Path, profile: str, seed: int) -> tuple[str, dict]:
+    """The demo's SFT checkpoint and task files in ``out``, made with the demo's stages if missing."""
+    from posttrain.demo import PROFILES, prepare, stage_sft
+    from posttrain.tracking import latest_checkpoint
+
+    p = PROFILES[profile]
+    data = out / "data"
+    ckpt = latest_checkpoint(out / "sft") if (out / "sft").is_dir() else None
+    if ckpt is not None and (data / "prompts_train.jsonl").is_file():
+        return str(ckpt), {"prompts_train": str(data / "prompts_train.jsonl"),
+                           "prompts_eval": str(data / "prompts_eval.jsonl")}
+    paths = prepare(out, p, seed)
+    args = argparse.Namespace(seed=seed, no_progress=True)
+    return stage_sft(out, p, paths, args), paths
+
+
+def start_pinned_ray():
+    """A local Ray of one CPU whose processes run on the engine core; this thread then moves to the
+    trainer core (torch's threads, created later, follow it)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.sched_setaffinity(0, {ENGINE_CORE})
+    from posttrain.distributed.cluster import connect
+
+    ray = connect("", num_cpus=1)
+    os.sched_setaffinity(0, {TRAINER_CORE})
+    import torch
+
+    torch.set_num_threads(1)
+    return ray
+
+
+def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args) -> list[dict]:
+    from posttrain.config import load_config
+    from posttrain.demo import PROFILES
+    from posttrain.rl.config import RLConfig
+    from posttrain.rl.run import run_rl
+
+    p = PROFILES[args.profile]
+    cfg = load_config(RLConfig, None, [
+        f"model.path={ckpt}", f"data.path={paths['prompts_train']}", f"data.eval_path={paths['prompts_eval']}",
+        f"data.eval_max_prompts={args.eval_prompts}", f"rollout.group_size={p['group_size']}",
+        f"rollout.max_new_tokens={p['max_new_tokens']}", "algorithm=grpo", "verifier=arithmetic",
+        f"prompts_per_step={p['prompts_per_step']}", f"num_steps={args.steps}", f"optim.lr={p['rl_lr']}",
+        "optim.beta2=0.999", "optim.warmup_steps=10", "optim.schedule=cosine", "dynamic_sampling.enabled=true",
+        "dynamic_sampling.max_rounds=3", "eval_every=0", "save_every=0", "kl.track=false", f"seed={args.seed}",
+        "runtime=ray", "rollout.replicas=1", "rollout.replica_cpus=1", "asynchrony.trainer_threads=1",
+        f"out_dir={out / name}", "resume=false", "logging.progress=false", *extra])
+    run_rl(cfg, printer=lambda *_: None)
+    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarize(rows: list[dict]) -> dict:
+    steps = [r for r in rows if r["step"] > 0]
+    wall = sum(r["time/step_s"] - r.get("time/eval_s", 0.0) for r in steps)
+    gen = sum(r.get("time/rollout_s", 0.0) for r in steps)
+    return {"wall_s": wall, "gen_s": gen, "train_s": wall - gen,
+            "acc": steps[-1].get("eval/heldout/greedy/pass@1", float("nan")),
+            "acc0": rows[0].get("eval/heldout/greedy/pass@1", float("nan")),
+            "trainer_idle": sum(r.get("time/trainer_idle_s", 0.0) for r in steps),
+            "stale_max": max(r.get("async/staleness_max", 0) for r in steps)}
+
+
+def report(sync: dict, asyn: dict, steps: int) -> None:
+    ideal = (sync["gen_s"] + sync["train_s"]) / max(sync["gen_s"], sync["train_s"])
+    speed = sync["wall_s"] / asyn["wall_s"]
+    print(f"\n{steps} steps; engine on core {ENGINE_CORE}, trainer on core {TRAINER_CORE}; sync: generation "
+          f"{sync['gen_s']:.1f} s + training {sync['train_s']:.1f} s -> ideal (g+t)/max(g,t) = {ideal:.2f}x")
+    print(f"{'run':<10}{'wall s':>8}{'held-out acc':>14}{'(start)':>9}{'trainer idle':>14}{'stale max':>11}")
+    for name, r in (("sync", sync), ("async K=1", asyn)):
+        print(f"{name:<10}{r['wall_s']:>8.1f}{r['acc']:>14.3f}{r['acc0']:>9.3f}{r['trainer_idle']:>13.1f}s"
+              f"{r['stale_max']:>11}")
+    print(f"speed-up {speed:.2f}x = {speed / ideal:.0%} of the ideal {ideal:.2f}x; held-out accuracy "
+          f"{asyn['acc'] - sync['acc']:+.3f} vs sync (goals: >= 85% of the ideal, within 0.02)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--demo-out", default="runs/demo", help="the demo's run directory (its SFT is reused or made)")
+    p.add_argument("--out", default="runs/bench-async-overlap")
+    p.add_argument("--profile", default="full", choices=["full", "quick"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--eval-prompts", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("needs two cores (one for the engine, one for the trainer)")
+    from posttrain.models.hf import quiet_transformers
+
+    quiet_transformers()
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    ckpt, paths = sft_checkpoint(Path(args.demo_out), args.profile, args.seed)
+    print(f"SFT checkpoint {ckpt} ({time.perf_counter() - t0:.0f} s)")
+    ray = start_pinned_ray()
+    try:
+        sync = summarize(rl_run("sync", [], ckpt, paths, out, args))
+        asyn = summarize(rl_run("async", ["mode=async", "max_staleness=1"], ckpt, paths, out, args))
+    finally:
+        ray.shutdown()
+    report(sync, asyn, args.steps)
+
+
+if __name__ == "__main__":
+    main()
