@@ -1,6 +1,7 @@
 """Async RL: K=0 equals sync, the staleness bound under a randomly slow engine, correction refusal,
 weight-sync verification, the start-up self-test, and hang/death handling of the engine process."""
 
+import dataclasses
 import json
 import os
 import random
@@ -111,8 +112,27 @@ def _judge(completion, example):
     return Outcome.passed() if completion == "yes" else Outcome.model_fail()
 
 
+class TurnEpisodes:
+    """An environment session whose episodes take 1 to 3 engine calls each (as `EnvSession.requests`):
+    each turn is served by whatever version the engine holds then; a sample's version is the oldest."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+
+    def requests(self, examples, n, sampling):
+        oldest = ro = None
+        for _ in range(self.rng.randint(1, 3)):
+            ro = yield [[1, 2, 3]] * len(examples), n, sampling
+            oldest = ro.policy_version if oldest is None else list(map(min, oldest, ro.policy_version))
+        ro = dataclasses.replace(ro, policy_version=oldest)
+        return ro, [_judge(t, None) for t in ro.texts], list(range(len(ro))), [None] * len(ro)
+
+
+@pytest.mark.parametrize("multi_turn", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_staleness_bound_holds_under_a_randomly_slow_engine(seed):
+def test_staleness_bound_holds_under_a_randomly_slow_engine(seed, multi_turn):
+    """Single-turn requests, or episodes of several turns driven by the controller: every trained
+    sample (every turn of it) is within K versions, and the pipeline never exceeds (K + 1) * P."""
     rng = random.Random(seed)
     K, P, G = rng.randint(0, 3), rng.randint(1, 4), rng.randint(1, 3)
     dynamic = rng.random() < 0.5
@@ -120,7 +140,8 @@ def test_staleness_bound_holds_under_a_randomly_slow_engine(seed):
                                        "mode=async", f"dynamic_sampling.enabled={dynamic}", f"seed={seed}"])
     examples = [{"prompt": f"p{i}", "answer": "yes"} for i in range(7)]
     run = types.SimpleNamespace(cfg=cfg, source=CurriculumSource(examples, seed, cfg.curriculum),
-                                train_prompts={i: [1, 2, 3] for i in range(7)}, verifier=_judge, env=None)
+                                train_prompts={i: [1, 2, 3] for i in range(7)}, verifier=_judge,
+                                env=TurnEpisodes(rng) if multi_turn else None)
     engine = SlowEngine(rng)
     ctl = AsyncController(run, engine)
     worst, trained = 0, 0

@@ -18,8 +18,10 @@ answer comes back in ``poll`` it runs the environments' steps and submits the ne
 every episode of the chunk has ended and its groups go to the buffer. A chunk holds one request in
 flight at a time and counts in the pipeline from admission to training, so the bound's argument
 is unchanged; an episode's version is the *oldest* that served any of its turns (its first), so
-the bound holds for every turn of every sample. The environments' steps run in the trainer's
-process between updates, while the engine generates other chunks' turns.
+the bound holds for every turn of every sample. Chunks finish out of order (their episodes take
+different numbers of turns), so steps take groups in admission order, not in order of arrival: a
+finished chunk waits in the buffer behind an older one still running. The environments' steps
+run in the trainer's process between updates, while the engine generates other chunks' turns.
 
 `take` re-checks the bound on every group anyway (a group over it goes back to pending and is
 regenerated; ``async/bound_requeued`` counts them, and stays 0). The trainer waits only when fewer
@@ -74,6 +76,8 @@ class AsyncController:
         self.buffer: list[Group] = []
         self.requests: dict[int, list[int]] = {}  # rid -> uids, in flight
         self.turns: dict = {}  # rid -> the episodes (EnvSession.requests) that request is a turn of
+        self.order: dict[int, int] = {}  # uid -> admission number: groups are trained in this order
+        self.admitted = 0
         self.chunks = 0
         self.taken = 0  # groups already taken by the step in progress
         self.engine_idle_seen = 0.0
@@ -102,6 +106,8 @@ class AsyncController:
             sampling = self.sampling(chunk_seed(self.run.cfg.seed, self.chunks))
             indices = [self.ledger.index[u] for u in uids]
             self.ledger.dispatch(uids)
+            self.order |= {u: self.admitted + i for i, u in enumerate(uids)}
+            self.admitted += len(uids)
             if self.run.env is None:
                 rid = self.engine.submit([self.run.train_prompts[i] for i in indices], self.G, sampling)
                 self.requests[rid] = uids
@@ -150,6 +156,7 @@ class AsyncController:
             self.ledger.complete(uid, version)
             if self.run.cfg.dynamic_sampling.enabled and zero_var[j]:
                 self.ledger.drop(uid, "zero_variance")
+                self.order.pop(uid, None)
                 self.stats["dropped"] += 1
                 continue
             mine = episodes[j * self.G: (j + 1) * self.G] if episodes is not None else None
@@ -193,10 +200,21 @@ class AsyncController:
             self.taken = 0
         for g in picked:
             self.ledger.train(g.uid, step)
+            self.order.pop(g.uid, None)
         return picked
 
+    def _oldest_is_buffered(self) -> bool:
+        """Whether the oldest admitted group not yet trained is in the buffer (then at its head).
+        Steps take groups in admission order, which the bound's argument needs: a chunk whose
+        episodes end sooner (or a faster replica) must not overtake an older one."""
+        if not self.buffer:
+            return False
+        self.buffer.sort(key=lambda g: self.order.get(g.uid, -1))  # restored from a checkpoint: oldest
+        in_flight = [self.order[u] for uids in self.requests.values() for u in uids]
+        return not in_flight or self.order.get(self.buffer[0].uid, -1) < min(in_flight)
+
     def _wait_for_group(self) -> None:
-        while not self.buffer and not self._starved():
+        while not self._oldest_is_buffered() and not self._starved():
             self.fill()  # dropped groups free room in the pipeline
             t0 = time.perf_counter()
             replies = self.engine.poll(wait=True)
