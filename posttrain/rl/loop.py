@@ -324,8 +324,15 @@ def ray_engines(cfg: RLConfig, printer=print):
     from posttrain.distributed.cluster import connect
     from posttrain.distributed.engines import RayEngines, ReplicaSpec
 
-    connect(cfg.ray.address, cfg.ray.num_cpus or None)
+    ray = connect(cfg.ray.address, cfg.ray.num_cpus or None)
     r, path = cfg.rollout, cfg.model.path
+    if not cfg.ray.address:  # a local Ray cannot grow: replicas it cannot place would wait forever
+        have = ray.cluster_resources()
+        for key, each in (("CPU", r.replica_cpus), ("GPU", r.replica_gpus)):
+            if r.replicas * each > have.get(key, 0):
+                raise UserError(f"rollout.replicas: {r.replicas} replicas x {each:g} {key}s do not fit the local "
+                                f"Ray's {have.get(key, 0):g} {key}s (set ray.num_cpus, or join a cluster with "
+                                f"ray.address)")
     spec = ReplicaSpec(path=str(Path(path).resolve()) if Path(path).exists() else path, dtype=r.engine_dtype,
                        cpus=r.replica_cpus, gpus=r.replica_gpus)
     return RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from posttrain.config import load_config
 from posttrain.distributed.engines import RayEngines, ReplicaSpec, split_groups
+from posttrain.errors import UserError
 from posttrain.rl.config import RLConfig
 from posttrain.rl.run import run_rl
 from posttrain.rollout import SamplingParams, TorchEngine, WeightSyncError, weights_checksum
@@ -177,3 +178,8 @@ def test_replicas_killed_mid_run_lose_no_prompt_and_train_none_twice(ray_cluster
     # every draw before the last one trained is accounted for: trained, or still in the pipeline
     last = max(e["uid"] for e in trained)
     assert all(e["state"] in ("trained", "in_flight", "completed") for e in entries if e["uid"] < last)
+
+
+def test_replicas_a_local_ray_cannot_place_are_refused_up_front(ray_cluster, overrides):
+    with pytest.raises(UserError, match=r"rollout.replicas: 9 replicas x 1 CPUs do not fit the local Ray's 8 CPUs"):
+        run_rl(overrides("big", runtime="ray", **{"rollout.replicas": 9}), printer=lambda *_: None)
