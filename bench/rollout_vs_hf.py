@@ -7,8 +7,8 @@ generate exactly prompts x max_new_tokens tokens; the script checks that count. 
 best of ``--repeats`` runs after one warm-up run. The ratio printed is engine tokens/s divided by
 generate tokens/s.
 
-Then the engine's time per decode step against its compute floor, at each batch size and the
-longest ``--new``: the engine's step is ``(t(new) - t(1)) / (new - 1)`` for whole `generate` calls
+Then the engine's time per decode step against its compute floor, for each prompts x new tokens
+of the grid: the engine's step is ``(t(new) - t(1)) / (new - 1)`` for whole `generate` calls
 (sampling and bookkeeping included), the decoder's step is `FastLlamaDecoder.step` alone (the
 model's forward for one token per row), and the floor is the forward's matmuls of the same shapes
 (fused q/k/v, o, fused gate/up, down per layer, then the LM head, on a (batch, in) input) timed
@@ -128,19 +128,19 @@ def timed(fn, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def step_vs_floor(engine, model, batches: list[int], new_tokens: int, repeats: int) -> None:
-    print(f"\nper decode step at {new_tokens} new tokens (ms; ratio to the matmul floor):")
-    print(f"{'prompts':>7} {'floor':>7} {'decoder':>8} {'ratio':>6} {'engine':>7} {'ratio':>6}")
-    for batch in batches:
-        prompts = make_prompts(batch)
-        t_long = best_of(lambda: time_engine(engine, prompts, new_tokens), repeats)[0]
-        t_one = best_of(lambda: time_engine(engine, prompts, 1), repeats)[0]
-        engine_s = (t_long - t_one) / (new_tokens - 1)
-        floor_s = time_floor(matmul_shapes(model), batch, repeats)
-        dec = f"{time_decoder_step(engine, prompts, new_tokens, repeats) * 1e3:8.3f}" if engine.backend == "fast" else \
-            f"{'-':>8}"
-        dec_ratio = f"{float(dec) / (floor_s * 1e3):5.2f}x" if engine.backend == "fast" else f"{'-':>6}"
-        print(f"{batch:>7} {floor_s * 1e3:7.3f} {dec} {dec_ratio} {engine_s * 1e3:7.3f} {engine_s / floor_s:5.2f}x")
+def step_vs_floor(engine, model, batch: int, new_tokens: int, repeats: int) -> str:
+    """One row of the per-step table: the matmul floor, the decoder's step, the engine's step (ms)."""
+    prompts = make_prompts(batch)
+    t_long = best_of(lambda: time_engine(engine, prompts, new_tokens), repeats)[0]
+    t_one = best_of(lambda: time_engine(engine, prompts, 1), repeats)[0]
+    engine_s = (t_long - t_one) / (new_tokens - 1)
+    floor_s = time_floor(matmul_shapes(model), batch, repeats)
+    if engine.backend == "fast":
+        dec_s = time_decoder_step(engine, prompts, new_tokens, repeats)
+        dec = f"{dec_s * 1e3:8.3f} {dec_s / floor_s:5.2f}x"
+    else:
+        dec = f"{'-':>8} {'-':>6}"
+    return f"{batch:>7} {new_tokens:>4} {floor_s * 1e3:7.3f} {dec} {engine_s * 1e3:7.3f} {engine_s / floor_s:5.2f}x"
 
 
 def main() -> None:
@@ -167,7 +167,12 @@ def main() -> None:
             assert n_hf == n_en == batch * new, (n_hf, n_en, batch * new)
             hf_rate, en_rate = n_hf / t_hf, n_en / t_en
             print(f"{batch:>7} {new:>4} {hf_rate:>10.0f} {en_rate:>13.0f} {en_rate / hf_rate:>5.2f}x")
-    step_vs_floor(engine, model, args.batch, max(args.new), args.repeats)
+    print("\nper decode step (ms; ratio to the matmul floor):")
+    print(f"{'prompts':>7} {'new':>4} {'floor':>7} {'decoder':>8} {'ratio':>6} {'engine':>7} {'ratio':>6}")
+    for batch in args.batch:
+        for new in args.new:
+            if new > 1:
+                print(step_vs_floor(engine, model, batch, new, args.repeats))
 
 
 if __name__ == "__main__":
