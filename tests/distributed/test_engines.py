@@ -15,6 +15,7 @@ from posttrain.errors import UserError
 from posttrain.rl.config import RLConfig
 from posttrain.rl.run import run_rl
 from posttrain.rollout import SamplingParams, TorchEngine, WeightSyncError, weights_checksum
+from posttrain.rollout.protocol import EngineTimeout
 from tests.rl.conftest import PLUGIN
 
 TEXTS = ["1+2=", "7-3=", "4+4=", "9-1=", "2+5="]
@@ -74,6 +75,14 @@ def test_weight_sync_is_one_put_per_version_and_every_replica_reads_back(engines
         assert engines.checksums == {0: checksum, 1: checksum}
         local.load_weights(weights, version, checksum)
     assert engines.generate(prompts, 2, sampling).completion_ids == local.generate(prompts, 2, sampling).completion_ids
+
+
+def test_a_late_replica_is_named_with_the_request_it_owes(engines, prompts, monkeypatch):
+    monkeypatch.setattr(engines, "request_timeout_s", 0.2)
+    rid = engines.submit(prompts, 16, SamplingParams(max_new_tokens=200, ignore_eos=True, seed=0))
+    with pytest.raises(EngineTimeout, match=rf"engine replica \d \(actor [0-9a-f]+\) did not answer generate request "
+                                            rf"{rid} \(5 prompts x 16\) within 0.2 s \(rollout.request_timeout_s\)"):
+        engines.poll(wait=True)
 
 
 def test_a_refused_weight_sync_names_the_replica(ray_cluster, nano_model_dir):
