@@ -95,6 +95,27 @@ def test_a_refused_weight_sync_names_the_replica(ray_cluster, nano_model_dir):
         handle.close()
 
 
+def test_a_replica_killed_before_a_sync_call_is_replaced_with_the_current_weights(ray_cluster, prompts,
+                                                                                  nano_model_dir):
+    handle = RayEngines(ReplicaSpec(path=str(nano_model_dir)), 2, request_timeout_s=120, sync_timeout_s=120,
+                        printer=lambda *_: None)
+    try:
+        weights = _shifted(nano_model_dir, 0.02)
+        handle.load_weights(weights, 1, weights_checksum(weights))
+        handle.wait_synced()
+        dead = handle.actors[1]
+        ray_cluster.kill(dead)
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=9)
+        got = handle.generate(prompts, 3, sampling)
+        local = TorchEngine(str(nano_model_dir))
+        local.load_weights(weights, 1, weights_checksum(weights))
+        assert handle.restarts == 1 and handle.actors[1] is not dead
+        assert got.completion_ids == local.generate(prompts, 3, sampling).completion_ids  # same block, same seeds
+        assert set(got.policy_version) == {1}  # the replacement loaded version 1 before serving
+    finally:
+        handle.close()
+
+
 # ------------------------------------------------------------------------------------ RL over Ray
 
 
