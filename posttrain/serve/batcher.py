@@ -12,9 +12,9 @@ an asyncio future the worker resolves. Each round the worker
 3. runs the weight-update job, if one closed the round, after those generations: a reload never
    overlaps a generate, and requests queued behind it see the new weights.
 
-Grouping follows the engine's seed semantics: one `generate` call draws every row's token from one
-``torch.Generator`` seeded with ``SamplingParams.seed``, so a row's samples depend on the batch it
-sits in. Hence
+Grouping follows the engine's seed semantics: one `generate` call samples prompt ``i`` from a stream
+seeded with ``prompt_seed(SamplingParams.seed, i)``, so a row's samples depend on the call's seed
+and on the prompt's place in the call. Hence
 
 * greedy requests (temperature 0) batch together whatever their seed (no randomness is drawn);
 * unseeded sampled requests batch together (the engine draws a fresh seed for the call);
