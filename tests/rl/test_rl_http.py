@@ -72,10 +72,10 @@ def test_grpo_through_two_servers_reproduces_the_in_process_run(rl_overrides, re
     real ``posttrain serve`` apps.
 
     A server samples each prompt alone (one request per prompt, n = G) with the seed
-    `prompt_seed(step seed, prompt index)`, while `TorchEngine` draws the random numbers of a
-    multi-prompt call from one generator shared by all rows, whose stream depends on the batch's
-    layout (and on which rows finished early). No per-prompt seed can reproduce that stream, so the
-    in-process baseline samples the way the servers do: `PerPromptSeeds` wraps the run's own
+    `prompt_seed(step seed, prompt index)`, which the server's engine takes as its call's seed and
+    derives that one prompt's stream from, while an in-process multi-prompt call seeds prompt i's
+    stream with `prompt_seed(step seed, i)` directly. So the in-process baseline samples the way the
+    servers do: `PerPromptSeeds` wraps the run's own
     `TorchEngine` and calls it once per prompt with the same per-prompt seed. Everything else, from
     the weights each step samples with to the update, is the unchanged in-process loop.
     """
