@@ -90,15 +90,15 @@ def completion_logits(model, mb: RLBatch, device) -> TargetLogits | None:
                 **{key: cache})
     pos_BC = start_B[:, None] + torch.arange(span_BC.shape[1])
     comp_BC = torch.where(span_BC, ids.gather(1, pos_BC.clamp(max=ids.shape[1] - 1)), 0)
-    # completion token 0 is predicted by the prompt's last position, token j by completion position j-1
-    logits = [out.logits[:, -1:][expand_B.to(device)]]
-    run = span_BC.shape[1] - 1  # the last completion position predicts nothing
-    if run > 0:
-        cache.batch_select_indices(expand_B.to(device))
-        comp = model(input_ids=comp_BC[:, :run].to(device),
-                     attention_mask=torch.cat([real_BP, span_BC[:, :run].long()], 1).to(device),
-                     position_ids=pos_BC[:, :run].to(device), use_cache=True, **{key: cache})
-        logits.append(comp.logits)
+    # Completion token 0 is predicted by the prompt's last position, token j by completion position
+    # j-1; the last position predicts nothing and is not run. With one-token completions one position
+    # still runs, so that every call makes two forwards (sharded ranks run them in lock step).
+    C = span_BC.shape[1]
+    run = max(C - 1, 1)
+    cache.batch_select_indices(expand_B.to(device))
+    comp = model(input_ids=comp_BC[:, :run].to(device), attention_mask=torch.cat([real_BP, span_BC[:, :run].long()], 1)
+                 .to(device), position_ids=pos_BC[:, :run].to(device), use_cache=True, **{key: cache})
+    logits_BCV = torch.cat([out.logits[:, -1:][expand_B.to(device)], comp.logits[:, : C - 1]], 1)
     rows, js = span_BC.nonzero(as_tuple=True)
-    return TargetLogits(torch.cat(logits, 1), comp_BC.to(device), rows.to(device),
-                        (start_B[rows] - 1 + js).to(device), js.to(device), width)
+    return TargetLogits(logits_BCV, comp_BC.to(device), rows.to(device), (start_B[rows] - 1 + js).to(device),
+                        js.to(device), width)

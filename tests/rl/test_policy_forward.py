@@ -38,11 +38,11 @@ def _policy(model_dir, reuse: bool, micro_batch_tokens: int = 1000) -> tuple[Pol
     return policy, calls
 
 
-def _batch():
+def _batch(lengths=(4, 2, 5, 1, 3, 6, 2, 4)):
+    """Rows 0-3 complete a 3-token prompt, rows 4-7 a 6-token one, with completions of ``lengths``."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, 200, (n,), generator=g).tolist() for n in (3, 6)]
-    rows = [(i, torch.randint(5, 200, (n,), generator=g).tolist()) for i, n in
-            [(0, 4), (0, 2), (0, 5), (0, 1), (1, 3), (1, 6), (1, 2), (1, 4)]]
+    rows = [(i // 4, torch.randint(5, 200, (n,), generator=g).tolist()) for i, n in enumerate(lengths)]
     ro = Rollouts(prompt_idx=[i for i, _ in rows], prompt_ids=[prompts[i] for i, _ in rows],
                   completion_ids=[c for _, c in rows], logprobs=[[-1.0] * len(c) for _, c in rows],
                   finish_reason=["length"] * len(rows), policy_version=[0] * len(rows), sampling=SamplingParams())
@@ -78,6 +78,19 @@ def test_shared_prompts_give_the_full_forward_logprobs_and_gradients(nano_model_
     assert shared_logp.shape == mb.mask_BT.shape
     assert torch.allclose(shared_logp[mb.mask_BT], plain_logp[mb.mask_BT], atol=1e-5)
     assert (shared_logp[~mb.mask_BT] == 0).all()
+    for a, b in zip(plain_grads, shared_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_one_token_completions_still_run_two_forwards(nano_model_dir):
+    model = load_model(ModelConfig(path=str(nano_model_dir)))
+    mb = _batch(lengths=(1,) * 8)
+    plain_logp, plain_grads = _masked_logp_grads(model, _plain_logits(model, mb), mb)
+    positions = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: positions.append(args[0].numel()))
+    shared_logp, shared_grads = _masked_logp_grads(model, completion_logits(model, mb, torch.device("cpu")), mb)
+    assert positions == [2 * 6, 8 * 1]  # a sharded model's ranks must all make the same two calls
+    assert torch.allclose(shared_logp[mb.mask_BT], plain_logp[mb.mask_BT], atol=1e-5)
     for a, b in zip(plain_grads, shared_grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 

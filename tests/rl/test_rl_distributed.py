@@ -24,8 +24,9 @@ def _assert_close_weights(a: Path, b: Path):
 
 # Adam moves an entry by ~lr·sign(g) however small g is, so rounding noise in near-zero gradients
 # (sums in another order across ranks) would become lr-sized weight differences; an eps above that
-# noise keeps the comparison about the gradients.
-ADAM = {"optim.eps": 1e-6}
+# noise keeps the comparison about the gradients. (At 1e-6 a rarely seen token's embedding entry,
+# with a gradient near 1e-6, moved 0.96e-5 apart with one summation order and 1.4e-5 with another.)
+ADAM = {"optim.eps": 1e-5}
 
 
 def _run_both(torchrun, args, tmp_path):
