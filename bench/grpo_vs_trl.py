@@ -53,7 +53,23 @@ forward/backward of 64 x 32 completion tokens, which both sides must do.
 ``--defaults`` (20 timed steps, load average 1.6-2.5 on 2 cores, one thread each): TRL 0.846
 s/step; ours at `posttrain rl`'s defaults 0.580 s/step (1.46x), with ``kl.track=false`` 0.565
 s/step (1.50x). Before token-budgeted micro-batches and the sampled reference forward, the defaults
-measured 0.72x and 0.90x.
+measured 0.72x and 0.90x. Then the trainer's forward was cut to the completion positions (no
+log-softmax, entropy or backward over prompt columns, no forward of a row's last token): run back
+to back with the tree before that change, at load average 8.3-9.1 before 1.45x / 1.50x, after
+1.50x / 1.55x (TRL 2.04-2.07 s/step); at load 4.8-6.1 before 1.44x / 1.46x, after 1.48x / 1.52x
+(TRL 1.03-1.04 s/step).
+
+Where our step goes (CPU seconds, so that other processes' load counts less; one thread, load
+~4): rollout 0.21 s against a matmul floor of 0.106 s (the forward's matmuls of every prefill and
+decode position at the 97-100 GFLOP/s one core reaches), log-probs 0.17 s against 0.106 s, update
+0.30 s against 0.21 s (the backward's matmuls, twice the forward's), sync 0.013 s (SHA-256 over the
+10 MB of weights twice: the trainer's checksum and the engine's check). The whole step's floor is
+0.42 s and TRL takes ~0.85 s/step at low load, so 2x without the reference needs our step at its
+matmul floor. Above the floor: attention (the decoder reads the whole KV cache each step, the
+trainer's CPU attention kernel is slow at these shapes), the Hugging Face model's elementwise
+kernels and their backward, ~190 kernel launches per decode step, the tokenizer's decode of the
+texts. The tiny model is untrained, so every reward here is 0 and both sides' updates apply an
+exactly-zero gradient; the work is the same as with real rewards.
 
 ``--defaults`` runs ours as a user gets it: only the task is set (model, prompts, 8 x G=8, 32 new
 tokens, the arithmetic verifier); everything else (learning rate, micro-batching, the reference
