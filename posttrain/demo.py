@@ -24,7 +24,7 @@ from pathlib import Path
 # generation gets 80 new tokens. Many small SFT batches learn faster per token than a few large.
 PROFILES = {
     "full": dict(size="tiny", ops="+", digits=2, n_train=4000, n_eval=200, sft_steps=600, sft_tokens=1024,
-                 rl_steps=30, prompts_per_step=16, group_size=8, rl_lr=1e-4, max_new_tokens=80, eval_samples=8),
+                 rl_steps=90, prompts_per_step=16, group_size=8, rl_lr=1e-4, max_new_tokens=80, eval_samples=8),
     "quick": dict(size="nano", ops="+", digits=2, n_train=200, n_eval=16, sft_steps=6, sft_tokens=1024,
                   rl_steps=2, prompts_per_step=4, group_size=4, rl_lr=1e-4, max_new_tokens=16, eval_samples=2),
 }
@@ -118,11 +118,12 @@ def evaluate_checkpoint(ckpt: str, out: Path, label: str, p: dict, seed: int) ->
                                   max_new_tokens=p["max_new_tokens"])])
     results = run_eval(cfg, show_progress=p.get("progress", True))
     save_config(cfg, out / "evals" / label / "config.yaml")
-    return {r.profile: {f"pass@{x.k}": x.mean for x in r.pass_at_k} for r in results}
+    return {r.profile: {f"pass@{x.k}": (x.mean, x.low, x.high) for x in r.pass_at_k} for r in results}
 
 
 def finish(out: Path, before: dict, after: dict, seconds: float) -> dict:
-    rows = [{"metric": f"{profile} {k}", "before": before[profile][k], "after": after[profile][k]}
+    rows = [{"metric": f"{profile} {k}", "before": before[profile][k][0], "after": after[profile][k][0],
+             "before_ci": before[profile][k][1:], "after_ci": after[profile][k][1:]}
             for profile in ("greedy", "sampled") for k in before[profile]]
     summary = {"out_dir": str(out), "seconds": seconds, "table": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -137,14 +138,20 @@ def write_report(out: Path) -> None:
     print(f"[demo] report: {out / 'report.html'}")
 
 
+def with_interval(mean: float, ci) -> str:
+    return f"{mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def print_table(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"held-out arithmetic, before vs after GRPO ({summary['seconds'] / 60:.1f} min)")
+    table = Table(title=f"held-out arithmetic, before vs after GRPO ({summary['seconds'] / 60:.1f} min)",
+                  caption="[low, high]: 95% bootstrap interval over the held-out problems")
     for col in ("metric", "after SFT", "after GRPO", "change"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     for r in summary["table"]:
-        table.add_row(r["metric"], f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['after'] - r['before']:+.3f}")
+        table.add_row(r["metric"], with_interval(r["before"], r["before_ci"]), with_interval(r["after"], r["after_ci"]),
+                      f"{r['after'] - r['before']:+.3f}")
     Console().print(table)
     print(f"[demo] everything is in {summary['out_dir']}")

@@ -17,7 +17,7 @@ def test_quick_demo_runs_end_to_end_and_its_eval_reproduces(tmp_path):
     metrics = [row["metric"] for row in summary["table"]]
     assert metrics == ["greedy pass@1", "sampled pass@1", "sampled pass@2"]
     assert all(0.0 <= row[k] <= 1.0 for row in summary["table"] for k in ("before", "after"))
-    assert "after GRPO" in r.stdout
+    assert "after GRPO" in r.stdout and "bootstrap" in r.stdout
     for stage in ("sft", "rl"):
         assert (out / stage / "config.yaml").is_file() and (out / stage / "metrics.jsonl").is_file()
     html = (out / "report.html").read_text()
@@ -29,5 +29,9 @@ def test_quick_demo_runs_end_to_end_and_its_eval_reproduces(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     mine = json.loads((again / "eval.json").read_text())
     theirs = json.loads((out / "evals" / "before" / "eval.json").read_text())
+    # the printed intervals are the eval's bootstrap intervals, around the means they go with
+    sampled = next(x for x in theirs["results"] if x["profile"] == "sampled")["pass_at_k"][0]
+    row = summary["table"][1]
+    assert row["before_ci"] == [sampled["low"], sampled["high"]] and sampled["low"] <= row["before"] <= sampled["high"]
     pick = lambda d: [(x["profile"], [p["mean"] for p in x["pass_at_k"]]) for x in d["results"]]  # noqa: E731
     assert pick(mine) == pick(theirs)
