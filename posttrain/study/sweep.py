@@ -14,8 +14,8 @@ Design choices:
   n = seeds); with one seed there is no interval.
 
 The report (``sweep.md``, ``sweep.json``, ``sweep.png``) summarises every held-out metric a run
-logged (``eval/...`` keys, except lengths): its final value and its best (the highest, or the
-lowest for losses and NLLs), and, for RL, the training reward's first- and last-quarter means.
+logged (``eval/...`` keys, except lengths): its value at the start (step 0), its final value and
+its best after step 0 (the highest, or the lowest for losses and NLLs), and, for RL, the training reward's first- and last-quarter means.
 """
 
 from __future__ import annotations
@@ -181,14 +181,18 @@ def lower_is_better(key: str) -> bool:
 
 
 def run_metrics(rows: list[dict]) -> dict[str, float]:
-    """One run's numbers: final and best of each held-out metric, first/last-quarter training reward."""
+    """One run's numbers: each held-out metric at the start (step 0, when logged), its final and best
+    value after training, and the first/last-quarter training reward."""
     out: dict[str, float] = {}
     keys = sorted({k for r in rows for k in r if k.startswith("eval/") and not k.endswith("mean_length")})
     for key in keys:
-        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if values:
-            out[f"{key} final"] = values[-1]
-            out[f"{key} best"] = min(values) if lower_is_better(key) else max(values)
+        logged = [(r.get("step"), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
+        trained = [v for step, v in logged if step != 0]  # step 0 is the start, not a trained model
+        if logged[0][0] == 0:
+            out[f"{key} start"] = logged[0][1]
+        if trained:
+            out[f"{key} final"] = trained[-1]
+            out[f"{key} best"] = min(trained) if lower_is_better(key) else max(trained)
     rewards = [float(r["reward/mean"]) for r in rows if isinstance(r.get("reward/mean"), (int, float))]
     if len(rewards) >= 4:
         q = len(rewards) // 4
@@ -229,8 +233,13 @@ def summarise(points: list[Point], out: Path) -> dict:
             "interval": "mean ± t(0.975, n-1)·sd/√n over n seeds (Student's t); none with one seed"}
 
 
+COLUMN_ORDER = {"start": 0, "final": 1, "best": 2}
+
+
 def format_table(summary: dict) -> str:
-    keys = sorted({k for s in summary["settings"] for k in s["metrics"]})
+    """Markdown: one row per setting; per metric its start, final and best, then the reward quarters."""
+    keys = sorted({k for s in summary["settings"] for k in s["metrics"]},
+                  key=lambda k: (k.startswith("reward"), k.rsplit(" ", 1)[0], COLUMN_ORDER.get(k.rsplit(" ", 1)[1], 3)))
     lines = ["| setting | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
     for s in summary["settings"]:
         cells = [cell(s["metrics"].get(k)) for k in keys]
@@ -250,9 +259,9 @@ def cell(m: dict | None) -> str:
 def write_report(summary: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(summary, indent=1))
-    md = (f"# sweep\n\n{format_table(summary)}\n\nEach cell: {summary['interval']}. `final` = the last "
-          f"logged value, `best` = the best logged value of each run (highest; lowest for losses), "
-          f"then averaged over seeds. Runs: `runs/<setting>/seed-<s>/`.\n")
+    md = (f"# sweep\n\n{format_table(summary)}\n\nEach cell: {summary['interval']}. `start` = the value "
+          f"at step 0, `final` = the last value logged, `best` = the best value after step 0 (highest; lowest "
+          f"for losses) of each run, then averaged over seeds. Runs: `runs/<setting>/seed-<s>/`.\n")
     (out / "sweep.md").write_text(md)
     plot(summary, out)
 

@@ -79,12 +79,13 @@ def write_metrics(path, rows):
 
 def test_the_table_numbers_come_from_the_metrics_files(tmp_path):
     a1, a2 = Point((("optim.lr", "1"),), 0), Point((("optim.lr", "1"),), 1)
-    # seed 0: held-out 0.2 -> 0.6 -> 0.4 (final 0.4, best 0.6); seed 1: 0.3 -> 0.8 (final = best 0.8);
+    # seed 0: held-out 0.2 -> 0.6 -> 0.4 (final 0.4, best 0.6); seed 1: 0.9 at the start (not a
+    # trained model, so not "best") -> 0.8 (final = best 0.8);
     # loss falls then rises (best is the lowest); rewards over 8 steps, quarters of 2 steps.
     write_metrics(run_dir(tmp_path, a1), [{"step": 0, "eval/acc": 0.2, "eval/loss": 2.0},
                                           {"step": 5, "eval/acc": 0.6, "eval/loss": 1.0},
                                           {"step": 9, "eval/acc": 0.4, "eval/loss": 1.5}])
-    write_metrics(run_dir(tmp_path, a2), [{"step": 0, "eval/acc": 0.3, "eval/heldout/mean_length": 9.0},
+    write_metrics(run_dir(tmp_path, a2), [{"step": 0, "eval/acc": 0.9, "eval/heldout/mean_length": 9.0},
                                           *({"step": s, "reward/mean": r} for s, r in
                                             enumerate([0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.6, 0.8], 1)),
                                           {"step": 9, "eval/acc": 0.8}])
@@ -93,6 +94,7 @@ def test_the_table_numbers_come_from_the_metrics_files(tmp_path):
     # two seeds: sd = 0.2828, t(0.975, 1) = 12.706 -> 12.706 * 0.2828 / sqrt(2) = 2.5412
     assert m["eval/acc final"]["half_width"] == pytest.approx(12.706 * 0.2 * math.sqrt(2) / math.sqrt(2))
     assert m["eval/acc best"]["mean"] == pytest.approx(0.7)
+    assert m["eval/acc start"]["mean"] == pytest.approx(0.55)
     assert m["eval/loss best"] == {"mean": 1.0, "half_width": m["eval/loss best"]["half_width"], "n": 1}
     assert math.isnan(m["eval/loss best"]["half_width"]) and m["eval/loss final"]["mean"] == 1.5
     assert m["reward first quarter"]["mean"] == pytest.approx(0.2)
@@ -111,9 +113,11 @@ def test_report_files_and_table_format(tmp_path):
               progress=False)
     summary = json.loads((tmp_path / "sweep.json").read_text())
     table = format_table(summary).splitlines()
-    assert table[0].startswith("| setting | seeds | eval/heldout/greedy/pass@1 best | eval/heldout/greedy/pass@1 final")
-    # final held-out of seed s is 0.5 + s: mean 1.0 over seeds 0 and 1, half-width 12.706 * 0.7071 / 1.4142
-    assert table[2].startswith("| optim.lr=1e-4 | 2 | 1.000 ± 6.353 | 1.000 ± 6.353 |")
+    assert table[0] == ("| setting | seeds | eval/heldout/greedy/pass@1 start | eval/heldout/greedy/pass@1 final "
+                        "| eval/heldout/greedy/pass@1 best | reward first quarter | reward last quarter |")
+    # final held-out of seed s is 0.5 + s: mean 1.0 over seeds 0 and 1, half-width 12.706 * 0.7071 / 1.4142;
+    # the start (step 0) is 0.2 + s
+    assert table[2].startswith("| optim.lr=1e-4 | 2 | 0.700 ± 6.353 | 1.000 ± 6.353 | 1.000 ± 6.353 |")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     assert "Student's t" in (tmp_path / "sweep.md").read_text()
 
