@@ -66,7 +66,11 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
             if not a.startswith("out_dir=")]
     one, two = _run_both(torchrun, args, tmp_path)
     for a, b in zip(one, two):
-        for key in ("loss", "grad_norm", "critic/loss", "critic/grad_norm", "critic/explained_variance"):
+        # PPO's first loss is -mean(A) over whitened advantages: O(1) terms cancelling to ~0, so its
+        # float32 rounding depends on the ranks' summation order (seen: 3.5e-7 vs -1.5e-8); the
+        # gradients and weights below are the tight check.
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=2e-6), (a["step"], "loss")
+        for key in ("grad_norm", "critic/loss", "critic/grad_norm", "critic/explained_variance"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
     ckpt = "checkpoints/step-2"
     _assert_close_weights(tmp_path / "one" / ckpt / "critic", tmp_path / "two" / ckpt / "critic")
