@@ -149,7 +149,7 @@ def print_table(summary: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"held-out arithmetic, before vs after GRPO ({summary['seconds'] / 60:.1f} min)",
-                  caption="[low, high]: 95% bootstrap interval over the held-out problems")
+                  caption="in brackets: the 95% bootstrap interval over the held-out problems")
     for col in ("metric", "after SFT", "after GRPO", "change"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     for r in summary["table"]:
