@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from posttrain.data.preference import (batch_indices, collate_pairs, encode_reply, load_pairs,
                                        tokenize_pairs)

@@ -7,9 +7,7 @@ is what keeps them harmless."""
 
 from __future__ import annotations
 
-import os
 import socket
-import threading
 import time
 
 from posttrain.sandbox.pool import Job
