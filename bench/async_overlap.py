@@ -28,6 +28,8 @@ import os
 import time
 from pathlib import Path
 
+from async_vs_sync import summarize  # bench/ is on the path of a script run from it
+
 ENGINE_CORE, TRAINER_CORE = 0, 1
 
 
@@ -82,26 +84,16 @@ def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args)
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
 
 
-def summarize(rows: list[dict]) -> dict:
-    steps = [r for r in rows if r["step"] > 0]
-    wall = sum(r["time/step_s"] - r.get("time/eval_s", 0.0) for r in steps)
-    gen = sum(r.get("time/rollout_s", 0.0) for r in steps)
-    return {"wall_s": wall, "gen_s": gen, "train_s": wall - gen,
-            "acc": steps[-1].get("eval/heldout/greedy/pass@1", float("nan")),
-            "acc0": rows[0].get("eval/heldout/greedy/pass@1", float("nan")),
-            "trainer_idle": sum(r.get("time/trainer_idle_s", 0.0) for r in steps),
-            "stale_max": max(r.get("async/staleness_max", 0) for r in steps)}
-
-
 def report(sync: dict, asyn: dict, steps: int) -> None:
     ideal = (sync["gen_s"] + sync["train_s"]) / max(sync["gen_s"], sync["train_s"])
     speed = sync["wall_s"] / asyn["wall_s"]
     print(f"\n{steps} steps; engine on core {ENGINE_CORE}, trainer on core {TRAINER_CORE}; sync: generation "
           f"{sync['gen_s']:.1f} s + training {sync['train_s']:.1f} s -> ideal (g+t)/max(g,t) = {ideal:.2f}x")
-    print(f"{'run':<10}{'wall s':>8}{'held-out acc':>14}{'(start)':>9}{'trainer idle':>14}{'stale max':>11}")
+    print(f"{'run':<10}{'wall s':>8}{'held-out acc':>14}{'(start)':>9}{'trainer idle':>14}{'engine idle':>13}"
+          f"{'stale max':>11}")
     for name, r in (("sync", sync), ("async K=1", asyn)):
-        print(f"{name:<10}{r['wall_s']:>8.1f}{r['acc']:>14.3f}{r['acc0']:>9.3f}{r['trainer_idle']:>13.1f}s"
-              f"{r['stale_max']:>11}")
+        print(f"{name:<10}{r['wall_s']:>8.1f}{r['acc']:>14.3f}{r['acc0']:>9.3f}{r['idle_trainer']:>13.1f}s"
+              f"{r['idle_engine']:>12.1f}s{r['stale_max']:>11}")
     print(f"speed-up {speed:.2f}x = {speed / ideal:.0%} of the ideal {ideal:.2f}x; held-out accuracy "
           f"{asyn['acc'] - sync['acc']:+.3f} vs sync (goals: >= 85% of the ideal, within 0.02)")
 

@@ -63,15 +63,20 @@ def rl_run(name: str, extra: list[str], paths: dict, out: Path, args, threads: i
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
 
 
+def _mean(values: list[float]) -> float:
+    return statistics.mean(values) if values else float("nan")
+
+
 def summarize(rows: list[dict]) -> dict:
     steps = [r for r in rows if r["step"] > 0]
     wall = sum(r["time/step_s"] - r.get("time/eval_s", 0.0) for r in steps)
     gen = sum(r.get("time/rollout_s", 0.0) for r in steps)
-    lengths = [r["response_length/mean"] for r in steps]
+    trained = [r for r in steps if "response_length/mean" in r]  # a starved step trains nothing
+    lengths = [r["response_length/mean"] for r in trained]
     return {"wall_s": wall, "gen_s": gen, "train_s": wall - gen, "acc": steps[-1].get("eval/heldout/greedy/pass@1", float("nan")),
             "acc0": rows[0].get("eval/heldout/greedy/pass@1", float("nan")),
-            "len_mean": statistics.mean(lengths), "len_max": max(r["response_length/max"] for r in steps),
-            "truncated": statistics.mean(r["response_length/truncated_frac"] for r in steps),
+            "len_mean": _mean(lengths), "len_max": max((r["response_length/max"] for r in trained), default=float("nan")),
+            "truncated": _mean([r["response_length/truncated_frac"] for r in trained]),
             "stale": statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps),
             "stale_max": max(r.get("async/staleness_max", 0) for r in steps),
             "idle_trainer": sum(r.get("time/trainer_idle_s", 0.0) for r in steps),
