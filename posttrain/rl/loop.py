@@ -12,6 +12,7 @@ equal get zero advantage (and, with dynamic sampling, are replaced by fresh prom
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -172,13 +173,15 @@ def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
 
 
 def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict,
-          episode_of_row: list[int] | None = None) -> dict:
+          episode_of_row: list[int] | None = None, during=contextlib.nullcontext()) -> dict:
     """Everything after generation, shared by sync and async and by every algorithm: batch,
     log-probs, advantages (or PPO's critic targets), off-policy correction, update, weight sync.
     Every rank gets the whole step and trains on its own groups.
 
     ``outcomes`` has one entry per episode (G per group); ``episode_of_row`` the episode of each row
-    of ``ro`` (None: one row per episode, as for single-turn completions)."""
+    of ``ro`` (None: one row per episode, as for single-turn completions). ``during`` is entered for
+    the trainer's compute, from log-probs to the update (not the weight sync); the async loop keeps
+    its engine busy in it."""
     cfg, world, G = run.cfg, run.world, run.cfg.rollout.group_size
     episode_of_row = list(range(len(ro))) if episode_of_row is None else episode_of_row
     episodes = own_rows(len(outcomes), G, world)  # whole groups of episodes
@@ -189,29 +192,31 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         batch = outcome_batch(mine, [outcomes[episode_of_row[r]] for r in rows], run.tokenizer.pad_token_id, G)
         batch.episode_B = torch.tensor([episode_of_row[r] - first for r in rows], dtype=torch.long)
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
-    with timer("logprobs"):
-        batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step))
-        metrics |= m
-    if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
-        targets, m = run.ppo.targets(run, batch, timer)
-        m["groups/zero_variance_frac"] = float(group_outcomes(outcomes, G)[2].float().mean())
-    else:
-        with timer("adv"):
-            batch.adv_B, m = advantages(cfg, batch, world)
-    batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
-    metrics |= m | world.mean_metrics(correction, float(batch.train_mask_BT.sum()))
-    metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
+    # The curriculum's view before `during`: the async controller moves the source while the trainer computes.
     metrics |= run.source.metrics() | farm_metrics() if world.main else {}
-    metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
-    if info.get("dynamic_sampling/starved"):
-        return metrics | {"update/skipped": 1}
-    with timer("update"):
-        if run.ppo is not None:
-            metrics |= run.ppo.update(run, batch, targets, seed=cfg.seed + step)
+    with during:  # async: the controller keeps receiving and admitting groups meanwhile
+        with timer("logprobs"):
+            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step))
+            metrics |= m
+        if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
+            targets, m = run.ppo.targets(run, batch, timer)
+            m["groups/zero_variance_frac"] = float(group_outcomes(outcomes, G)[2].float().mean())
         else:
-            metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
-                                             epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
-                                             norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step)
+            with timer("adv"):
+                batch.adv_B, m = advantages(cfg, batch, world)
+        batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
+        metrics |= m | world.mean_metrics(correction, float(batch.train_mask_BT.sum()))
+        metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
+        metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
+        if info.get("dynamic_sampling/starved"):
+            return metrics | {"update/skipped": 1}
+        with timer("update"):
+            if run.ppo is not None:
+                metrics |= run.ppo.update(run, batch, targets, seed=cfg.seed + step)
+            else:
+                metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
+                                                 epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
+                                                 norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step)
     with timer("sync"):
         sync_weights(run)
     return metrics

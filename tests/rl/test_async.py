@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import time
 import types
 
 import pytest
@@ -74,7 +75,7 @@ class SlowEngine:
 
     def __init__(self, rng: random.Random):
         self.rng, self.queue, self.ready = rng, [], []
-        self.version = self.served = self.rid = 0
+        self.version = self.served = self.rid = self.polls = 0
         self.restarts, self.idle_s = 0, 0.0
 
     def submit(self, prompts, n, sampling):
@@ -99,6 +100,7 @@ class SlowEngine:
             policy_version=[self.served] * len(texts), sampling=sampling, texts=texts)))
 
     def poll(self, wait):
+        self.polls += 1
         for _ in range(self.rng.randint(0, 3)):
             if self.queue:
                 self._serve_one()
@@ -132,7 +134,9 @@ class TurnEpisodes:
 @pytest.mark.parametrize("seed", range(12))
 def test_staleness_bound_holds_under_a_randomly_slow_engine(seed, multi_turn):
     """Single-turn requests, or episodes of several turns driven by the controller: every trained
-    sample (every turn of it) is within K versions, and the pipeline never exceeds (K + 1) * P."""
+    sample (every turn of it) is within K versions, and the pipeline never exceeds (K + 1) * P. While
+    the trainer computes, the receiver thread polls the engine a random number of times, judging and
+    admitting; the step being trained counts as P groups, so it leaves at most K * P in the pipeline."""
     rng = random.Random(seed)
     K, P, G = rng.randint(0, 3), rng.randint(1, 4), rng.randint(1, 3)
     dynamic = rng.random() < 0.5
@@ -144,7 +148,8 @@ def test_staleness_bound_holds_under_a_randomly_slow_engine(seed, multi_turn):
                                 env=TurnEpisodes(rng) if multi_turn else None)
     engine = SlowEngine(rng)
     ctl = AsyncController(run, engine)
-    worst, trained = 0, 0
+    ctl.POLL_S = 1e-4
+    worst, trained, admitted_while_training = 0, 0, 0
     for step in range(1, 31):
         groups = ctl.take(step)
         stale = [engine.version - v for g in groups for v in g.rollouts.policy_version]
@@ -153,7 +158,14 @@ def test_staleness_bound_holds_under_a_randomly_slow_engine(seed, multi_turn):
         m = ctl.step_metrics(groups)
         assert m["async/staleness_max"] <= K and m["async/bound_requeued"] == 0
         worst, trained = max([worst, *stale]), trained + len(groups)
-        engine.load_weights(None, engine.version + 1, "")
+        if groups:  # as the loop: a starved step neither trains nor pushes weights
+            polls = engine.polls + rng.randint(0, 4)
+            with ctl.while_training():
+                while engine.polls < polls:
+                    time.sleep(1e-4)
+            assert ctl.pipeline() <= K * P
+            admitted_while_training += ctl.overlap["admitted"]
+            engine.load_weights(None, engine.version + 1, "")
         ctl.fill()
         assert ctl.pipeline() <= (K + 1) * P
     counts = ctl.ledger.counts()
@@ -162,6 +174,24 @@ def test_staleness_bound_holds_under_a_randomly_slow_engine(seed, multi_turn):
     assert len(steps) == trained and all(1 <= s <= 30 for s in steps)
     if K and not dynamic:
         assert worst == K, "a slow engine should push some samples right up to the bound"
+    if K and dynamic and G > 1:
+        assert admitted_while_training > 0, "dropped groups free room that the receiver thread fills"
+
+
+class BrokenEngine(SlowEngine):
+    def poll(self, wait):
+        raise EngineTimeout("engine replica 0 did not answer request 3")
+
+
+def test_an_engine_error_met_while_training_is_raised_in_the_trainer():
+    cfg = load_config(RLConfig, None, ["mode=async", "max_staleness=1", "prompts_per_step=2", "rollout.group_size=2"])
+    run = types.SimpleNamespace(cfg=cfg, source=CurriculumSource([{"prompt": "p", "answer": "yes"}] * 4, 0, cfg.curriculum),
+                                train_prompts={i: [1, 2] for i in range(4)}, verifier=_judge, env=None)
+    ctl = AsyncController(run, BrokenEngine(random.Random(0)))
+    with pytest.raises(EngineTimeout, match="request 3"):
+        with ctl.while_training():
+            time.sleep(0.05)
+    assert ctl.taken == 0
 
 
 # ------------------------------------------------------------------------------------- correction

@@ -32,7 +32,9 @@ the previous update with the same prompts and seeds as the sync loop: the same r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 
 from posttrain.outcome import Outcome
@@ -65,6 +67,9 @@ def chunk_seed(seed: int, chunk: int) -> int:
 
 
 class AsyncController:
+    POLL_S = 0.01
+    """How often the receiver thread looks for replies while the trainer computes (a look costs ~0.1 ms)."""
+
     def __init__(self, run, engine, ledger: PromptLedger | None = None):
         from posttrain.rl.config import sampling_params
 
@@ -82,6 +87,7 @@ class AsyncController:
         self.taken = 0  # groups already taken by the step in progress
         self.engine_idle_seen = 0.0
         self.stats = self._fresh_stats()
+        self.overlap = {"admitted": 0, "received": 0}  # of the last `while_training` block
 
     @staticmethod
     def _fresh_stats() -> dict:
@@ -226,6 +232,49 @@ class AsyncController:
         ds = self.run.cfg.dynamic_sampling
         return ds.enabled and self.stats["dropped"] >= ds.max_rounds * self.P
 
+    # ------------------------------------------------------------------------- while the trainer computes
+
+    @contextlib.contextmanager
+    def while_training(self):
+        """Receive, judge and admit in a thread while the trainer computes a step. Without it,
+        replies would wait for the next `take`: the room that a dropped group frees (dynamic
+        sampling) would stay empty for the whole update and the engine would idle.
+
+        The step in progress counts against the bound as a whole step of P groups, even when it
+        took fewer (a starved round): it still advances the version by one. A group admitted here
+        reaches pipeline position q < K * P, so it is trained at most K versions after the one that
+        generates it, as in `fill`. The trainer must not use the engine, the ledger or the prompt
+        source inside the block; the thread stops at its end, and an error it met (a dead engine,
+        say) is raised there."""
+        stop, failed = threading.Event(), []
+        admitted, received = self.admitted, 0
+
+        def pump() -> None:
+            nonlocal received
+            try:
+                while not stop.is_set():
+                    replies = self.engine.poll(wait=False)
+                    self.receive(replies)
+                    received += len(replies)
+                    self.fill()
+                    if not replies:
+                        stop.wait(self.POLL_S)
+            except BaseException as e:  # raised in the trainer's thread when the block ends
+                failed.append(e)
+
+        self.taken = self.P
+        thread = threading.Thread(target=pump, name="async-receiver", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self.taken = 0
+            self.overlap = {"admitted": self.admitted - admitted, "received": received}
+        if failed:
+            raise failed[0]
+
     # ------------------------------------------------------------------------- per-step metrics
 
     def step_metrics(self, groups: list[Group]) -> dict:
@@ -236,6 +285,7 @@ class AsyncController:
              "async/dropped_groups": self.stats["dropped"], "async/bound_requeued": self.stats["bound_requeued"],
              "async/requests": self.stats["chunks"], "async/engine_restarts": self.engine.restarts,
              "async/lost_requests": self.stats["lost"],
+
              "time/trainer_idle_s": self.stats["idle"], "time/engine_idle_s": self.engine.idle_s - self.engine_idle_seen}
         for s in range(self.K + 1):
             m[f"async/staleness_hist/{s}"] = sum(x == s for x in stale) / max(len(stale), 1)

@@ -3,7 +3,8 @@
 One step, top to bottom (the engine keeps generating in its own process throughout):
 
     take P buffered groups (wait only if the bound forces it) -> staleness metrics
-    -> learn (rewards, trainer log-probs, advantages, IS correction vs the sampler, update)
+    -> learn (rewards, trainer log-probs, advantages, IS correction vs the sampler, update),
+       while a thread receives, judges and admits groups (`AsyncController.while_training`)
     -> push weights v+1 (queued; acknowledged and checked later) -> admit new requests
 
 Everything after generation is the sync loop's own `learn`, so sync and async differ only in who
@@ -67,9 +68,10 @@ def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
     info = {"dynamic_sampling/rounds": 1}
     if run.env is not None:
         info |= episode_metrics([e for g in groups for e in g.episodes])
-    metrics = learn(run, step, timer, ro, outcomes, info, episode_of_row) | async_metrics
+    metrics = learn(run, step, timer, ro, outcomes, info, episode_of_row, during=ctl.while_training())
     ctl.fill()
-    return metrics
+    return metrics | async_metrics | {"async/admitted_while_training": ctl.overlap["admitted"],
+                                      "async/received_while_training": ctl.overlap["received"]}
 
 
 def run_async(cfg: RLConfig, printer=print) -> dict:
