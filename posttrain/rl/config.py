@@ -268,6 +268,10 @@ class RLConfig:
     """Padded tokens (rows × longest row) per forward/backward: a memory knob that does not change
     the math. When a step's rollouts fit in one micro-batch and it takes one update, the scoring
     forward is the one the update differentiates (the policy runs once per step)."""
+    skip_zero_variance_backward: bool = True
+    """GRPO family: the rows of zero-variance groups (advantage exactly 0) are scored without
+    autograd and left out of the backward; exact, so only for debugging turn it off. Never with
+    the KL in the loss (kl.coef > 0, kl.mode=loss), whose term does not vanish at advantage 0."""
     eval_every: int = 10
     """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
     save_every: int = 25

@@ -98,8 +98,10 @@ def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict, list[
         if round_ > 0:
             ro, outcomes, episodes = generate_groups(run, step, round_, want)
         zv = group_outcomes(outcomes, G)[2]
-        if round_ == 0:  # what sampling alone would have trained on
+        if round_ == 0:  # what sampling alone would have trained on; reward/mean covers kept groups only
+            rewards = [o.reward for o in outcomes if o.is_reward]
             info["dynamic_sampling/sampled_zero_variance_frac"] = float(zv.float().mean())
+            info["dynamic_sampling/sampled_reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0
         informative = torch.nonzero(~zv).flatten().tolist()[: want - len(kept)]
         kept += [select_groups(ro, outcomes, episodes, [p], G) for p in informative]
         info["dynamic_sampling/rounds"] = round_ + 1
@@ -196,7 +198,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
     metrics |= run.source.metrics() | farm_metrics() if world.main else {}
     with during:  # async: the controller keeps receiving and admitting groups meanwhile
         with timer("logprobs"):
-            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step))
+            train_rows = rows_to_train(cfg, batch, outcomes, first)
+            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step),
+                                                                         train_rows=train_rows)
             metrics |= m
         if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
             targets, m = run.ppo.targets(run, batch, timer)
@@ -216,10 +220,24 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
             else:
                 metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
                                                  epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
-                                                 norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step)
+                                                 norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step,
+                                                 train_rows=train_rows)
     with timer("sync"):
         sync_weights(run)
     return metrics
+
+
+def rows_to_train(cfg: RLConfig, batch: RLBatch, outcomes: list[Outcome], first_episode: int) -> torch.Tensor | None:
+    """(N,) bool: the rows whose backward can change the update, or None for every row.
+
+    In the GRPO family a zero-variance group's advantage is exactly 0 (`advantages`), and every
+    term of the policy losses is multiplied by it: its rows add exactly nothing to the loss or its
+    gradient unless a term survives at advantage 0, which the KL in the loss does. PPO's GAE
+    advantages are per token and not 0 there."""
+    if cfg.algorithm == "ppo" or not cfg.skip_zero_variance_backward or cfg.kl.coef > 0 and cfg.kl.mode == "loss":
+        return None
+    zero_var_P = group_outcomes(outcomes, batch.group_size)[2]
+    return ~zero_var_P[(batch.episode_ids() + first_episode) // batch.group_size]
 
 
 def sync_weights(run: RLRun, version: int | None = None) -> None:

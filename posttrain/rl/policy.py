@@ -18,6 +18,15 @@ micro-batch and the model has no active dropout, ``score`` records it with autog
 ``train_step`` differentiates it instead of running the model again. Nothing else changes (same
 weights, same inputs; eval vs train mode only differ through dropout), and the memory held is the
 one micro-batch the update would hold anyway.
+
+Rows that cannot change the update are not differentiated (``train_rows``): in the GRPO family a
+zero-variance group's advantage is exactly 0, so when the loss has no term that is non-zero at
+advantage 0 its rows add exactly nothing to the loss or its gradient. ``score`` runs them without
+autograd (their log-probs still feed entropy, mismatch and KL metrics) and ``train_step``
+differentiates only the other rows, with every denominator still that of the whole mini-batch:
+the loss and the gradient are exactly those of differentiating every row. Under torchrun a rank
+with fewer (or no) such rows runs placeholder micro-batches whose loss is multiplied by 0, so
+every rank still runs the same number of forwards and backwards.
 """
 
 from __future__ import annotations
@@ -71,86 +80,130 @@ class Policy:
     def micro_batches(self, batch: RLBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         return batch.micro_batches(rows, self.micro_batch_tokens, self.world)
 
-    def score(self, batch: RLBatch, with_ref: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    def plan(self, batch: RLBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """``rows`` in micro-batches, the same number on every rank; none when no rank has a row. A
+        micro-batch may be empty (a rank with fewer rows than its peers): a placeholder to run in step."""
+        if self.world.all_reduce(len(rows)) == 0:
+            return []
+        return self.micro_batches(batch, rows)
+
+    def score(self, batch: RLBatch, with_ref: bool = True,
+              train_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """``(old_logp_BT, ref_logp_BT, metrics)``: the current policy's and the reference's log-probs
         of the batch's tokens (0 off ``mask_BT``; the reference's is None without one, or when
-        ``with_ref`` is off) and the entropy."""
+        ``with_ref`` is off) and the entropy. ``train_rows`` (N,) bool: the rows the update will
+        differentiate (None: all); only those can be the kept forward, the others run without autograd."""
         self.model.eval()
-        plan = self.micro_batches(batch, torch.arange(len(batch)))
-        keep = self.reuse_score_forward and len(plan) == 1  # one micro-batch: no extra memory
+        rows = torch.arange(len(batch))
+        frozen = rows[:0] if train_rows is None else rows[~train_rows]
+        trained = rows if train_rows is None else rows[train_rows]
+        trained_plan = self.plan(batch, trained)
+        keep = self.reuse_score_forward and len(trained_plan) == 1  # one micro-batch: no extra memory
         self._kept = None
-        with torch.set_grad_enabled(keep):
-            old, ref, metrics, logp = self._score(batch, plan, with_ref and self.ref_model is not None)
+        steps = [(idx, False) for idx in self.plan(batch, frozen)] + [(idx, keep) for idx in trained_plan]
+        old, ref, metrics, logp = self._score(batch, steps, with_ref and self.ref_model is not None)
         if keep:
-            self._kept = (batch, self.core.updates, logp)
+            self._kept = (batch, self.core.updates, logp, trained_plan[0])
         else:
             reshard(self.model)  # a forward without backward leaves a sharded root gathered
         reshard(self.ref_model)
         return old, ref, metrics
 
-    def _score(self, batch: RLBatch, plan: list[torch.Tensor], with_ref: bool):
+    def _score(self, batch: RLBatch, steps: list[tuple[torch.Tensor, bool]], with_ref: bool):
+        """Runs each ``(rows, with_grad)`` micro-batch; returns the last one's log-probs too."""
         old = torch.zeros(batch.mask_BT.shape)
         ref = torch.zeros(batch.mask_BT.shape) if with_ref else None
-        ent_sum, ent_count = 0.0, 0
-        for idx in plan:
-            mb = batch.select(idx)
-            logp, ent = self._forward(self.model, mb, with_entropy=True)
+        ent_sum, ent_count, logp = 0.0, 0, None
+        for idx, grad in steps:
+            mb = batch.select(idx if len(idx) else [0])  # an empty micro-batch still runs in step
+            with torch.set_grad_enabled(grad):
+                logp, ent = self._forward(self.model, mb, with_entropy=True)
+            ref_logp = None
+            if ref is not None:
+                with torch.no_grad():
+                    ref_logp = self._forward(self.ref_model, mb)[0]
+            if not len(idx):
+                continue
             old[idx, : logp.shape[1]] = logp.detach()
             m = mb.mask_BT
             ent_sum += float((ent * m).sum())
             ent_count += int(m.sum())
             if ref is not None:
-                with torch.no_grad():
-                    ref[idx, : logp.shape[1]] = self._forward(self.ref_model, mb)[0]
+                ref[idx, : logp.shape[1]] = ref_logp
         ent_sum, ent_count = self.world.all_reduce(ent_sum), self.world.all_reduce(ent_count)
         ref = ref * batch.mask_BT if ref is not None else None
         return old * batch.mask_BT, ref, {"entropy": ent_sum / max(ent_count, 1)}, logp
 
     def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
-                   mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0) -> dict:
-        """``epochs`` passes; each pass shuffles the rows into ``mini_batches`` optimizer steps."""
+                   mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0,
+                   train_rows: torch.Tensor | None = None) -> dict:
+        """``epochs`` passes; each pass shuffles the rows into ``mini_batches`` optimizer steps.
+
+        ``train_rows`` (N,) bool: the rows to differentiate (None: all). The others must have
+        advantage exactly 0 (a loss with no term that is non-zero at advantage 0 is the caller's
+        to check); the loss metrics are then over the rows that train."""
+        if train_rows is not None and (batch.token_adv_BT is not None or bool(batch.adv_B[~train_rows].any())):
+            raise ValueError("rows left out of the backward must have a per-sample advantage of exactly 0")
         self.model.train()
         agg = AGGREGATIONS[aggregation]
         sums: dict[str, float] = {}
+        counts: dict[str, int] = {}  # a mini-batch where no row trains has no loss metrics
         gen = torch.Generator().manual_seed(seed)
-        n_updates = 0
         for _ in range(epochs):
             order = torch.randperm(len(batch), generator=gen)
             for mini in order.tensor_split(mini_batches):  # split episodes can make the rows uneven
-                metrics = self._update(batch, mini, loss_fn, agg, norm_constant)
+                metrics = self._update(batch, mini, loss_fn, agg, norm_constant, train_rows)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
-                n_updates += 1
-        return {k: v / n_updates for k, v in sums.items()}
+                    counts[k] = counts.get(k, 0) + 1
+        return {k: v / counts[k] for k, v in sums.items()}
 
-    def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float) -> dict:
-        """One optimizer step; denominators are over the whole mini-batch of every rank."""
+    def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float,
+                train_rows: torch.Tensor | None = None) -> dict:
+        """One optimizer step; denominators are over the whole mini-batch of every rank, whichever
+        of its rows are differentiated."""
         global_tokens = max(self.world.all_reduce(int(batch.train_mask_BT[rows].sum())), 1)
         global_seqs = max(self.world.all_reduce(float(batch.episode_share_B()[rows].sum())), 1)
         seq_tokens_B = batch.episode_tokens_B()  # over the whole batch: an episode's rows may be apart
+        trained = rows if train_rows is None else rows[train_rows[rows]]
+        plan = self.plan(batch, trained)
+        if not plan:  # no rank trains a row: the step a loss of exactly 0 takes (Adam's moments still move)
+            zero_gradients(self.model)
+        metric_tokens = global_tokens if train_rows is None else \
+            max(self.world.all_reduce(int(batch.train_mask_BT[trained].sum())), 1)
 
         def micro_loss(idx: torch.Tensor):
-            mb = batch.select(idx)
+            live = len(idx) > 0  # else a placeholder that keeps this rank in step with the others
+            rows_ = idx if live else torch.tensor([0])
+            mb = batch.select(rows_)
             logp = self._kept_forward(batch, idx)
             if logp is None:
                 logp, _ = self._forward_grad(mb)
             loss_BT, metrics = loss_fn(logp, mb)
             loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens, global_num_seqs=global_seqs,
-                       norm_constant=norm_constant, seq_num_tokens_B=seq_tokens_B[idx])
-            weight = float(mb.train_mask_BT.sum()) / global_tokens
-            return loss, {k: float(v) * weight for k, v in metrics.items()}
+                       norm_constant=norm_constant, seq_num_tokens_B=seq_tokens_B[rows_])
+            weight = float(mb.train_mask_BT.sum()) / metric_tokens if live else 0.0
+            return loss if live else loss * 0.0, {k: float(v) * weight for k, v in metrics.items()}
 
-        return self.core.step(self.micro_batches(batch, rows), micro_loss)
+        return self.core.step(plan, micro_loss)
 
     def _kept_forward(self, batch: RLBatch, idx: torch.Tensor) -> torch.Tensor | None:
-        """The log-probs ``score`` recorded for ``batch``, in ``idx`` order, if they still hold."""
+        """The log-probs ``score`` recorded for ``batch``, in ``idx`` order, if they still hold (the
+        same rows, in any order, under the same weights)."""
         if self._kept is None:
             return None
-        kept_batch, updates, logp = self._kept
+        kept_batch, updates, logp, kept_rows = self._kept
         self._kept = None  # a graph is differentiated once
-        if kept_batch is not batch or updates != self.core.updates or len(idx) != len(batch):
+        if kept_batch is not batch or updates != self.core.updates or len(idx) != len(kept_rows):
             return None
-        return logp[idx.to(logp.device)]
+        if not len(idx):
+            return logp  # both placeholders
+        position = torch.full((len(batch),), -1, dtype=torch.long)
+        position[kept_rows] = torch.arange(len(kept_rows))
+        where = position[idx]
+        if bool((where < 0).any()):
+            return None
+        return logp[where.to(logp.device)]
 
     def _forward_grad(self, mb: RLBatch):
         return self._forward(self.model, mb)
@@ -166,3 +219,10 @@ def has_active_dropout(model) -> bool:
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
         return True
     return float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0
+
+
+def zero_gradients(model) -> None:
+    """Gradients of exactly 0 on every trainable parameter: what the backward of a zero loss leaves."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)

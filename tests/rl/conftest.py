@@ -17,6 +17,10 @@ PLUGIN = textwrap.dedent('''
     def constant(completion, example):
         return Outcome.model_fail(reward=0.5)
 
+    def half_flat(completion, example):
+        """Zero-variance groups for odd answers, the letters reward for even ones."""
+        return Outcome.model_fail(reward=0.5) if int(example["answer"]) % 2 else letters(completion, example)
+
     def flaky(completion, example):
         if len(completion) % 2:
             raise RuntimeError("verifier crashed")

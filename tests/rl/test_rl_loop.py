@@ -55,6 +55,51 @@ def test_sampler_and_trainer_agree_in_fp32(rl_overrides, reward_plugin):
     assert abs(m["mismatch/kl"]) < 1e-6
 
 
+def _count_backward_rows(run) -> list[int]:
+    """Rows of each policy forward whose log-probs the backward reaches."""
+    seen, target_logits = [], run.policy._target_logits
+
+    def counting(*args):
+        t = target_logits(*args)
+        if t.logits_BXV.requires_grad:
+            t.logits_BXV.register_hook(lambda grad: seen.append(grad.shape[0]))
+        return t
+
+    run.policy._target_logits = counting
+    return seen
+
+
+@pytest.mark.parametrize("extra", [{}, {"kl.coef": 0.1, "kl.mode": "reward"}, {"mini_batches": 2}])
+def test_zero_variance_rows_skip_the_backward_and_take_the_same_step(rl_overrides, reward_plugin, extra):
+    """Odd answers give flat groups: their rows are not differentiated, and the step equals the one
+    that differentiates every row (same rollouts, loss, gradient norm and weights)."""
+    steps = {}
+    for skip in (True, False):
+        run = setup(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:half_flat", **{
+            "optim.lr": 1e-2, "optim.eps": 1e-5, "skip_zero_variance_backward": skip, **extra})))
+        seen = _count_backward_rows(run)
+        metrics = [rl_step(run, step, StageTimer()) for step in (1, 2)]
+        steps[skip] = metrics, seen, _params(run.policy.model)
+    (on, seen_on, w_on), (off, seen_off, w_off) = steps[True], steps[False]
+    for a, b in zip(on, off):
+        assert a["reward/mean"] == b["reward/mean"]  # the same rollouts
+        assert 0 < a["groups/zero_variance_frac"] < 1
+        for key in ("loss", "grad_norm", "entropy", "mismatch/kl", "adv/abs_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    informative = sum(round(16 * (1 - m["groups/zero_variance_frac"])) for m in on)
+    assert sum(seen_off) == 2 * 16 and sum(seen_on) == informative
+    for a, b in zip(w_on, w_off):  # Adam: rounding of near-zero gradients (8 rows summed vs 16) moves ~1e-6
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_kl_in_the_loss_differentiates_every_row(rl_overrides, reward_plugin):
+    """The KL term is not multiplied by the advantage: flat groups still have a gradient."""
+    run = setup(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:half_flat", **{"kl.coef": 0.1})))
+    seen = _count_backward_rows(run)
+    m = rl_step(run, 1, StageTimer())
+    assert 0 < m["groups/zero_variance_frac"] < 1 and sum(seen) == 16
+
+
 def test_crashing_verifier_is_masked_and_counted_not_scored_zero(rl_overrides, reward_plugin):
     cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:flaky"))
     run = setup(cfg)
@@ -69,6 +114,21 @@ def test_dynamic_sampling_gives_up_with_a_reason_when_no_group_is_informative(rl
     m = rl_step(setup(cfg), 1, StageTimer())
     assert m["dynamic_sampling/rounds"] == 2 and m["dynamic_sampling/starved"] == 1
     assert m["update/skipped"] == 1
+
+
+def test_dynamic_sampling_logs_the_reward_of_every_first_round_group(rl_overrides, reward_plugin):
+    # Nothing is kept (every group scores 0.5), yet the first round's reward is still reported.
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:constant", **{
+        "dynamic_sampling.enabled": True, "dynamic_sampling.max_rounds": 2}))
+    m = rl_step(setup(cfg), 1, StageTimer())
+    assert m["dynamic_sampling/sampled_reward_mean"] == 0.5
+    # The first round is the step's plain sample: its reward is what a run without dynamic sampling logs.
+    on, off = ({"dynamic_sampling.enabled": flag, "dynamic_sampling.max_rounds": 3} for flag in (True, False))
+    m_on = rl_step(setup(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", **on))),
+                   1, StageTimer())
+    m_off = rl_step(setup(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", **off))),
+                    1, StageTimer())
+    assert m_on["dynamic_sampling/sampled_reward_mean"] == pytest.approx(m_off["reward/mean"])
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", *(pytest.param(a, marks=pytest.mark.slow)
