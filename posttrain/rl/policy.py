@@ -115,7 +115,7 @@ class Policy:
         ref = torch.zeros(batch.mask_BT.shape) if with_ref else None
         ent_sum, ent_count, logp = 0.0, 0, None
         for idx, grad in steps:
-            mb = batch.select(idx if len(idx) else [0])  # an empty micro-batch still runs in step
+            mb = batch.select(idx if len(idx) else placeholder_rows(batch))  # an empty one still runs in step
             with torch.set_grad_enabled(grad):
                 logp, ent = self._forward(self.model, mb, with_entropy=True)
             ref_logp = None
@@ -174,7 +174,7 @@ class Policy:
 
         def micro_loss(idx: torch.Tensor):
             live = len(idx) > 0  # else a placeholder that keeps this rank in step with the others
-            rows_ = idx if live else torch.tensor([0])
+            rows_ = idx if live else placeholder_rows(batch)
             mb = batch.select(rows_)
             logp = self._kept_forward(batch, idx)
             if logp is None:
@@ -219,6 +219,13 @@ def has_active_dropout(model) -> bool:
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
         return True
     return float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0
+
+
+def placeholder_rows(batch: RLBatch) -> torch.Tensor:
+    """Rows a rank with nothing to run forwards instead, to stay in step with its peers: two samples
+    of one prompt, so that it makes the same model calls as theirs (each shared prompt once, then
+    the completions; `posttrain.rl.shared_prefix`)."""
+    return torch.nonzero(batch.prompt_idx_B == batch.prompt_idx_B[0]).flatten()[:2]
 
 
 def zero_gradients(model) -> None:

@@ -59,6 +59,25 @@ def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path
     _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-3", tmp_path / "two" / "checkpoints" / "step-3")
 
 
+@pytest.mark.parametrize("micro_batch_tokens", [8192, 64])  # one micro-batch (the kept forward), or several
+def test_a_rank_whose_groups_are_all_zero_variance_keeps_in_step(rl_overrides, plugin_on_path, tmp_path, torchrun,
+                                                                micro_batch_tokens):
+    """One group a rank: where one rank's group is flat and the other's is not, the flat rank has no
+    row to differentiate and runs placeholders in step with the other (and where both are flat,
+    neither runs a backward); every step equals the one-process run."""
+    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:half_flat", num_steps=5, save_every=5, seed=2,
+                                    prompts_per_step=2, micro_batch_tokens=micro_batch_tokens,
+                                    **{"optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
+    one, two = _run_both(torchrun, args, tmp_path)
+    # steps where one rank trains nothing (0.5) and where no rank does (1.0)
+    assert {m["groups/zero_variance_frac"] for m in one} >= {0.5, 1.0}
+    for a, b in zip(one, two):
+        assert b["reward/mean"] == a["reward/mean"]
+        for key in ("loss", "grad_norm", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-5", tmp_path / "two" / "checkpoints" / "step-5")
+
+
 def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", algorithm="ppo", num_steps=2, save_every=2,
                                     **{"kl.coef": 0.05, "kl.mode": "reward", "critic.optim.lr": 3e-3, "critic.optim.eps": 1e-6,
