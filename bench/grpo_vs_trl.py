@@ -8,14 +8,19 @@ one optimizer step of ``GRPOTrainer.train()``.
 
 Fairness choices:
 
-* same model (the embedded ``tiny`` Llama, ``build_tiny(dir, "tiny", seed=0)``, no SFT), fp32 on
-  CPU, same torch thread count (one process). The default is one thread: on a shared machine
-  whose load exceeds its cores, a second OpenMP thread makes every small kernel wait at a barrier
-  for a descheduled thread (a 64 x 32-token rollout measured 0.46 s with one thread and 14-28 s
-  with two at load 13 on 2 cores), and the timings then measure the scheduler, not the code;
-* same prompts (``write_arithmetic(...)/prompts_train.jsonl``, rendered with the tokenizer's chat
-  template on both sides) and the same reward (our arithmetic verifier, wrapped as a TRL reward
-  function, through ``score_batch`` on both sides);
+* same model: the embedded ``tiny`` Llama (``build_tiny(dir, "tiny", seed=0)``) after 120 steps of
+  SFT on the task (`build_assets`: the demo's recipe, cut short), so that rewards vary: about 1
+  sample in 4 is right, and the zero-variance groups (all wrong, or all right) are about half, the
+  regime of a real GRPO run. An untrained model earns reward 0 everywhere: both sides' updates are
+  then exactly zero, and ours would skip its whole backward. The model is made once under
+  ``--out`` and reused. fp32 on CPU, same torch thread count (one process). The default is one
+  thread: on a shared machine whose load exceeds its cores, a second OpenMP thread makes every
+  small kernel wait at a barrier for a descheduled thread (a 64 x 32-token rollout measured 0.46 s
+  with one thread and 14-28 s with two at load 13 on 2 cores), and the timings then measure the
+  scheduler, not the code;
+* same prompts (``write_arithmetic(...)/prompts_train.jsonl``: one-digit additions, rendered with
+  the tokenizer's chat template on both sides) and the same reward (our arithmetic verifier,
+  wrapped as a TRL reward function, through ``score_batch`` on both sides);
 * no reference model (ours: ``kl.coef=0, kl.track=false``; TRL: ``beta=0``), one update per
   generation (ours: ``ppo_epochs=1, mini_batches=1``; TRL: ``num_iterations=1`` and
   ``generation_batch_size = 64`` completions = one optimizer step);
@@ -39,37 +44,26 @@ Fairness choices:
 What each side does beyond that is its own design. Ours samples with its KV-cache engine (one
 prefill per distinct prompt), scores the rollouts with the trainer and differentiates that same
 forward for the single update (``Policy(reuse_score_forward=...)``), runs each group's shared
-prompt once in the trainer (``posttrain.rl.shared_prefix``), compares trainer and sampler
-log-probs (truncated importance weights, mismatch metrics) and syncs weights to the engine's own
-copy with a checksum. TRL samples with ``model.generate`` and runs the full rows through the
-model once for the update.
+prompt once in the trainer (``posttrain.rl.shared_prefix``), leaves the rows of zero-variance
+groups out of the backward (their advantage is exactly 0, so the update is the same;
+``skip_zero_variance_backward``, off with ``--no-skip``), compares trainer and sampler log-probs
+(truncated importance weights, mismatch metrics) and syncs weights to the engine's own copy with a
+checksum. TRL samples with ``model.generate`` and runs the full rows through the model once for
+the update. The script prints the fraction of zero-variance groups each side sampled: the skip's
+gain grows with it.
 
-Measured on the 2-core development machine at load average ~8-9 (one thread each): ours
-1.49-1.53 s/step, TRL 2.19-2.32 s/step, 1.47-1.52x (steps/s and tokens/s alike). Ours was 0.95x
-before the two trainer changes above. With ``--micro-batch 16`` the scoring forward cannot be
-reused and smaller matrices run slower: 1.06x. Most of what is left of our step is the
-forward/backward of 64 x 32 completion tokens, which both sides must do.
+``--defaults --steps 20 --warmup 2`` on the 2-core development machine (one thread each), 49% of
+the groups zero-variance on every side: at load average 2.6-2.9, TRL 1.432 s/step, ours at
+`posttrain rl`'s defaults 0.762 s/step (1.88x) and with ``kl.track=false`` 0.732 s/step (1.96x);
+right after, with ``--no-skip``, at load 2.9-3.0, TRL 1.374 s/step, ours 0.929 s/step (1.48x) and
+0.913 s/step (1.50x). The skip halves our update stage (0.41 s -> 0.22 s); rollout 0.26-0.29 s,
+log-probs 0.21-0.23 s and sync 0.02 s are the same either way.
 
-``--defaults`` (20 timed steps, load average 1.6-2.5 on 2 cores, one thread each): TRL 0.846
-s/step; ours at `posttrain rl`'s defaults 0.580 s/step (1.46x), with ``kl.track=false`` 0.565
-s/step (1.50x). Before token-budgeted micro-batches and the sampled reference forward, the defaults
-measured 0.72x and 0.90x. Then the trainer's forward was cut to the completion positions (no
-log-softmax, entropy or backward over prompt columns, no forward of a row's last token): run back
-to back with the tree before that change, at load average 8.3-9.1 before 1.45x / 1.50x, after
-1.50x / 1.55x (TRL 2.04-2.07 s/step); at load 4.8-6.1 before 1.44x / 1.46x, after 1.48x / 1.52x
-(TRL 1.03-1.04 s/step).
-
-Where our step goes (CPU seconds, so that other processes' load counts less; one thread, load
-~4): rollout 0.21 s against a matmul floor of 0.106 s (the forward's matmuls of every prefill and
-decode position at the 97-100 GFLOP/s one core reaches), log-probs 0.17 s against 0.106 s, update
-0.30 s against 0.21 s (the backward's matmuls, twice the forward's), sync 0.013 s (SHA-256 over the
-10 MB of weights twice: the trainer's checksum and the engine's check). The whole step's floor is
-0.42 s and TRL takes ~0.85 s/step at low load, so 2x without the reference needs our step at its
-matmul floor. Above the floor: attention (the decoder reads the whole KV cache each step, the
-trainer's CPU attention kernel is slow at these shapes), the Hugging Face model's elementwise
-kernels and their backward, ~190 kernel launches per decode step, the tokenizer's decode of the
-texts. The tiny model is untrained, so every reward here is 0 and both sides' updates apply an
-exactly-zero gradient; the work is the same as with real rewards.
+Where our step goes, above its matmul floor: attention (the decoder reads the whole KV cache each
+step, the trainer's CPU attention kernel is slow at these shapes), the Hugging Face model's
+elementwise kernels and their backward, ~190 kernel launches per decode step, the tokenizer's
+decode of the texts, and the weight sync (SHA-256 over the 10 MB of weights twice: the trainer's
+checksum and the engine's check).
 
 ``--defaults`` runs ours as a user gets it: only the task is set (model, prompts, 8 x G=8, 32 new
 tokens, the arithmetic verifier); everything else (learning rate, micro-batching, the reference
@@ -77,10 +71,12 @@ tracked every ``kl.track_every`` steps, the correction) is `posttrain rl`'s defa
 once with ``kl.track=false``. TRL keeps the settings above (its default ``beta`` is 0: no
 reference).
 
-Run (about 1 minute on 2 loaded CPU cores with the defaults):
+Run (about 1 minute on 2 loaded CPU cores with the defaults, plus about 1 minute the first time
+to make the model under ``--out``):
 
     .venv/bin/python bench/grpo_vs_trl.py
     .venv/bin/python bench/grpo_vs_trl.py --defaults --steps 20 --warmup 2
+    .venv/bin/python bench/grpo_vs_trl.py --defaults --steps 20 --warmup 2 --no-skip
     .venv/bin/python bench/grpo_vs_trl.py --steps 10 --warmup 2 --micro-batch 16
 """
 
@@ -120,10 +116,46 @@ class FixedLength:
         return getattr(self._engine, name)
 
 
-def build_assets(root: Path) -> tuple[Path, Path]:
-    model_dir = build_tiny(root / "tiny", "tiny", seed=0)
-    data = write_arithmetic(root / "data", n_train=512, n_eval=8, seed=0)
-    return Path(model_dir), Path(data["prompts_train"])
+# The task: one-digit additions with a column trace (24-36 tokens, so those with a carry do not
+# finish in 32), 70 problems (all there are, less the held-out ones).
+TASK = dict(digits=1, ops="+", fmt="trace", n_train=70, n_eval=8, seed=0)
+SFT_STEPS = 120
+
+
+def build_assets(out: Path, printer=print) -> tuple[Path, Path]:
+    """The SFT checkpoint both sides start from and the prompts, made once under ``out`` and reused.
+
+    The demo's SFT recipe, cut short so that the model is right on ~1 sample in 4: many groups
+    are all-wrong, many are not (the regime of a real GRPO run). Each SFT completion ends with a
+    newline: both sides generate past the end (32 tokens each), and the extra tokens then start a
+    new line instead of running into the answer's.
+    """
+    from posttrain.tracking import latest_checkpoint
+
+    data, sft = out / "data", out / "sft"
+    ckpt = latest_checkpoint(sft) if sft.is_dir() else None
+    if ckpt is None or not (data / "prompts_train.jsonl").is_file():
+        ckpt = sft_checkpoint(out, printer)
+    return Path(ckpt), data / "prompts_train.jsonl"
+
+
+def sft_checkpoint(out: Path, printer=print) -> str:
+    import json
+
+    from posttrain.config import load_config
+    from posttrain.train.sft import SFTConfig, run_sft
+
+    printer(f"building the bench model in {out}: the tiny model, {SFT_STEPS} SFT steps on the arithmetic task")
+    model_dir = build_tiny(out / "tiny", "tiny", seed=0)
+    data = write_arithmetic(out / "data", **TASK)
+    records = [json.loads(line) for line in Path(data["train"]).read_text().splitlines()]
+    sft_data = out / "data" / "sft.jsonl"
+    sft_data.write_text("".join(json.dumps(r | {"completion": r["completion"] + "\n"}) + "\n" for r in records))
+    cfg = load_config(SFTConfig, None, [
+        f"model.path={model_dir}", f"data.path={sft_data}", "data.max_len=128", "data.tokens_per_batch=1024",
+        "optim.lr=3e-3", "optim.warmup_steps=20", f"num_steps={SFT_STEPS}", "eval_every=0", "save_every=0",
+        "seed=0", f"out_dir={out / 'sft'}", "logging.progress=false"])
+    return run_sft(cfg)["checkpoint"]
 
 
 # Every row of a step is at most ROW_TOKENS long (a ~17-token prompt + 32 new tokens), so a budget of
@@ -142,7 +174,7 @@ def our_run(model_dir: Path, prompts: Path, out: Path, args, defaults: bool = Fa
               "optim.lr": args.lr, "optim.beta1": 0.9, "optim.beta2": 0.95, "optim.eps": 1e-8,
               "optim.weight_decay": 0.0, "optim.schedule": "constant", "optim.warmup_steps": 0,
               "optim.grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.28}
-    overrides = task | ({"kl.track": track} if defaults else pinned)
+    overrides = task | ({"kl.track": track} if defaults else pinned) | {"skip_zero_variance_backward": not args.no_skip}
     cfg = load_config(RLConfig, None, [f"{k}={v}" for k, v in overrides.items()])
     run = setup(cfg)
     run.engine = FixedLength(run.engine)
@@ -157,13 +189,15 @@ def trl_trainer(model_dir: Path, prompts: Path, out: Path, args, callbacks):
     from posttrain.models.hf import load_tokenizer
 
     verifier = build_reward("arithmetic")
-    tokens = callbacks[0].tokens
+    tokens, zero_variance = callbacks[0].tokens, callbacks[0].trl_zero_variance
 
     def arithmetic_reward(prompts, completions, completion_ids, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         tokens.append(sum(len(c) for c in completion_ids))
         outcomes = score_batch(verifier, texts, [{"answer": a} for a in answer])
-        return [o.reward if o.is_reward else 0.0 for o in outcomes]
+        rewards = [o.reward if o.is_reward else 0.0 for o in outcomes]
+        zero_variance.append(zero_variance_frac(rewards))
+        return rewards
 
     data = load_dataset("json", data_files=str(prompts), split="train")
     data = data.map(lambda ex: {"prompt": [{"role": "user", "content": ex["prompt"]}]})
@@ -185,6 +219,13 @@ def trl_trainer(model_dir: Path, prompts: Path, out: Path, args, callbacks):
     return trainer
 
 
+def zero_variance_frac(rewards: list[float]) -> float:
+    """The fraction of groups whose rewards are all equal (TRL lays each prompt's G samples out in a row)."""
+    assert len(rewards) % G == 0, len(rewards)
+    groups = torch.tensor(rewards).view(-1, G)
+    return float((groups.amax(1) == groups.amin(1)).float().mean())
+
+
 def make_interleaver(runs: dict, warmup: int):
     """A TRL callback that times TRL's step, then runs and times one step of each of ours, at each step end."""
     from transformers import TrainerCallback
@@ -192,6 +233,8 @@ def make_interleaver(runs: dict, warmup: int):
     class Interleave(TrainerCallback):
         def __init__(self):
             self.tokens: list[int] = []  # TRL generated tokens, one entry per generation
+            self.trl_zero_variance: list[float] = []  # the fraction of TRL's groups, one entry per generation
+            self.ours_zero_variance: dict[str, list[float]] = {name: [] for name in runs}
             self.trl_s: list[float] = []
             self.ours_s: dict[str, list[float]] = {name: [] for name in runs}
             self.ours_tokens: dict[str, list[int]] = {name: [] for name in runs}
@@ -211,6 +254,7 @@ def make_interleaver(runs: dict, warmup: int):
                 if step > warmup:
                     self.ours_s[name].append(took)
                     self.ours_tokens[name].append(metrics["tokens/generated"])
+                    self.ours_zero_variance[name].append(metrics["groups/zero_variance_frac"])
                     self.stages[name].append(timer.pop())
             self.resume = time.perf_counter()
 
@@ -229,6 +273,9 @@ def report(cb, warmup: int) -> None:
         rate, tok = len(times) / sum(times), sum(cb.ours_tokens[name]) / sum(times)
         print(f"{name:22} {rate:8.3f} {1 / rate:7.3f} {statistics.median(times):9.3f} {tok:9.0f} "
               f"{rate / trl_rate:6.2f}x")
+    zero_variance = {"TRL": cb.trl_zero_variance[warmup:], **cb.ours_zero_variance}
+    print("zero-variance groups (mean over the timed steps): "
+          + ", ".join(f"{name} {statistics.mean(f):.0%}" for name, f in zero_variance.items()))
     for name, stages in cb.stages.items():
         mean = {k: statistics.mean(s.get(k, 0.0) for s in stages) for k in stages[0]}
         print(f"{name} stages (mean s): " + ", ".join(f"{k[5:-2]} {v:.3f}" for k, v in mean.items()))
@@ -242,6 +289,10 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward, both sides")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides (see the docstring)")
+    parser.add_argument("--out", default="runs/bench_grpo_vs_trl",
+                        help="where the bench model (SFT checkpoint) and prompts are made once and reused")
+    parser.add_argument("--no-skip", action="store_true",
+                        help="ours differentiates every row (skip_zero_variance_backward=false): the skip's gain")
     parser.add_argument("--defaults", action="store_true",
                         help="ours at `posttrain rl`'s defaults (task settings only), with and without the "
                              "tracked reference, instead of every setting pinned to TRL's")
@@ -252,9 +303,9 @@ def main() -> None:
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
+    model_dir, prompts = build_assets(Path(args.out))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model_dir, prompts = build_assets(root)
         if args.defaults:
             runs = {"ours (defaults)": our_run(model_dir, prompts, root / "ours", args, defaults=True),
                     "ours (kl.track=false)": our_run(model_dir, prompts, root / "noref", args, defaults=True,
