@@ -18,6 +18,13 @@ def test_quick_demo_runs_end_to_end_and_its_eval_reproduces(tmp_path):
     assert metrics == ["greedy pass@1", "sampled pass@1", "sampled pass@2"]
     assert all(0.0 <= row[k] <= 1.0 for row in summary["table"] for k in ("before", "after"))
     assert "after GRPO" in r.stdout and "bootstrap" in r.stdout
+    # every stage is timed, and the stages account for the run's time
+    stages = summary["stages"]
+    assert list(stages) == ["prepare", "sft", "eval_before", "rl", "eval_after"]
+    assert all(s["wall_s"] >= 0 and s["cpu_s"] >= 0 for s in stages.values())
+    assert stages["sft"]["wall_s"] > 0 and stages["rl"]["wall_s"] > 0
+    assert summary["seconds"] - 1 <= sum(s["wall_s"] for s in stages.values()) <= summary["seconds"] + 0.5
+    assert "[demo] rl:" in r.stdout
     for stage in ("sft", "rl"):
         assert (out / stage / "config.yaml").is_file() and (out / stage / "metrics.jsonl").is_file()
     html = (out / "report.html").read_text()
