@@ -1,20 +1,24 @@
 """A verifiable task of your own, written the way you would bring any JSONL to posttrain.
 
-Task: add up 4 to 6 labelled single digits, `Add: a4 b7 c1 d8` -> one line per digit, each naming
-the digit it reads and keeping a running sum, ending in `Answer: 20`:
+Task: add up 4 to 6 single digits, `Add: 4 7 1 8` -> `Answer: 20`, with a worked trace that
+adds them from the last digit to the first, one line per digit, the running sum in two digits:
 
-    a: 4
-    b: 4 + 7 = 11
-    c: 11 + 1 = 12
-    d: 12 + 8 = 20
+    a: 08
+    b: 08 + 1 = 09
+    c: 09 + 7 = 16
+    d: 16 + 4 = 20
     Answer: 20
 
-The labels are what make the trace learnable by a small model, as the embedded arithmetic trace
-names its columns (`ones:`, `tens:`): each line finds its digit by the label, a lookup by content.
-Without them (`Add: 4 7 1 8`, lines `4 + 7 = 11`) the k-th line must find the k-th digit by
-counting, and a repeated digit makes "the one after the digit I just added" ambiguous; the `tiny`
-model after 300 SFT steps copied a wrong digit, or the wrong number of digits, in 96 of 100
-held-out answers (docs/study.md). It writes, in OUT (default runs/digit-sum):
+The trace's shape is what makes it learnable by a small model, as the embedded arithmetic trace
+is: every token it reads sits at a fixed distance from where it is written. Line `b` always reads
+the second digit from the end of the prompt, the same number of tokens back whatever the prompt's
+length, because the prompt's end is where the answer starts and every line has the same width.
+Written left to right with plain sums (`4 + 7 = 11`, `11 + 1 = 12`), the k-th line must find the
+k-th digit by counting; with labelled digits (`a4 b7 ...`) by matching the label. The `tiny`
+model learned neither: left to right, after 300 SFT steps, 96 of 100 held-out answers copied a
+wrong digit or the wrong number of digits; labelled, after 600, its sums were exact but all 100
+answers read a wrong digit or the wrong number of digits. This shape, after 600 SFT steps, solves half
+of the held-out problems, and GRPO raises that (docs/study.md). It writes, in OUT (default runs/digit-sum):
 
 - train.jsonl          SFT records {"prompt", "completion", "answer"} (the worked traces)
 - prompts_train.jsonl  RL prompts {"prompt", "answer"} (the same problems, without traces)
@@ -22,8 +26,8 @@ held-out answers (docs/study.md). It writes, in OUT (default runs/digit-sum):
 
     python examples/make_digit_sum.py runs/digit-sum
     posttrain sft examples/sft_arith.yaml data.path=runs/digit-sum/train.jsonl data.eval_path= \
-        out_dir=runs/digit-sum-sft
-    posttrain rl examples/grpo_arith.yaml model.path=runs/digit-sum-sft/checkpoints/step-300 \
+        num_steps=600 out_dir=runs/digit-sum-sft
+    posttrain rl examples/grpo_arith.yaml model.path=runs/digit-sum-sft/checkpoints/step-600 \
         data.path=runs/digit-sum/prompts_train.jsonl data.eval_path=runs/digit-sum/prompts_eval.jsonl \
         verifier=math num_steps=60 eval_every=20 out_dir=runs/digit-sum-grpo
 
@@ -41,11 +45,12 @@ LABELS = "abcdef"
 
 def problem(rng: random.Random) -> tuple[str, str, str]:
     digits = [rng.randint(1, 9) for _ in range(rng.randint(4, 6))]
-    total, lines = digits[0], [f"a: {digits[0]}"]
-    for label, d in zip(LABELS[1:], digits[1:]):
-        lines.append(f"{label}: {total} + {d} = {total + d}")
+    last_first = digits[::-1]
+    total, lines = last_first[0], [f"a: {last_first[0]:02d}"]
+    for label, d in zip(LABELS[1:], last_first[1:]):
+        lines.append(f"{label}: {total:02d} + {d} = {total + d:02d}")
         total += d
-    prompt = "Add: " + " ".join(f"{label}{d}" for label, d in zip(LABELS, digits))
+    prompt = "Add: " + " ".join(map(str, digits))
     return prompt, "\n".join(lines + [f"Answer: {total}"]), str(total)
 
 
