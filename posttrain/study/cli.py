@@ -14,7 +14,7 @@ STUDIES = ("compare",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from posttrain.study.compare import PROFILES
+    from posttrain.study.compare import ARMS, PROFILES
 
     parser.description = __doc__
     parser.add_argument("study", choices=STUDIES, help="which study (compare: SFT vs GRPO vs distillation)")
@@ -25,7 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--teacher-steps", type=int, default=None,
                         help="SFT steps of the teacher (default: the profile's); the teacher is rebuilt, or its "
                              "SFT resumed, when this changes")
+    parser.add_argument("--arms", default=",".join(ARMS), type=arm_list,
+                        help=f"comma-separated arms to run (default {','.join(ARMS)}); the teacher is built only "
+                             "for sft and distill")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def arm_list(text: str) -> tuple[str, ...]:
+    from posttrain.study.compare import ARMS
+
+    arms = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise argparse.ArgumentTypeError(f"unknown arm(s) {unknown or text!r}; choose from {', '.join(ARMS)}")
+    return arms
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.study.compare import budget_note, format_table, run_compare
 
     summary = run_compare(args.out, args.profile, seed=args.seed, progress=not args.no_progress,
-                          teacher_steps=args.teacher_steps)
+                          teacher_steps=args.teacher_steps, arms=args.arms)
     table = format_table(summary)
     note = budget_note(summary)
     Path(args.out, "study.md").write_text(f"{table}\n\n{note}\n")

@@ -39,16 +39,21 @@ from posttrain.config import load_config
 # - the start (tiny, 250 SFT steps at lr 1e-3) solves ~30% greedily and ~1 in 10 samples at T=1:
 #   weak, yet GRPO's groups of 8 are not all wrong (at 200 steps, 6.5% greedy, nearly all are);
 # - 64 trajectories per update in every arm (SFT: 4,096 packed tokens ~ 60 traces);
-# - GRPO at lr 3e-5: at 1e-4 and above, 30 steps took the start's greedy pass@1 from 0.30 to 0.04.
+# - GRPO with the demo's recipe: lr 1e-4 after 10 warmup steps, cosine over the steps the budget is
+#   expected to take, dynamic sampling (rl_rounds generation rounds at most; 0: off). Constant lr
+#   1e-4 without warmup took the start's greedy pass@1 from 0.30 to 0.04 in 30 steps.
 PROFILES: dict[str, dict] = {
     "smoke": dict(student_size="nano", teacher_size="nano", teacher_steps=12, n_train=400, n_eval=16,
                   student_steps=4, student_lr=3e-3, student_tokens=2048, budget=1200, samples_per_step=16,
-                  max_new_tokens=24, k=2, sft_tokens=2048, sft_lr=3e-3, rl_lr=1e-3, distill_lr=1e-3),
+                  max_new_tokens=24, k=2, sft_tokens=2048, sft_lr=3e-3, rl_lr=1e-3, rl_warmup=0, rl_rounds=0,
+                  distill_lr=1e-3),
     "full": dict(student_size="tiny", teacher_size="small", teacher_steps=None, n_train=4000, n_eval=200,
                  student_steps=250, student_lr=1e-3, student_tokens=1024, budget=200_000, samples_per_step=64,
-                 max_new_tokens=80, k=8, sft_tokens=4096, sft_lr=1e-4, rl_lr=3e-5, distill_lr=1e-4),
+                 max_new_tokens=80, k=8, sft_tokens=4096, sft_lr=1e-4, rl_lr=1e-4, rl_warmup=10, rl_rounds=3,
+                 distill_lr=1e-4),
 }
 ARMS = ("sft", "grpo", "distill")
+NEEDS_TEACHER = ("sft", "distill")
 FRAMING = {"start": ("-", "-"), "teacher": ("-", "-"),
            "sft": ("teacher", "next-token targets"),
            "grpo": ("student", "verifier reward"),
@@ -66,29 +71,32 @@ class Study:
     seed: int
     progress: bool
     data: dict
-    teacher: str
-    teacher_steps: int
+    teacher: str | None
+    teacher_steps: int | None
     start: str
 
 
 def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progress: bool = True,
-                printer=print, teacher_steps: int | None = None) -> dict:
-    """Run the whole study in ``out_dir`` (re-running reuses finished parts); returns the summary."""
+                printer=print, teacher_steps: int | None = None, arms: tuple[str, ...] = ARMS) -> dict:
+    """Run the study's ``arms`` in ``out_dir`` (re-running reuses finished parts); returns the summary.
+    The teacher is built, and evaluated as a reference row, only when an arm needs it."""
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
     t0 = time.perf_counter()
     p = PROFILES[profile] | ({"teacher_steps": teacher_steps} if teacher_steps else {})
-    study = prepare(Path(out_dir), p, seed, progress, printer)
-    arms = {"start": {"checkpoint": study.start, "tokens": 0, "seconds": 0.0}}
+    chosen = [a for a in ARMS if a in arms]
+    study = prepare(Path(out_dir), p, seed, progress, printer, teacher=any(a in NEEDS_TEACHER for a in chosen))
+    runs = {"start": {"checkpoint": study.start, "tokens": 0, "seconds": 0.0}}
     runners = {"sft": arm_sft, "grpo": arm_grpo, "distill": arm_distill}
-    for name in ARMS:
+    for name in chosen:
         printer(f"[study] arm {name}: budget {study.profile['budget']} trajectory tokens")
-        arms[name] = runners[name](study)
-        arms[name]["seconds"] = train_seconds(Path(arms[name]["run_dir"]))
-    arms["teacher"] = {"checkpoint": study.teacher, "tokens": None, "seconds": None}
-    write_curves(study, arms)
-    rows = final_evals(study, arms)
+        runs[name] = runners[name](study)
+        runs[name]["seconds"] = train_seconds(Path(runs[name]["run_dir"]))
+    if study.teacher is not None:
+        runs["teacher"] = {"checkpoint": study.teacher, "tokens": None, "seconds": None}
+    write_curves(study, runs, chosen)
+    rows = final_evals(study, runs)
     summary = {"profile": profile, "seed": seed, "budget_tokens": study.profile["budget"],
                "teacher_steps": study.teacher_steps,
                "budget_unit": "trajectory tokens trained on", "seconds": time.perf_counter() - t0,
@@ -100,8 +108,8 @@ def run_compare(out_dir: str | Path, profile: str = "full", seed: int = 0, progr
 
 # ------------------------------------------------------------------------------- preparation
 
-def prepare(out: Path, p: dict, seed: int, progress: bool, printer) -> Study:
-    """The task, the teacher (cached) and the weak student start."""
+def prepare(out: Path, p: dict, seed: int, progress: bool, printer, teacher: bool = True) -> Study:
+    """The task, the teacher (cached; only if ``teacher``) and the weak student start."""
     from posttrain.models.tiny import build_tiny
     from posttrain.rl.teacher import TASK, make_teacher
     from posttrain.tasks.arithmetic import write_arithmetic
@@ -109,14 +117,17 @@ def prepare(out: Path, p: dict, seed: int, progress: bool, printer) -> Study:
     out.mkdir(parents=True, exist_ok=True)
     data = {k: str(v) for k, v in write_arithmetic(out / "data", n_train=p["n_train"], n_eval=p["n_eval"], seed=seed,
                                                     digits=TASK["digits"], ops=TASK["ops"], fmt="trace").items()}
-    teacher = make_teacher(out / "teacher", size=p["teacher_size"], steps=p["teacher_steps"], seed=seed,
-                           progress=progress, printer=printer)
-    check_same_teacher(out / "teacher_used.json", teacher.checkpoint)
+    checkpoint = steps = None
+    if teacher:
+        built = make_teacher(out / "teacher", size=p["teacher_size"], steps=p["teacher_steps"], seed=seed,
+                             progress=progress, printer=printer)
+        check_same_teacher(out / "teacher_used.json", built.checkpoint)
+        checkpoint, steps = built.checkpoint, built.settings["steps"]
     base = build_tiny(out / "student_base", p["student_size"], seed=seed)
     start = sft(out / "start", base, data["train"], steps=p["student_steps"], lr=p["student_lr"], seed=seed,
                 progress=progress, printer=printer, warmup=10, tokens_per_batch=p["student_tokens"])
-    return Study(out=out, profile=p, seed=seed, progress=progress, data=data, teacher=teacher.checkpoint,
-                 teacher_steps=teacher.settings["steps"], start=start)
+    return Study(out=out, profile=p, seed=seed, progress=progress, data=data, teacher=checkpoint,
+                 teacher_steps=steps, start=start)
 
 
 def check_same_teacher(record: Path, checkpoint: str) -> None:
@@ -207,10 +218,14 @@ def sft_loss_tokens_per_step(model: str, data_path: str, seed: int, tokens_per_b
     return [b.num_loss_tokens for b in stream.all_batches()]
 
 
+def expected_steps(p: dict) -> int:
+    """Steps an on-policy arm takes to its budget, assuming completions of ~half the length limit."""
+    return max(1, p["budget"] // (p["samples_per_step"] * max(1, p["max_new_tokens"] // 2)))
+
+
 def on_policy_overrides(study: Study, name: str, lr: float, group_size: int) -> list[str]:
     p = study.profile
-    # Checkpoints at about CURVE_POINTS points of the budget, assuming completions of ~half the limit.
-    est_steps = max(1, p["budget"] // (p["samples_per_step"] * max(1, p["max_new_tokens"] // 2)))
+    est_steps = expected_steps(p)  # checkpoints at about CURVE_POINTS points of the budget
     return [f"model.path={study.start}", f"data.path={study.data['prompts_train']}",
             f"rollout.group_size={group_size}", f"rollout.max_new_tokens={p['max_new_tokens']}",
             f"prompts_per_step={p['samples_per_step'] // group_size}", f"num_steps={est_steps * 4}",
@@ -225,11 +240,13 @@ def arm_grpo(study: Study) -> dict:
     from posttrain.rl.config import RLConfig
     from posttrain.rl.loop import drive_rl, rl_step, setup
 
-    cfg = load_config(RLConfig, None, [*on_policy_overrides(study, "grpo", study.profile["rl_lr"], 8),
-                                       "algorithm=grpo", "verifier=arithmetic",
-                                       # the demo's RL setting: a slow second moment damps Adam's
-                                       # sign-like first steps on sparse, noisy gradients
-                                       "optim.beta2=0.999"])
+    p = study.profile
+    recipe = [f"optim.warmup_steps={p['rl_warmup']}", "optim.beta2=0.999"]  # the demo's RL setting
+    if p["rl_rounds"]:  # groups whose answers differ, decaying lr over the steps the budget takes
+        recipe += ["dynamic_sampling.enabled=true", f"dynamic_sampling.max_rounds={p['rl_rounds']}",
+                   "optim.schedule=cosine", f"num_steps={expected_steps(p)}"]
+    cfg = load_config(RLConfig, None, [*on_policy_overrides(study, "grpo", p["rl_lr"], 8),
+                                       "algorithm=grpo", "verifier=arithmetic", *recipe])
     run = setup(cfg)
     drive_rl(run, rl_step, config=cfg, max_tokens=study.profile["budget"], name="grpo", printer=lambda *_: None)
     return on_policy_result(run.run_dir)
@@ -272,14 +289,14 @@ def tokens_at_step(arm: str, run_dir: Path) -> dict[int, int]:
     return {r["step"]: r["tokens/total"] for r in read_metrics(run_dir) if "tokens/total" in r}
 
 
-def write_curves(study: Study, arms: dict) -> None:
+def write_curves(study: Study, arms: dict, chosen: list[str]) -> None:
     """Held-out greedy pass@1 of every checkpoint, as runs ``curves/<arm>`` with step = tokens."""
     from posttrain.rl.teacher import greedy_pass_at_1
     from posttrain.tracking import MetricsLogger
 
     limit, max_new = study.profile["n_eval"], study.profile["max_new_tokens"]
     start = greedy_pass_at_1(study.start, study.data["prompts_eval"], limit, max_new)
-    for arm in ARMS:
+    for arm in chosen:
         run_dir = Path(arms[arm]["run_dir"])
         tokens = tokens_at_step(arm, run_dir)
         logger = MetricsLogger(study.out / "curves" / arm)
@@ -298,7 +315,7 @@ def final_evals(study: Study, arms: dict) -> list[dict]:
 
     p = study.profile
     rows = []
-    for name in ("start", *ARMS, "teacher"):
+    for name in arms:  # start, the arms run, the teacher if built
         cfg = EvalConfig(model=arms[name]["checkpoint"], out_dir=str(study.out / "evals" / name), label=name,
                          seed=study.seed,
                          benchmarks=[BenchmarkConfig(kind="arithmetic", ops=TASK["ops"], digits=TASK["digits"],
@@ -353,7 +370,8 @@ def format_table(summary: dict) -> str:
 
 def budget_note(summary: dict) -> str:
     minutes = summary["seconds"] / 60
+    teacher = f"teacher SFT steps {summary['teacher_steps']}; " if summary["teacher_steps"] else ""
     return (f"budget: {summary['budget_tokens']:,} {summary['budget_unit']} per arm; "
-            f"teacher SFT steps {summary['teacher_steps']}; profile {summary['profile']}, seed {summary['seed']}, "
+            f"{teacher}profile {summary['profile']}, seed {summary['seed']}, "
             f"{minutes:.1f} min in all")
 

@@ -59,3 +59,20 @@ def test_a_study_directory_refuses_another_teacher(tmp_path):
     check_same_teacher(record, "t/step-200")  # the same teacher: its finished arms are reused
     with pytest.raises(UserError, match="use a new --out"):
         check_same_teacher(record, "t/step-600")
+
+
+def test_unknown_arm_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["study", "compare", "--arms", "grpo,ppo"])
+    assert e.value.code == 2 and "ppo" in capsys.readouterr().err
+
+
+def test_grpo_arm_alone_builds_no_teacher(tmp_path):
+    from posttrain.study.compare import run_compare
+
+    out = tmp_path / "study"
+    summary = run_compare(out, "smoke", progress=False, printer=lambda *_: None, arms=("grpo",))
+    assert [r["run"] for r in summary["rows"]] == ["start", "grpo"]
+    assert not (out / "teacher").exists() and not (out / "arms" / "sft").exists()
+    assert summary["rows"][1]["tokens"] >= PROFILES["smoke"]["budget"]
+    assert [json.loads(line)["step"] for line in (out / "curves" / "grpo" / "metrics.jsonl").read_text().splitlines()][0] == 0
