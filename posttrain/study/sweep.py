@@ -180,6 +180,9 @@ def lower_is_better(key: str) -> bool:
     return "loss" in key or "nll" in key
 
 
+SAMPLED_REWARD = "dynamic_sampling/sampled_reward_mean"
+
+
 def run_metrics(rows: list[dict]) -> dict[str, float]:
     """One run's numbers: each held-out metric at the start (step 0, when logged), its final and best
     value after training, and the first/last-quarter training reward."""
@@ -193,7 +196,9 @@ def run_metrics(rows: list[dict]) -> dict[str, float]:
         if trained:
             out[f"{key} final"] = trained[-1]
             out[f"{key} best"] = min(trained) if lower_is_better(key) else max(trained)
-    rewards = [float(r["reward/mean"]) for r in rows if isinstance(r.get("reward/mean"), (int, float))]
+    # With dynamic sampling reward/mean covers the kept groups only; the first round's is every group's.
+    key = SAMPLED_REWARD if any(SAMPLED_REWARD in r for r in rows) else "reward/mean"
+    rewards = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     if len(rewards) >= 4:
         q = len(rewards) // 4
         out["reward first quarter"] = sum(rewards[:q]) / q

@@ -7,8 +7,8 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.errors import UserError
-from posttrain.study.sweep import (DONE, Point, expand, format_table, interval, parse_grid, run_dir, run_sweep,
-                                   summarise)
+from posttrain.study.sweep import (DONE, Point, expand, format_table, interval, parse_grid, run_dir, run_metrics,
+                                   run_sweep, summarise)
 
 
 def test_grid_is_the_product_of_its_values_times_the_seeds():
@@ -100,6 +100,14 @@ def test_the_table_numbers_come_from_the_metrics_files(tmp_path):
     assert m["reward first quarter"]["mean"] == pytest.approx(0.2)
     assert m["reward last quarter"]["mean"] == pytest.approx(0.7)
     assert not any("mean_length" in k for k in m)
+
+
+def test_reward_quarters_use_every_sampled_group_under_dynamic_sampling():
+    # kept groups' reward/mean stays high while the first round's reward (all groups) falls
+    rows = [{"step": s, "reward/mean": 0.5, "dynamic_sampling/sampled_reward_mean": r}
+            for s, r in enumerate([0.4, 0.4, 0.3, 0.3, 0.2, 0.2, 0.1, 0.1], 1)]
+    m = run_metrics(rows)
+    assert m["reward first quarter"] == pytest.approx(0.4) and m["reward last quarter"] == pytest.approx(0.1)
 
 
 def test_interval_is_students_t_over_seeds():
