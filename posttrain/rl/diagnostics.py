@@ -66,7 +66,9 @@ class Watchdog:
         if ent is not None:
             if self.first_entropy is None:
                 self.first_entropy = ent
-            elif ent < self.entropy_floor or ent < 0.1 * self.first_entropy:
+            elif ent < 0.1 * self.first_entropy or ent < self.entropy_floor <= self.first_entropy:
+                # the absolute floor only for runs that started above it: an SFT start already that
+                # certain (a solved task) is not a collapse, only a tenfold drop from it is
                 self._warn("entropy_collapse", f"step {step}: policy entropy {ent:.4f} (started at "
                            f"{self.first_entropy:.4f}); sampling has become near-deterministic")
         kl = m.get("mismatch/kl")

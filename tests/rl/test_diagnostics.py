@@ -14,6 +14,16 @@ def test_entropy_collapse_warns_once():
     assert len(said) == 1 and "entropy_collapse" in said[0] and "step 3" in said[0]
 
 
+def test_a_start_below_the_entropy_floor_warns_only_on_a_tenfold_drop():
+    """A well-trained SFT start can sit below the absolute floor (0.05) from step 1: sharpening it
+    by a quarter is not a collapse; falling to a tenth of where it started is."""
+    said = []
+    _run(Watchdog(said.append), [{"entropy": 0.04}, {"entropy": 0.035}, {"entropy": 0.03}])
+    assert said == []
+    _run(Watchdog(said.append), [{"entropy": 0.04}, {"entropy": 0.03}, {"entropy": 0.0035}])
+    assert len(said) == 1 and "entropy_collapse" in said[0] and "step 3" in said[0]
+
+
 def test_mismatch_jump_against_its_median():
     said = []
     _run(Watchdog(said.append), [{"mismatch/kl": 1e-4}] * 4 + [{"mismatch/kl": 5e-4}, {"mismatch/kl": 5e-3}])
