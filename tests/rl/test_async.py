@@ -164,7 +164,7 @@ def test_staleness_bound_holds_under_a_randomly_slow_engine(seed, multi_turn):
                 while engine.polls < polls:
                     time.sleep(1e-4)
             assert ctl.pipeline() <= K * P
-            admitted_while_training += ctl.overlap["admitted"]
+            admitted_while_training += ctl.overlap["async/admitted_while_training"]
             engine.load_weights(None, engine.version + 1, "")
         ctl.fill()
         assert ctl.pipeline() <= (K + 1) * P

@@ -87,7 +87,7 @@ class AsyncController:
         self.taken = 0  # groups already taken by the step in progress
         self.engine_idle_seen = 0.0
         self.stats = self._fresh_stats()
-        self.overlap = {"admitted": 0, "received": 0}  # of the last `while_training` block
+        self.overlap: dict[str, int] = {}  # metrics of the last `while_training` block
 
     @staticmethod
     def _fresh_stats() -> dict:
@@ -271,7 +271,8 @@ class AsyncController:
             stop.set()
             thread.join()
             self.taken = 0
-            self.overlap = {"admitted": self.admitted - admitted, "received": received}
+            self.overlap = {"async/admitted_while_training": self.admitted - admitted,
+                            "async/received_while_training": received}
         if failed:
             raise failed[0]
 
@@ -285,7 +286,6 @@ class AsyncController:
              "async/dropped_groups": self.stats["dropped"], "async/bound_requeued": self.stats["bound_requeued"],
              "async/requests": self.stats["chunks"], "async/engine_restarts": self.engine.restarts,
              "async/lost_requests": self.stats["lost"],
-
              "time/trainer_idle_s": self.stats["idle"], "time/engine_idle_s": self.engine.idle_s - self.engine_idle_seen}
         for s in range(self.K + 1):
             m[f"async/staleness_hist/{s}"] = sum(x == s for x in stale) / max(len(stale), 1)

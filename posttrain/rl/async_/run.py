@@ -70,8 +70,7 @@ def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
         info |= episode_metrics([e for g in groups for e in g.episodes])
     metrics = learn(run, step, timer, ro, outcomes, info, episode_of_row, during=ctl.while_training())
     ctl.fill()
-    return metrics | async_metrics | {"async/admitted_while_training": ctl.overlap["admitted"],
-                                      "async/received_while_training": ctl.overlap["received"]}
+    return metrics | async_metrics | ctl.overlap
 
 
 def run_async(cfg: RLConfig, printer=print) -> dict:
