@@ -92,6 +92,7 @@ from pathlib import Path
 
 import torch
 
+from posttrain.algos.advantages import zero_variance
 from posttrain.config import load_config
 from posttrain.models.tiny import build_tiny
 from posttrain.rl.config import RLConfig
@@ -223,7 +224,7 @@ def zero_variance_frac(rewards: list[float]) -> float:
     """The fraction of groups whose rewards are all equal (TRL lays each prompt's G samples out in a row)."""
     assert len(rewards) % G == 0, len(rewards)
     groups = torch.tensor(rewards).view(-1, G)
-    return float((groups.amax(1) == groups.amin(1)).float().mean())
+    return float(zero_variance(groups, torch.ones_like(groups, dtype=torch.bool)).float().mean())
 
 
 def make_interleaver(runs: dict, warmup: int):
