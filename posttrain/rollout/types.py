@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
+import xxhash
 
 FINISH_REASONS = ("eos", "stop", "length", "error")
 """Why a sample ended. "error": the engine could not produce it (e.g. a server request that failed
@@ -240,12 +241,15 @@ def _tensor_bytes(t: torch.Tensor):
 
 
 def weights_checksum(weights: dict[str, torch.Tensor]) -> str:
-    """SHA-256 hex digest over (name, dtype, shape, raw bytes) of each tensor, in sorted name order.
+    """XXH3-128 hex digest over (name, dtype, shape, raw bytes) of each tensor, in sorted name order.
 
     Deterministic across processes; any change of a value, a dtype, a shape or a name changes it.
-    Hash the tensors as sent (before any cast on the receiving side).
+    Hash the tensors as sent (before any cast on the receiving side). It guards against corruption
+    and mix-ups, not an adversary, so a fast non-cryptographic hash does: XXH3 reads ~20 GB/s where
+    SHA-256 reads ~1.4 GB/s, and both ends hash every weight of every sync (14 GB for a 7B model
+    in bf16: about 0.7 s instead of 10 s, each side).
     """
-    h = hashlib.sha256()
+    h = xxhash.xxh3_128()
     for name in sorted(weights):
         t = weights[name]
         h.update(f"{name}|{str(t.dtype)}|{tuple(t.shape)}\n".encode())

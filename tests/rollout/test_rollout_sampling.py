@@ -171,7 +171,8 @@ def test_checksum_is_order_free_and_sensitive():
     c = {**a, "x": a["x"].clone()}
     c["x"][1, 2] = torch.nextafter(torch.tensor(5.0), torch.tensor(6.0))  # one ulp
     assert weights_checksum(a) != weights_checksum(c)
-    assert len(weights_checksum(a)) == 64
+    assert weights_checksum(a) != weights_checksum({"z": a["x"], "y": a["y"]})  # a renamed tensor
+    assert len(weights_checksum(a)) == 32  # XXH3-128, hex
 
 
 def test_bad_prompts_are_refused(model):
