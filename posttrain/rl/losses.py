@@ -76,8 +76,10 @@ def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> tuple[torch.Ten
 def off_policy_correction(batch: RLBatch, cfg: RLConfig) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """``(old_logp_BT, is_weights_BT, metrics)`` for the loss: the PPO ratio's anchor and the
     behaviour -> trainer importance weights. In async mode without decoupled PPO the ratio is anchored
-    on the behaviour policy itself (no separate weight). The same rule for every algorithm."""
+    on the behaviour policy itself (no separate weight): its value is the importance weight, and its
+    clip bounds how far a stale sample pushes. The same rule for every algorithm; ``pg`` has no ratio,
+    so it keeps the weight."""
     weights, metrics = importance_weights(batch, cfg.correction)
-    if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo:
+    if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo and cfg.policy_loss != "pg":
         return batch.behaviour_logp_BT, None, metrics
     return batch.old_logp_BT, weights, metrics

@@ -183,6 +183,32 @@ def test_async_without_decoupled_ppo_clips_around_the_sampler(rl_overrides, algo
     assert m["policy/ratio_mean"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-3)
 
 
+@pytest.mark.parametrize("loss", ["ppo_clip", "pg"])
+def test_async_without_decoupled_ppo_pg_keeps_the_importance_weight(rl_overrides, loss):
+    """Anchoring on the sampler corrects only a loss with a ratio: `pg` has none, so it keeps the
+    truncated weight exp(trainer - sampler); a ratio loss gets no second weight."""
+    from posttrain.rl.losses import off_policy_correction
+
+    cfg = load_config(RLConfig, None, rl_overrides(**{"mode": "async", "asynchrony.decoupled_ppo": False,
+                                                      "policy_loss": loss, "correction.cap": 1.2}))
+    from posttrain.rollout import TorchEngine
+
+    run = setup(cfg)
+    run.engine = TorchEngine(cfg.model.path, tokenizer=run.tokenizer)
+    ro, _ = _step_inputs(run)
+    batch = outcome_batch(ro, [Outcome.model_fail(reward=r) for r in REWARDS], run.tokenizer.pad_token_id)
+    with torch.no_grad():
+        batch.old_logp_BT = _plain_logp(run.policy.model, batch, cfg.rollout.temperature) * batch.mask_BT
+    anchor, weights, _ = off_policy_correction(batch, cfg)
+    if loss == "pg":
+        mask = batch.train_mask_BT
+        expected = torch.exp(batch.old_logp_BT - batch.sampler_logp_BT).clamp(max=1.2)
+        assert anchor is batch.old_logp_BT and weights is not None
+        assert torch.allclose(weights[mask], expected[mask], atol=1e-5) and bool((weights[mask] != 1).any())
+    else:
+        assert anchor is batch.behaviour_logp_BT and weights is None
+
+
 def _expected_surrogate(run, ro, cfg, anchor_on_sampler: bool):
     """The step's GSPO or CISPO loss from the formulas (grpo advantages, seq_mean_token_mean).
 

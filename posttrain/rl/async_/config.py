@@ -19,10 +19,15 @@ class AsyncConfig:
     max_engine_restarts: int = 2
     """A dead engine process (with runtime=ray: a dead replica, sync or async) is restarted from the
     last weights this many times; then the run stops cleanly with a checkpoint."""
-    decoupled_ppo: bool = True
-    """Decoupled PPO: clip the ratio around the trainer's own (proximal) log-probs at the current
-    version and correct behaviour->proximal with the importance weights of ``correction``. false =
-    clip directly around the sampler's log-probs (the stale behaviour policy), no separate weight."""
+    decoupled_ppo: bool = False
+    """false: clip the ratio directly around the sampler's log-probs (the stale behaviour policy),
+    whose value is the importance weight itself. true: decoupled PPO, clip around the trainer's own
+    (proximal) log-probs at the current version and correct behaviour->proximal with the truncated
+    weight of ``correction``. With one optimizer step per batch (``ppo_epochs=1, mini_batches=1``,
+    the default) the proximal ratio is exactly 1 when the gradient is taken, so decoupled PPO's clip
+    never binds and nothing bounds how far a stale sample pushes: on the demo's task it cost 7
+    points of held-out accuracy at K=1 (3 seeds) where clipping around the sampler cost none
+    (docs/async.md). Decoupled PPO pays with several optimizer steps per batch and large K."""
     self_test: bool = True
     """At start-up, check that a weight sync reaches the engine and that sampler and trainer agree."""
     self_test_max_kl: float = 1e-3
