@@ -12,8 +12,13 @@ speed-up of async over sync, the ideal (generation + training) / max(generation,
 on the sync run, the fraction of the ideal reached, and held-out greedy accuracy at the end. Goals:
 >= 85% of the ideal, held-out accuracy within 2 points of sync.
 
+One seed's accuracy difference is mostly noise (on 100 problems one accuracy alone is +-0.09), so
+``--seeds N`` repeats the pair (sync, async) with RL seeds SEED..SEED+N-1 from the same SFT start and
+prints the mean difference with a 95% interval over seeds (t), next to the mean speed-up.
+
     .venv/bin/python bench/async_overlap.py                          # 20 steps, the demo's SFT
     .venv/bin/python bench/async_overlap.py --demo-out runs/demo0     # an existing demo run directory
+    .venv/bin/python bench/async_overlap.py --seeds 3 --eval-prompts 500   # the accuracy comparison
     .venv/bin/python bench/async_overlap.py --steps 3 --profile quick # a smoke run
 
 The demo's run directory is reused when it holds an SFT checkpoint (``OUT/sft``); otherwise the
@@ -64,7 +69,7 @@ def start_pinned_ray():
     return ray
 
 
-def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args) -> list[dict]:
+def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args, seed: int) -> list[dict]:
     from posttrain.config import load_config
     from posttrain.demo import PROFILES
     from posttrain.rl.config import RLConfig
@@ -77,14 +82,15 @@ def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args)
         f"rollout.max_new_tokens={p['max_new_tokens']}", "algorithm=grpo", "verifier=arithmetic",
         f"prompts_per_step={p['prompts_per_step']}", f"num_steps={args.steps}", f"optim.lr={p['rl_lr']}",
         "optim.beta2=0.999", "optim.warmup_steps=10", "optim.schedule=cosine", "dynamic_sampling.enabled=true",
-        "dynamic_sampling.max_rounds=3", "eval_every=0", "save_every=0", "kl.track=false", f"seed={args.seed}",
+        "dynamic_sampling.max_rounds=3", "eval_every=0", "save_every=0", "kl.track=false", f"seed={seed}",
         "runtime=ray", "rollout.replicas=1", "rollout.replica_cpus=1", "asynchrony.trainer_threads=1",
         f"out_dir={out / name}", "resume=false", "logging.progress=false", *extra])
     run_rl(cfg, printer=lambda *_: None)
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
 
 
-def report(sync: dict, asyn: dict, steps: int) -> None:
+def report(sync: dict, asyn: dict, steps: int) -> tuple[float, float]:
+    """Prints one seed's pair; returns (fraction of the ideal, accuracy difference async - sync)."""
     ideal = (sync["gen_s"] + sync["train_s"]) / max(sync["gen_s"], sync["train_s"])
     speed = sync["wall_s"] / asyn["wall_s"]
     print(f"\n{steps} steps; engine on core {ENGINE_CORE}, trainer on core {TRAINER_CORE}; sync: generation "
@@ -96,6 +102,24 @@ def report(sync: dict, asyn: dict, steps: int) -> None:
               f"{r['idle_engine']:>12.1f}s{r['stale_max']:>11}")
     print(f"speed-up {speed:.2f}x = {speed / ideal:.0%} of the ideal {ideal:.2f}x; held-out accuracy "
           f"{asyn['acc'] - sync['acc']:+.3f} vs sync (goals: >= 85% of the ideal, within 0.02)")
+    return speed / ideal, asyn["acc"] - sync["acc"]
+
+
+# Student's t, 97.5% quantile, by degrees of freedom (index); the last entry (df >= 10) slightly wide.
+T975 = [float("nan"), 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
+
+
+def across_seeds(pairs: list[tuple[float, float]]) -> None:
+    """The mean fraction of the ideal and the mean accuracy difference with a 95% t interval."""
+    import statistics
+
+    fractions, diffs = zip(*pairs)
+    mean = statistics.mean(diffs)
+    half = T975[min(len(diffs) - 1, len(T975) - 1)] * statistics.stdev(diffs) / len(diffs) ** 0.5
+    print(f"\n{len(pairs)} seeds: {statistics.mean(fractions):.0%} of the ideal on average "
+          f"(min {min(fractions):.0%}); held-out accuracy async - sync {mean:+.3f} "
+          f"[{mean - half:+.3f}, {mean + half:+.3f}] (95% t interval over seeds; per seed "
+          + ", ".join(f"{d:+.3f}" for d in diffs) + ")")
 
 
 def main() -> None:
@@ -105,7 +129,8 @@ def main() -> None:
     p.add_argument("--profile", default="full", choices=["full", "quick"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eval-prompts", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first RL seed (the SFT start is the demo's)")
+    p.add_argument("--seeds", type=int, default=1, help="sync/async pairs, with RL seeds SEED, SEED+1, ...")
     args = p.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two cores (one for the engine, one for the trainer)")
@@ -117,12 +142,17 @@ def main() -> None:
     ckpt, paths = sft_checkpoint(Path(args.demo_out), args.profile, args.seed)
     print(f"SFT checkpoint {ckpt} ({time.perf_counter() - t0:.0f} s)")
     ray = start_pinned_ray()
+    pairs = []
     try:
-        sync = summarize(rl_run("sync", [], ckpt, paths, out, args))
-        asyn = summarize(rl_run("async", ["mode=async", "max_staleness=1"], ckpt, paths, out, args))
+        for seed in range(args.seed, args.seed + args.seeds):
+            sync = summarize(rl_run(f"sync-{seed}", [], ckpt, paths, out, args, seed))
+            asyn = summarize(rl_run(f"async-{seed}", ["mode=async", "max_staleness=1"], ckpt, paths, out, args, seed))
+            print(f"\nseed {seed}", end="")
+            pairs.append(report(sync, asyn, args.steps))
     finally:
         ray.shutdown()
-    report(sync, asyn, args.steps)
+    if len(pairs) > 1:
+        across_seeds(pairs)
 
 
 if __name__ == "__main__":
