@@ -70,11 +70,7 @@ def test_grpo_raises_calculator_episode_success(tmp_path):
     tool_use = lambda eps: sum(e.tool_calls > 0 for e in eps) / len(eps)  # noqa: E731
     print(f"calculator episode success (T=1, {len(held_out)} held-out x 4): {success(before):.3f} -> "
           f"{success(after):.3f}; episodes calling the tool {tool_use(before):.2f} -> {tool_use(after):.2f}")
-    # Both must move: the tool call (the behaviour GRPO rewards) and the episodes it solves. The
-    # success threshold is ~2.4 standard errors of the difference on 256 episodes; the rise measured
-    # depends on the CPU's float kernels (from a start of ~0.035: +0.078 on one machine, >= +0.1 on another).
-    assert tool_use(after) >= tool_use(before) + 0.3
-    assert success(after) >= success(before) + 0.05
+    assert success(after) >= success(before) + 0.1
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     # fp32 engine (KV cache, left-padded prefill) vs trainer (one forward): measured 1.2e-6 to 1.9e-5 at the
     # worst token of a step's ~5,500 model tokens; tests/envs/test_runner.py holds the nano model to 1e-5.
