@@ -188,11 +188,10 @@ def test_async_without_decoupled_ppo_pg_keeps_the_importance_weight(rl_overrides
     """Anchoring on the sampler corrects only a loss with a ratio: `pg` has none, so it keeps the
     truncated weight exp(trainer - sampler); a ratio loss gets no second weight."""
     from posttrain.rl.losses import off_policy_correction
+    from posttrain.rollout import TorchEngine
 
     cfg = load_config(RLConfig, None, rl_overrides(**{"mode": "async", "asynchrony.decoupled_ppo": False,
                                                       "policy_loss": loss, "correction.cap": 1.2}))
-    from posttrain.rollout import TorchEngine
-
     run = setup(cfg)
     run.engine = TorchEngine(cfg.model.path, tokenizer=run.tokenizer)
     ro, _ = _step_inputs(run)
