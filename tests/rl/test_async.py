@@ -1,6 +1,7 @@
 """Async RL: K=0 equals sync, the staleness bound under a randomly slow engine, correction refusal,
 weight-sync verification, the start-up self-test, and hang/death handling of the engine process."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -183,15 +184,17 @@ class BrokenEngine(SlowEngine):
         raise EngineTimeout("engine replica 0 did not answer request 3")
 
 
-def test_an_engine_error_met_while_training_is_raised_in_the_trainer():
+def test_an_engine_error_met_while_training_is_raised_by_the_next_take():
+    # Not at the end of the block: the update inside it is complete and its step must be recorded first.
     cfg = load_config(RLConfig, None, ["mode=async", "max_staleness=1", "prompts_per_step=2", "rollout.group_size=2"])
     run = types.SimpleNamespace(cfg=cfg, source=CurriculumSource([{"prompt": "p", "answer": "yes"}] * 4, 0, cfg.curriculum),
                                 train_prompts={i: [1, 2] for i in range(4)}, verifier=_judge, env=None)
     ctl = AsyncController(run, BrokenEngine(random.Random(0)))
+    with ctl.while_training():
+        time.sleep(0.05)
+    assert ctl.taken == 0 and isinstance(ctl.failure, EngineTimeout)
     with pytest.raises(EngineTimeout, match="request 3"):
-        with ctl.while_training():
-            time.sleep(0.05)
-    assert ctl.taken == 0
+        ctl.take(1)
 
 
 # ------------------------------------------------------------------------------------- correction
@@ -356,4 +359,40 @@ def test_engine_dying_for_good_stops_with_a_checkpoint_and_resume_finishes(rl_ov
     led.load_state_dict(load_trainer_state(tmp_path / "run" / "checkpoints" / "step-4")["async"]["ledger"])
     assert {s: len(u) for s, u in led.trained_by_step().items()} == {1: 4, 2: 4, 3: 4, 4: 4}
     assert sorted(u for us in led.trained_by_step().values() for u in us) == list(range(16))
+    assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_engine_dying_during_an_update_keeps_that_step(rl_overrides, reward_plugin, tmp_path, monkeypatch):
+    """The engine dies while step 3 trains and the receiver thread sees it before the update ends:
+    step 3 is logged and checkpointed as step 3, and the resumed run trains each prompt once."""
+    from posttrain.rl.ledger import PromptLedger
+    from posttrain.core.checkpoint import load_trainer_state
+
+    while_training = AsyncController.while_training
+
+    @contextlib.contextmanager
+    def dying_during_step_3(self):
+        with while_training(self):
+            yield
+            if self.ledger.trained_by_step().get(3):
+                os.kill(self.engine.proc.pid, signal.SIGKILL)
+                deadline = time.monotonic() + 60
+                while self.failure is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert isinstance(self.failure, EngineDied)
+
+    args = dict(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1, num_steps=4, save_every=1)
+    monkeypatch.setattr(AsyncController, "while_training", dying_during_step_3)
+    notes = []
+    with pytest.raises(EngineDied):
+        run_rl(load_config(RLConfig, None, rl_overrides(**args, **{"asynchrony.max_engine_restarts": 0})),
+               printer=notes.append)
+    assert notes[-1].startswith("the rollout engine failed; saved a checkpoint at step 3 ")
+    assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3]
+    monkeypatch.setattr(AsyncController, "while_training", while_training)
+    run_rl(load_config(RLConfig, None, rl_overrides(**args)), printer=lambda *_: None)
+    led = PromptLedger()
+    led.load_state_dict(load_trainer_state(tmp_path / "run" / "checkpoints" / "step-4")["async"]["ledger"])
+    assert {s: len(u) for s, u in led.trained_by_step().items()} == {1: 4, 2: 4, 3: 4, 4: 4}
     assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3, 4]

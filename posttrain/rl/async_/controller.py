@@ -88,6 +88,7 @@ class AsyncController:
         self.engine_idle_seen = 0.0
         self.stats = self._fresh_stats()
         self.overlap: dict[str, int] = {}  # metrics of the last `while_training` block
+        self.failure: BaseException | None = None  # what stopped the receiver thread; raised by the next `take`
 
     @staticmethod
     def _fresh_stats() -> dict:
@@ -183,6 +184,8 @@ class AsyncController:
 
     def take(self, step: int) -> list[Group]:
         """The oldest P buffered groups (waiting only if fewer are ready), all within the bound."""
+        if self.failure is not None:
+            raise self.failure
         self.fill()
         self.receive(self.engine.poll(wait=False))
         picked: list[Group] = []
@@ -244,9 +247,14 @@ class AsyncController:
         took fewer (a starved round): it still advances the version by one. A group admitted here
         reaches pipeline position q < K * P, so it is trained at most K versions after the one that
         generates it, as in `fill`. The trainer must not use the engine, the ledger or the prompt
-        source inside the block; the thread stops at its end, and an error it met (a dead engine,
-        say) is raised there."""
-        stop, failed = threading.Event(), []
+        source inside the block; the thread stops at its end.
+
+        An error the thread meets (a dead engine, say) is raised by the next `take`, not at the end
+        of the block: the update inside it does not depend on the engine and is complete by then, so
+        the step is logged and checkpointed as any other. Raised here, it would stop the run between
+        the update and the bookkeeping of its step, and the emergency checkpoint would label this
+        step's weights and ledger with the previous step's number."""
+        stop = threading.Event()
         admitted, received = self.admitted, 0
 
         def pump() -> None:
@@ -259,8 +267,8 @@ class AsyncController:
                     self.fill()
                     if not replies:
                         stop.wait(self.POLL_S)
-            except BaseException as e:  # raised in the trainer's thread when the block ends
-                failed.append(e)
+            except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread by `take`
+                self.failure = e
 
         self.taken = self.P
         thread = threading.Thread(target=pump, name="async-receiver", daemon=True)
@@ -273,8 +281,6 @@ class AsyncController:
             self.taken = 0
             self.overlap = {"async/admitted_while_training": self.admitted - admitted,
                             "async/received_while_training": received}
-        if failed:
-            raise failed[0]
 
     # ------------------------------------------------------------------------- per-step metrics
 

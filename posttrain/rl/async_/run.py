@@ -114,13 +114,17 @@ def _train(run, engine, printer) -> dict:
 
     plan = Plan("rl-async", cfg.num_steps, start, cfg.eval_every, cfg.save_every, cfg.logging.progress)
     try:
-        return drive(plan, step, logger=logger, save=lambda n: save(run, ctl, n), evaluate=lambda: held_out_eval(run),
+        last = drive(plan, step, logger=logger, save=lambda n: save(run, ctl, n), evaluate=lambda: held_out_eval(run),
                      check=watchdog.check, world=run.world,
                      describe=lambda m: f"reward {m.get('reward/mean', float('nan')):.3f} "
-                                        f"stale {m['async/staleness_mean']:.2f} idle {m['time/trainer_idle_s']:.2f}s") or first
+                                        f"stale {m['async/staleness_mean']:.2f} idle {m['time/trainer_idle_s']:.2f}s")
     except EngineError:
         save(run, ctl, done)
         printer(f"the rollout engine failed; saved a checkpoint at step {done} (re-run to resume)")
         raise
     finally:
         logger.close()
+    if ctl.failure is not None:  # during the last step: every step trained, nothing is lost
+        printer(f"WARNING [engine_failed] the rollout engine failed during the last step, after its groups "
+                f"were generated; the run is complete ({ctl.failure})")
+    return last or first
