@@ -46,6 +46,8 @@ class RLBatch:
     episode_B: torch.Tensor | None = None         # (N,) long: the episode (0..E-1) each row is a sample
     #                                                of, episodes of group i at i*G..; None: row r is episode r
     group_size: int = 1                           # G: the episodes of prompt i are i*G .. i*G+G-1
+    score_weight_B: torch.Tensor | None = None    # (N,) fp32: how many rows each row's scoring diagnostics
+    #                                                stand for; 0: not scored (see `Policy.score`); None: all 1
 
     @property
     def behaviour_logp_BT(self) -> torch.Tensor:
@@ -76,6 +78,13 @@ class RLBatch:
     def train_mask_BT(self) -> torch.Tensor:
         """Completion tokens of sequences whose outcome is a reward (INFRA/TASK fails masked)."""
         return self.mask_BT & self.valid_B[:, None]
+
+    @property
+    def scored_mask_BT(self) -> torch.Tensor:
+        """``train_mask_BT`` over the rows the trainer scored: what the sampler/trainer metrics average over."""
+        if self.score_weight_B is None:
+            return self.train_mask_BT
+        return self.train_mask_BT & (self.score_weight_B > 0)[:, None]
 
     def select(self, idx: torch.Tensor | list[int]) -> "RLBatch":
         """Rows ``idx``, trimmed to their longest sequence so micro-batches do not pay for padding."""

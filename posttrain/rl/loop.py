@@ -198,9 +198,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
     metrics |= run.source.metrics() | farm_metrics() if world.main else {}
     with during:  # async: the controller keeps receiving and admitting groups meanwhile
         with timer("logprobs"):
-            train_rows = rows_to_train(cfg, batch, outcomes, first)
-            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=reference_due(cfg, step),
-                                                                         train_rows=train_rows)
+            train_rows, with_ref = rows_to_train(cfg, batch, outcomes, first), reference_due(cfg, step)
+            batch.score_weight_B = None if with_ref else score_weights(batch, train_rows)
+            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=with_ref, train_rows=train_rows)
             metrics |= m
         if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
             targets, m = run.ppo.targets(run, batch, timer)
@@ -209,7 +209,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
             with timer("adv"):
                 batch.adv_B, m = advantages(cfg, batch, world)
         batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
-        metrics |= m | world.mean_metrics(correction, float(batch.train_mask_BT.sum()))
+        metrics |= m | world.mean_metrics(correction, float(batch.scored_mask_BT.sum()))
         metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
         metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
         if info.get("dynamic_sampling/starved"):
@@ -238,6 +238,21 @@ def rows_to_train(cfg: RLConfig, batch: RLBatch, outcomes: list[Outcome], first_
         return None
     zero_var_P = group_outcomes(outcomes, batch.group_size)[2]
     return ~zero_var_P[(batch.episode_ids() + first_episode) // batch.group_size]
+
+
+def score_weights(batch: RLBatch, train_rows: torch.Tensor | None) -> torch.Tensor | None:
+    """(N,) `RLBatch.score_weight_B`: which rows the trainer scores, and how many rows each stands for.
+
+    The rows that train are all scored (weight 1). The others, a zero-variance group's, are needed
+    only by diagnostics (entropy, the sampler/trainer mismatch): a group's samples are independent
+    draws for the same prompt, so its first episode stands for all G (weight G; the rest 0, not
+    scored). That removes (G-1)/G of their forward while the entropy stays a weighted estimate of
+    the whole batch's. Steps that run the reference forward score every row (``kl/ref`` is over
+    all of them), as does every step of a loss that trains every row (None)."""
+    if train_rows is None:
+        return None
+    stands_for_group = batch.episode_ids() % batch.group_size == 0
+    return torch.where(train_rows, 1.0, torch.where(stands_for_group, float(batch.group_size), 0.0))
 
 
 def sync_weights(run: RLRun, version: int | None = None) -> None:

@@ -64,9 +64,10 @@ def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> tuple[torch.Ten
     top-p truncated one when sampling truncates (``batch.behaviour_logp_BT``), since that is the
     proposal the importance ratio corrects for. The mismatch metrics always compare the two full
     distributions, sampler and trainer, and are computed even when the correction is off: they are
-    how a user sees that the two sides' numerics or weights disagree.
+    how a user sees that the two sides' numerics or weights disagree. Both are over the rows the
+    trainer scored (``RLBatch.scored_mask_BT``): every row that trains, and a sample of the others.
     """
-    mask = batch.train_mask_BT
+    mask = batch.scored_mask_BT
     options = {"masked": dict(low=cfg.low, high=cfg.high), "truncated": dict(cap=cfg.cap), "none": {}}[cfg.kind]
     w, metrics = IS_CORRECTIONS[cfg.kind](batch.old_logp_BT, batch.behaviour_logp_BT, mask, level=cfg.level, **options)
     metrics |= mismatch_metrics(batch.old_logp_BT, batch.sampler_logp_BT, mask)

@@ -22,7 +22,8 @@ one micro-batch the update would hold anyway.
 Rows that cannot change the update are not differentiated (``train_rows``): in the GRPO family a
 zero-variance group's advantage is exactly 0, so when the loss has no term that is non-zero at
 advantage 0 its rows add exactly nothing to the loss or its gradient. ``score`` runs them without
-autograd (their log-probs still feed entropy, mismatch and KL metrics) and ``train_step``
+autograd, for the entropy, mismatch and KL metrics only (all of them, or a sample that
+``RLBatch.score_weight_B`` weighs; `posttrain.rl.loop.score_weights`), and ``train_step``
 differentiates only the other rows, with every denominator still that of the whole mini-batch:
 the loss and the gradient are exactly those of differentiating every row. Under torchrun a rank
 with fewer (or no) such rows runs placeholder micro-batches whose loss is multiplied by 0, so
@@ -62,12 +63,17 @@ class Policy:
     def _target_logits(self, model, mb: RLBatch) -> TargetLogits:
         """Logits scoring ``input_ids[:, 1:]`` (the completion targets only, each shared prompt run
         once, when it can)."""
-        logits = completion_logits(model, mb, self.device)
+        logits = completion_logits(model, mb, self.device, agree=self._every_rank)
         if logits is not None:
             return logits
         out = model(input_ids=mb.input_ids_BT.to(self.device), attention_mask=mb.attention_mask_BT.to(self.device),
                     position_ids=mb.position_ids_BT().to(self.device))
         return TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:].to(self.device))
+
+    def _every_rank(self, ok: bool) -> bool:
+        if not self.world.distributed:
+            return ok
+        return self.world.all_reduce(int(ok)) == self.world.world_size
 
     def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
         t = self._target_logits(model, mb)
@@ -92,11 +98,21 @@ class Policy:
         """``(old_logp_BT, ref_logp_BT, metrics)``: the current policy's and the reference's log-probs
         of the batch's tokens (0 off ``mask_BT``; the reference's is None without one, or when
         ``with_ref`` is off) and the entropy. ``train_rows`` (N,) bool: the rows the update will
-        differentiate (None: all); only those can be the kept forward, the others run without autograd."""
+        differentiate (None: all); only those can be the kept forward, the others run without autograd.
+
+        ``batch.score_weight_B`` (None: every row, weight 1) picks the rows to score: a row of weight
+        0 is not run, and its old log-probs are the behaviour policy's (importance weight 1; it must
+        not train); the entropy weighs each scored row's tokens by its weight."""
         self.model.eval()
         rows = torch.arange(len(batch))
-        frozen = rows[:0] if train_rows is None else rows[~train_rows]
+        weight_B = batch.score_weight_B
+        scored = rows if weight_B is None else rows[weight_B > 0]
+        if weight_B is not None and len(scored) < len(batch) and with_ref and self.ref_model is not None:
+            raise ValueError("the reference forward scores every row: score_weight_B must be None with it")
         trained = rows if train_rows is None else rows[train_rows]
+        if weight_B is not None and bool((weight_B[trained] == 0).any()):
+            raise ValueError("every row that trains must be scored (score_weight_B > 0)")
+        frozen = scored[:0] if train_rows is None else scored[~train_rows[scored]]
         trained_plan = self.plan(batch, trained)
         keep = self.reuse_score_forward and len(trained_plan) == 1  # one micro-batch: no extra memory
         self._kept = None
@@ -111,9 +127,10 @@ class Policy:
 
     def _score(self, batch: RLBatch, steps: list[tuple[torch.Tensor, bool]], with_ref: bool):
         """Runs each ``(rows, with_grad)`` micro-batch; returns the last one's log-probs too."""
-        old = torch.zeros(batch.mask_BT.shape)
+        weight_B = torch.ones(len(batch)) if batch.score_weight_B is None else batch.score_weight_B
+        old = torch.where((weight_B > 0)[:, None], 0.0, batch.behaviour_logp_BT)
         ref = torch.zeros(batch.mask_BT.shape) if with_ref else None
-        ent_sum, ent_count, logp = 0.0, 0, None
+        ent_sum, ent_count, logp = 0.0, 0.0, None
         for idx, grad in steps:
             mb = batch.select(idx if len(idx) else placeholder_rows(batch))  # an empty one still runs in step
             with torch.set_grad_enabled(grad):
@@ -125,14 +142,14 @@ class Policy:
             if not len(idx):
                 continue
             old[idx, : logp.shape[1]] = logp.detach()
-            m = mb.mask_BT
+            m = mb.mask_BT * weight_B[idx, None]
             ent_sum += float((ent * m).sum())
-            ent_count += int(m.sum())
+            ent_count += float(m.sum())
             if ref is not None:
                 ref[idx, : logp.shape[1]] = ref_logp
         ent_sum, ent_count = self.world.all_reduce(ent_sum), self.world.all_reduce(ent_count)
         ref = ref * batch.mask_BT if ref is not None else None
-        return old * batch.mask_BT, ref, {"entropy": ent_sum / max(ent_count, 1)}, logp
+        return old * batch.mask_BT, ref, {"entropy": ent_sum / max(ent_count, 1.0)}, logp
 
     def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
                    mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0,
@@ -223,8 +240,8 @@ def has_active_dropout(model) -> bool:
 
 def placeholder_rows(batch: RLBatch) -> torch.Tensor:
     """Rows a rank with nothing to run forwards instead, to stay in step with its peers: two samples
-    of one prompt, so that it makes the same model calls as theirs (each shared prompt once, then
-    the completions; `posttrain.rl.shared_prefix`)."""
+    of one prompt, so that it can make the same model calls as theirs (each shared prompt once,
+    then the completions; `posttrain.rl.shared_prefix`, whose path the ranks choose together)."""
     return torch.nonzero(batch.prompt_idx_B == batch.prompt_idx_B[0]).flatten()[:2]
 
 

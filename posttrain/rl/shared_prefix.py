@@ -67,8 +67,12 @@ class TargetLogits:
         return out.index_put((self.rows, self.cols), values_BX[self.rows, self.js])
 
 
-def completion_logits(model, mb: RLBatch, device) -> TargetLogits | None:
-    """The completion targets' logits (see the module docstring); None to fall back."""
+def completion_logits(model, mb: RLBatch, device, agree=bool) -> TargetLogits | None:
+    """The completion targets' logits (see the module docstring); None to fall back.
+
+    ``agree(usable) -> bool`` decides with the peers: sharded ranks run their forwards in lock step,
+    and this path makes two model calls where the plain forward makes one, so either every rank
+    takes it or none does (a micro-batch with one row per prompt on one rank is enough to differ)."""
     mask, ids = mb.mask_BT, mb.input_ids_BT
     n, width = mask.shape
     lengths_B = mask.sum(1)
@@ -77,13 +81,15 @@ def completion_logits(model, mb: RLBatch, device) -> TargetLogits | None:
     contiguous = bool((lengths_B > 0).all()) and torch.equal(
         mask.gather(1, (start_B[:, None] - 1 + torch.arange(span_BC.shape[1])).clamp(max=width - 1)) & span_BC, span_BC)
     unique, expand_B = torch.unique(mb.prompt_idx_B, return_inverse=True)
-    if not contiguous or len(unique) == n:
+    usable = contiguous and len(unique) < n
+    if usable:
+        prompts_BP, real_BP = _left_padded_prompts(ids, start_B)
+        first_U = torch.zeros(len(unique), dtype=torch.long).scatter_reduce(
+            0, expand_B, torch.arange(n), reduce="amin", include_self=False)
+        # rows that claim one prompt must carry the same tokens
+        usable = torch.equal(prompts_BP, prompts_BP[first_U][expand_B]) and torch.equal(real_BP, real_BP[first_U][expand_B])
+    if not agree(usable):
         return None
-    prompts_BP, real_BP = _left_padded_prompts(ids, start_B)
-    first_U = torch.zeros(len(unique), dtype=torch.long).scatter_reduce(
-        0, expand_B, torch.arange(n), reduce="amin", include_self=False)
-    if not (torch.equal(prompts_BP, prompts_BP[first_U][expand_B]) and torch.equal(real_BP, real_BP[first_U][expand_B])):
-        return None  # rows that claim one prompt carry different tokens
     real_UP, cache, key = real_BP[first_U], DynamicCache(config=model.config), _cache_kwarg(model)
     out = model(input_ids=prompts_BP[first_U].to(device), attention_mask=real_UP.to(device),
                 position_ids=(real_UP.cumsum(1) - 1).clamp(min=0).to(device), use_cache=True, logits_to_keep=1,

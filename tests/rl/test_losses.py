@@ -146,6 +146,22 @@ def test_is_weights_correct_against_the_truncated_distribution_sampled(rl_overri
     assert m["mismatch/kl"] < 1e-6 and m["is/ratio_mean"] < 1.0
 
 
+def test_sampler_trainer_metrics_average_over_the_scored_rows_only(rl_overrides):
+    """Rows the trainer did not score carry the sampler's log-probs (a difference of 0): averaged in,
+    they would shrink every mismatch and ratio figure by the share of rows left out."""
+    cfg = load_config(RLConfig, None, rl_overrides(**{"kl.track": False}))
+    run = setup(cfg)
+    ro = run.engine.generate([run.train_prompts[i] for i in range(2)], G, sampling_params(cfg, 5))
+    batch = outcome_batch(ro, [Outcome.model_fail(reward=0.0)] * len(ro), run.tokenizer.pad_token_id, G)
+    batch.score_weight_B = torch.tensor([1.0] * G + [float(G)] + [0.0] * (G - 1))
+    scored = batch.score_weight_B > 0
+    batch.old_logp_BT = torch.where(scored[:, None], batch.sampler_logp_BT + 0.1, batch.sampler_logp_BT) * batch.mask_BT
+    _, m = importance_weights(batch, CorrectionConfig(kind="truncated", cap=2.0))
+    assert int(batch.mask_BT[~scored].sum()) > 0  # rows left out that have tokens
+    assert m["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.1, rel=1e-4)
+    assert m["is/ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
+
+
 def test_without_truncation_the_batch_has_one_behaviour_distribution(rl_overrides):
     cfg = load_config(RLConfig, None, rl_overrides(**{"kl.track": False}))
     run = setup(cfg)

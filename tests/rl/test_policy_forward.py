@@ -103,6 +103,18 @@ def test_shared_prefix_falls_back_when_nothing_is_shared_or_prompts_disagree(nan
     assert completion_logits(model, batch.select([0, 1]), torch.device("cpu")) is None
 
 
+def test_shared_prefix_is_taken_only_when_every_rank_can_take_it(nano_model_dir):
+    """Sharded ranks run forwards in lock step: a rank that could share its prompts still falls back
+    when a peer cannot (``agree`` says no), and a rank that cannot is never told to."""
+    model = load_model(ModelConfig(path=str(nano_model_dir)))
+    batch = _batch()
+    asked = []
+    peers_disagree = lambda ok: asked.append(ok) and False  # noqa: E731
+    assert completion_logits(model, batch.select([0, 1]), torch.device("cpu"), agree=peers_disagree) is None
+    assert completion_logits(model, batch.select([0, 4]), torch.device("cpu"), agree=lambda ok: asked.append(ok) or ok) is None
+    assert asked == [True, False]
+
+
 def _step(policy: Policy, mini_batches: int = 1) -> dict:
     batch = _batch()
     batch.old_logp_BT, batch.ref_logp_BT, _ = policy.score(batch)

@@ -10,6 +10,7 @@ from posttrain.core.optim import OptimConfig, build_scheduler
 from posttrain.models.hf import ModelConfig, load_model
 from posttrain.rl.batch import build_batch
 from posttrain.rl.config import RLConfig
+from posttrain.rl.loop import score_weights
 from posttrain.rl.losses import make_loss_fn
 from posttrain.rl.policy import Policy
 from posttrain.rollout import Rollouts, SamplingParams
@@ -152,3 +153,56 @@ def test_rows_with_a_nonzero_advantage_cannot_be_skipped(nano_model_dir):
     train_rows[5] = False  # an informative row
     with pytest.raises(ValueError, match="advantage of exactly 0"):
         policy.train_step(batch, make_loss_fn(RLConfig()), aggregation="token_mean", train_rows=train_rows)
+
+
+# ------------------------------------------------------------------ zero-variance rows scored by sample
+
+
+def test_score_weights_pick_each_zero_variance_groups_first_episode():
+    batch, train_rows = _batch()
+    assert score_weights(batch, train_rows).tolist() == [4, 0, 0, 0, 1, 1, 1, 1, 4, 0, 0, 0, 1, 1, 1, 1]
+    assert score_weights(batch, None) is None  # a loss that trains every row scores every row
+    batch.episode_B = torch.tensor([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 10, 11, 12])  # multi-turn: rows per episode
+    batch.group_size = 4
+    rows = torch.tensor([False] * 3 + [True] * 13)
+    # episode 0 (rows 0-1) stands for group 0; group 2 is episodes 8-11, episode 8 is row 9
+    assert score_weights(batch, rows).tolist() == [4, 4, 0] + [1] * 13
+
+
+def test_sampled_scoring_runs_fewer_rows_and_keeps_the_step_and_the_entropy_estimate(nano_model_dir):
+    """The zero-variance groups 0 and 2 scored by their first rows: 10 rows run instead of 16, the
+    scored rows' log-probs and the update are the full scoring's, the others carry the sampler's
+    log-probs, and the entropy is the weighted mean of the per-token entropies (by hand)."""
+    full, _ = _policy(nano_model_dir, 40, reuse=False)
+    sampled, _ = _policy(nano_model_dir, 40, reuse=False)
+    forwarded = []
+    target_logits = sampled._target_logits
+    sampled._target_logits = lambda model, mb: forwarded.append(len(mb)) or target_logits(model, mb)
+    batch, train_rows = _batch()
+    with torch.no_grad():
+        _, ent_BT = full._forward(full.model, batch, with_entropy=True)
+    m_full, s_full, old_full = _step(full, True, "token_mean", 1)
+    batch.score_weight_B = score_weights(batch, train_rows)
+    m_s, s_s, old_s = _step(sampled, True, "token_mean", 1, batch=(batch, train_rows))
+    assert sum(forwarded) == 10 + 8  # scoring 8 trained rows and 2 of the 8 frozen, then the update's 8
+    scored = batch.score_weight_B > 0
+    torch.testing.assert_close(old_s[scored], old_full[scored], rtol=1e-5, atol=1e-6)
+    assert torch.equal(old_s[~scored], (batch.sampler_logp_BT * batch.mask_BT)[~scored])
+    w_BT = batch.mask_BT * batch.score_weight_B[:, None]
+    assert s_s["entropy"] == pytest.approx(float((ent_BT * w_BT).sum() / w_BT.sum()), rel=1e-5)
+    assert s_s["entropy"] != pytest.approx(s_full["entropy"], rel=1e-6)  # an estimate, not the same number
+    for key in ("loss", "grad_norm"):
+        assert m_s[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+    _assert_same_weights(full, sampled)
+
+
+def test_sampled_scoring_refuses_the_reference_forward_and_unscored_training_rows(nano_model_dir):
+    policy, _ = _policy(nano_model_dir, 1000, reuse=False)
+    policy.ref_model = policy.model
+    batch, train_rows = _batch()
+    batch.score_weight_B = score_weights(batch, train_rows)
+    with pytest.raises(ValueError, match="reference forward scores every row"):
+        policy.score(batch, with_ref=True, train_rows=train_rows)
+    batch.score_weight_B[4] = 0.0
+    with pytest.raises(ValueError, match="every row that trains must be scored"):
+        policy.score(batch, with_ref=False, train_rows=train_rows)
