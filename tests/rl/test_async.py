@@ -331,29 +331,22 @@ def test_engine_process_restarts_after_death_and_hangs_time_out(nano_model_dir):
         engine.close()
 
 
-@pytest.mark.slow
-def test_engine_dying_for_good_stops_with_a_checkpoint_and_resume_finishes(rl_overrides, reward_plugin, tmp_path,
-                                                                           monkeypatch):
+def _kill_then_resume(rl_overrides, reward_plugin, tmp_path, monkeypatch, name, killing, check_stop):
+    """4 async steps with ``AsyncController.<name>`` replaced by ``killing(original)``, which kills the
+    engine (no restart allowed); ``check_stop(notes)`` then looks at the stopped run. A re-run resumes
+    with the original, and every prompt is trained exactly once, one metrics row per step."""
     from posttrain.rl.ledger import PromptLedger
     from posttrain.core.checkpoint import load_trainer_state
 
-    take = AsyncController.take
-
-    def take_killing_the_engine_at_step_3(self, step):
-        if step == 3:
-            os.kill(self.engine.proc.pid, signal.SIGKILL)
-        return take(self, step)
-
     args = dict(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1, num_steps=4, save_every=1)
-    monkeypatch.setattr(AsyncController, "take", take_killing_the_engine_at_step_3)
+    original = getattr(AsyncController, name)
+    monkeypatch.setattr(AsyncController, name, killing(original))
     notes = []
     with pytest.raises(EngineDied):
         run_rl(load_config(RLConfig, None, rl_overrides(**args, **{"asynchrony.max_engine_restarts": 0})),
                printer=notes.append)
-    stopped_at = int(notes[-1].split("checkpoint at step ")[1].split()[0])
-    assert 2 <= stopped_at < 4  # the engine's death surfaces at step 3 or, if step 3 was buffered, step 4
-    assert load_trainer_state(tmp_path / "run" / "checkpoints" / f"step-{stopped_at}")["step"] == stopped_at
-    monkeypatch.setattr(AsyncController, "take", take)
+    check_stop(notes)
+    monkeypatch.setattr(AsyncController, name, original)
     run_rl(load_config(RLConfig, None, rl_overrides(**args)), printer=lambda *_: None)
     led = PromptLedger()
     led.load_state_dict(load_trainer_state(tmp_path / "run" / "checkpoints" / "step-4")["async"]["ledger"])
@@ -363,36 +356,46 @@ def test_engine_dying_for_good_stops_with_a_checkpoint_and_resume_finishes(rl_ov
 
 
 @pytest.mark.slow
-def test_engine_dying_during_an_update_keeps_that_step(rl_overrides, reward_plugin, tmp_path, monkeypatch):
-    """The engine dies while step 3 trains and the receiver thread sees it before the update ends:
-    step 3 is logged and checkpointed as step 3, and the resumed run trains each prompt once."""
-    from posttrain.rl.ledger import PromptLedger
+def test_engine_dying_for_good_stops_with_a_checkpoint_and_resume_finishes(rl_overrides, reward_plugin, tmp_path,
+                                                                           monkeypatch):
     from posttrain.core.checkpoint import load_trainer_state
 
-    while_training = AsyncController.while_training
-
-    @contextlib.contextmanager
-    def dying_during_step_3(self):
-        with while_training(self):
-            yield
-            if self.ledger.trained_by_step().get(3):
+    def killing_at_step_3(take):
+        def take_killing_the_engine_at_step_3(self, step):
+            if step == 3:
                 os.kill(self.engine.proc.pid, signal.SIGKILL)
-                deadline = time.monotonic() + 60
-                while self.failure is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert isinstance(self.failure, EngineDied)
+            return take(self, step)
+        return take_killing_the_engine_at_step_3
 
-    args = dict(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1, num_steps=4, save_every=1)
-    monkeypatch.setattr(AsyncController, "while_training", dying_during_step_3)
-    notes = []
-    with pytest.raises(EngineDied):
-        run_rl(load_config(RLConfig, None, rl_overrides(**args, **{"asynchrony.max_engine_restarts": 0})),
-               printer=notes.append)
-    assert notes[-1].startswith("the rollout engine failed; saved a checkpoint at step 3 ")
-    assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3]
-    monkeypatch.setattr(AsyncController, "while_training", while_training)
-    run_rl(load_config(RLConfig, None, rl_overrides(**args)), printer=lambda *_: None)
-    led = PromptLedger()
-    led.load_state_dict(load_trainer_state(tmp_path / "run" / "checkpoints" / "step-4")["async"]["ledger"])
-    assert {s: len(u) for s, u in led.trained_by_step().items()} == {1: 4, 2: 4, 3: 4, 4: 4}
-    assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3, 4]
+    def check_stop(notes):
+        stopped_at = int(notes[-1].split("checkpoint at step ")[1].split()[0])
+        assert 2 <= stopped_at < 4  # the engine's death surfaces at step 3 or, if step 3 was buffered, step 4
+        assert load_trainer_state(tmp_path / "run" / "checkpoints" / f"step-{stopped_at}")["step"] == stopped_at
+
+    _kill_then_resume(rl_overrides, reward_plugin, tmp_path, monkeypatch, "take", killing_at_step_3, check_stop)
+
+
+@pytest.mark.slow
+def test_engine_dying_during_an_update_keeps_that_step(rl_overrides, reward_plugin, tmp_path, monkeypatch):
+    """The engine dies while step 3 trains and the receiver thread sees it before the update ends:
+    step 3 is logged and checkpointed as step 3 (not as step 2, to be trained again on resume)."""
+
+    def killing_during_step_3(while_training):
+        @contextlib.contextmanager
+        def dying_during_step_3(self):
+            with while_training(self):
+                yield
+                if self.ledger.trained_by_step().get(3):
+                    os.kill(self.engine.proc.pid, signal.SIGKILL)
+                    deadline = time.monotonic() + 60
+                    while self.failure is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert isinstance(self.failure, EngineDied)
+        return dying_during_step_3
+
+    def check_stop(notes):
+        assert notes[-1].startswith("the rollout engine failed; saved a checkpoint at step 3 ")
+        assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3]
+
+    _kill_then_resume(rl_overrides, reward_plugin, tmp_path, monkeypatch, "while_training", killing_during_step_3,
+                      check_stop)
