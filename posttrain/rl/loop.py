@@ -159,8 +159,9 @@ def own_rows(n: int, group_size: int, world: World) -> range:
 
 def reference_due(cfg: RLConfig, step: int) -> bool:
     """The reference forward runs every step when the KL is trained on; when it is only tracked,
-    on step 1 and every ``kl.track_every`` steps."""
-    return cfg.kl.coef > 0 or step == 1 or step % cfg.kl.track_every == 0
+    on step 1 and every ``kl.track_every`` steps; never without a reference (``kl.track=false``),
+    so those steps do not score every row for a forward that does not run (`score_weights`)."""
+    return cfg.kl.coef > 0 or cfg.kl.track and (step == 1 or step % cfg.kl.track_every == 0)
 
 
 def share_step(run: RLRun, *made):
