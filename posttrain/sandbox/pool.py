@@ -88,9 +88,9 @@ CANARIES: list[tuple[str, Job, tuple[str, str]]] = [
     ("wrong", Job("def f(x):\n    return x\n", "f", "def check(c):\n    assert c(1) == 2\n"),
      ("MODEL_FAIL", "wrong_answer")),
     # Sleeps rather than spins: the wall-clock kill is what is checked, and a spinning canary
-    # would take a core from the other workers while they start. 20 ms: every start pays it.
+    # would take a core from the other workers while they start. 10 ms: every start pays it.
     ("timeout", Job("import time\ndef f(x):\n    time.sleep(3600)\n", "f",
-                    "def check(c):\n    assert c(1) == 2\n", timeout_s=0.02), ("MODEL_FAIL", "timeout")),
+                    "def check(c):\n    assert c(1) == 2\n", timeout_s=0.01), ("MODEL_FAIL", "timeout")),
     ("memory", Job("def f(x):\n    return len(bytearray(1 << 40))\n", "f",
                    "def check(c):\n    assert c(1) == 2\n"), ("MODEL_FAIL", "memory")),
 ]
