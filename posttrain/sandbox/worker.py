@@ -72,6 +72,12 @@ class SandboxConfig:
     """Replace a sandbox after this many programs."""
     canary_every: int = 500
     """Run the canaries on a sandbox after this many programs (and at its start)."""
+    pin_cpus: bool = True
+    """Pin each sandbox, with every process in it, to one CPU (round-robin over the CPUs this
+    process may use) when there are at least as many sandboxes as those CPUs. A program then
+    runs where its zygote, forker and judge run: no cross-CPU wake-ups and TLB shootdowns, 1.4x
+    the throughput on a busy 2-core VM. With fewer sandboxes than CPUs it does nothing: there a
+    sandbox is faster when its processes may spread out."""
     max_retries: int = 2
     """Retries of a program whose run hit INFRA_FAIL."""
     queue_size: int = 256
@@ -101,6 +107,13 @@ class SandboxConfig:
     @property
     def n_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+    def cpu_of(self, slot: int) -> int | None:
+        """The CPU sandbox ``slot`` is pinned to, or None (see `pin_cpus`)."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if not self.pin_cpus or self.n_workers < len(cpus):
+            return None
+        return cpus[slot % len(cpus)]
 
 
 def _own_cgroup(controller: str) -> Path | None:
@@ -151,7 +164,7 @@ class Worker:
         c = self.cfg
         return {"candidate_uid": self.uid, "judge_uid": self.uid + 1, "memory_mb": c.memory_mb,
                 "cpu_s": c.cpu_s, "nproc": c.nproc, "file_mb": c.file_mb, "tmpfs_mb": c.tmpfs_mb,
-                "seccomp": self.info["seccomp"]}
+                "seccomp": self.info["seccomp"], "cpu": c.cpu_of(self.slot)}
 
     def _make_cgroups(self) -> list[str]:
         self.cgroups = []

@@ -1075,6 +1075,11 @@ def _warm_up() -> None:
 
 def main(argv: list[str]) -> None:
     cfg = json.loads(argv[1])
+    if cfg.get("cpu") is not None:  # first, so that every process forked from here inherits it
+        try:
+            os.sched_setaffinity(0, {cfg["cpu"]})
+        except OSError:  # the CPU went away since the host looked: run unpinned
+            pass
     import ctypes, resource, socket  # noqa: E401,F401  imported once here so each fork starts warm
 
     _libc()
