@@ -75,8 +75,8 @@ class SandboxConfig:
     pin_cpus: bool = True
     """Pin each sandbox, with every process in it, to one CPU (round-robin over the CPUs this
     process may use) when there are at least as many sandboxes as those CPUs. A program then
-    runs where its zygote, forker and judge run: no cross-CPU wake-ups and TLB shootdowns, about
-    1.3x the throughput on a 2-core VM (`bench/sandbox_vs_humaneval.py`). With fewer sandboxes
+    runs where its zygote, forker and judge run: no cross-CPU wake-ups and TLB shootdowns, 1.1-1.3x
+    the throughput on a 2-core VM (`bench/sandbox_vs_humaneval.py`). With fewer sandboxes
     than CPUs it does nothing: there a sandbox is faster when its processes may spread out."""
     max_retries: int = 2
     """Retries of a program whose run hit INFRA_FAIL."""
