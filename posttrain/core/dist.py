@@ -45,6 +45,10 @@ class World:
             return t.to(x.dtype)
         return type(x)(t.item())
 
+    def all_agree(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank: for choices that must be the same everywhere."""
+        return self.all_reduce(int(ok)) == self.world_size
+
     def mean_metrics(self, metrics: dict, weight: float) -> dict:
         """Per-rank metrics → their ``weight``-weighted mean over ranks (keys ending in ``_max``: the max)."""
         if not self.distributed:

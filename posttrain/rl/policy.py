@@ -63,17 +63,12 @@ class Policy:
     def _target_logits(self, model, mb: RLBatch) -> TargetLogits:
         """Logits scoring ``input_ids[:, 1:]`` (the completion targets only, each shared prompt run
         once, when it can)."""
-        logits = completion_logits(model, mb, self.device, agree=self._every_rank)
+        logits = completion_logits(model, mb, self.device, agree=self.world.all_agree)
         if logits is not None:
             return logits
         out = model(input_ids=mb.input_ids_BT.to(self.device), attention_mask=mb.attention_mask_BT.to(self.device),
                     position_ids=mb.position_ids_BT().to(self.device))
         return TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:].to(self.device))
-
-    def _every_rank(self, ok: bool) -> bool:
-        if not self.world.distributed:
-            return ok
-        return self.world.all_reduce(int(ok)) == self.world.world_size
 
     def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
         t = self._target_logits(model, mb)
