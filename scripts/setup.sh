@@ -28,26 +28,22 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+stamp=".venv/.posttrain-setup"
+want="$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-16)-$EXTRAS"
+if ! { [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; }; then
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+  if [ -n "$EXTRAS" ]; then
+    .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
+  else
+    .venv/bin/python -m pip install -q -c constraints.txt -e .
+  fi
+  echo "$want" >> "$stamp"
+  echo "[setup] ready: .venv/bin/posttrain"
+fi
 # Bytecode for the package, as pip writes for an installed one (an editable install gets none,
 # and an interpreter run with PYTHONDONTWRITEBYTECODE never writes it): every command would
 # otherwise compile its modules at each start, about a fifth of a second. Only stale files are
 # recompiled, so this runs on every call.
-compile_package() { .venv/bin/python -m compileall -q -j 0 posttrain >/dev/null; }
-
-stamp=".venv/.posttrain-setup"
-want="$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-16)-$EXTRAS"
-if [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; then
-  compile_package
-  exit 0
-fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0
-if [ -n "$EXTRAS" ]; then
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
-else
-  .venv/bin/python -m pip install -q -c constraints.txt -e .
-fi
-compile_package
-echo "$want" >> "$stamp"
-echo "[setup] ready: .venv/bin/posttrain"
+.venv/bin/python -m compileall -q -j 0 posttrain >/dev/null
