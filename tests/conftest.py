@@ -63,3 +63,26 @@ def ray_cluster(tmp_path_factory):
     connect("", num_cpus=8)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory):
+    """The embedded tiny model (vLLM's CPU attention has no kernel for the nano model's head size 16)."""
+    from posttrain.models.hf import quiet_transformers
+    from posttrain.models.tiny import build_tiny
+
+    quiet_transformers()
+    return build_tiny(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory, vllm_model_dir):
+    """One real vLLM server (from .venv-vllm, `bash scripts/setup.sh vllm`) on the tiny model for
+    the whole test session: start-up costs 30-100 s. Yields the `VLLMServers` (``.urls[0]``)."""
+    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+
+    spec = ServerSpec(model=str(vllm_model_dir), max_model_len=512, lora_rank=8)
+    servers = VLLMServers(spec, 1, tmp_path_factory.mktemp("vllm-logs"), printer=lambda *_: None)
+    servers.start()
+    yield servers
+    servers.stop()

@@ -75,6 +75,7 @@ class PosttrainDialect:
     """The routes and fields of ``posttrain serve`` (see `posttrain.rollout.vllm` for vLLM's)."""
 
     name = "posttrain"
+    check_timeout_s = 10.0
 
     def check_server(self, client: httpx.Client, url: str, probe_prompt: list[int]) -> int:
         """Its weight version, once ``GET /health`` answers ``{"status": "ok"}``."""
@@ -109,14 +110,15 @@ PROBE_PROMPT = [1, 2, 3, 4]
 """Token ids a server is asked about when it starts (any model has them)."""
 
 
-def check_servers(urls: list[str], timeout_s: float = 10.0, dialect=None) -> list[int]:
+def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None) -> list[int]:
     """Every server's readiness (health, and what the dialect needs) and weight version, or
-    `ServerUnreachable` naming the first server that is not ready."""
+    `ServerUnreachable` naming the first server that is not ready. ``timeout_s`` per request;
+    default: the dialect's ``check_timeout_s``."""
     if not urls:
         raise ServerUnreachable("no rollout server given (set rollout.urls=[http://host:port, ...])")
     dialect = dialect or PosttrainDialect()
     versions = []
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s or dialect.check_timeout_s) as client:
         for url in urls:
             try:
                 versions.append(dialect.check_server(client, _base(url), PROBE_PROMPT))

@@ -39,6 +39,8 @@ class VLLMDialect:
     """vLLM's routes and fields. ``lora_name``: generate with this adapter (sync sends adapters)."""
 
     name = "vllm"
+    check_timeout_s = 120.0
+    """The readiness check generates a token: a fresh server's first request warms up (~13 s on a CPU)."""
 
     def __init__(self, probe_tol: float = 1e-4, lora_name: str | None = None):
         self.probe_tol = probe_tol
@@ -59,11 +61,12 @@ class VLLMDialect:
         return parse_version(info.json().get("weight_version"))
 
     def _check_processed_logprobs(self, client: httpx.Client, url: str, prompt: list[int]) -> None:
-        sampled = post_json(client, f"{url}/v1/completions", self.body(
-            {"prompt": prompt, "max_tokens": 1, "temperature": 2.0, "logprobs": 0, "seed": 0}))
+        # The base model: an adapter is only loaded by the first sync.
+        sampled = post_json(client, f"{url}/v1/completions", {
+            "prompt": prompt, "max_tokens": 1, "temperature": 2.0, "logprobs": 0, "seed": 0, "return_token_ids": True})
         choice = sampled["choices"][0]
         token, logprob = int(choice["token_ids"][0]), float(choice["logprobs"]["token_logprobs"][0])
-        raw = prompt_logprobs(client, url, prompt + [token], model=self.lora_name)[-1]
+        raw = prompt_logprobs(client, url, prompt + [token])[-1]
         if abs(raw - logprob) < 1e-6 and raw < -1e-3:
             raise RuntimeError(RAW_MODE_HINT)
 

@@ -1,0 +1,149 @@
+"""`HTTPEngine` with the vLLM dialect against a real vLLM server (``-m vllm``; `vllm_server` starts
+one per session from .venv-vllm on the tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.rollout import TorchEngine, weights_checksum
+from posttrain.rollout.http import HTTPEngine, ServerUnreachable, model_eos_ids
+from posttrain.rollout.sampling import truncate_logits
+from posttrain.rollout.types import SamplingParams, WeightSyncError
+from posttrain.rollout.vllm import VLLMDialect
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42, 43, 44, 45, 46], [100, 101], [7, 300, 12, 99, 250]]
+PROBE = [5] + list(range(60, 84))
+
+
+@pytest.fixture(scope="module")
+def hf_model(vllm_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(vllm_model_dir):
+    from posttrain.models.hf import load_tokenizer
+
+    return load_tokenizer(str(vllm_model_dir))
+
+
+def engine(server, tmp_path, tokenizer, vllm_model_dir, **kw) -> HTTPEngine:
+    return HTTPEngine(server.urls, weights_dir=str(tmp_path / "weights"), tokenizer=tokenizer,
+                      eos_ids=model_eos_ids(str(vllm_model_dir), tokenizer), model_files=str(vllm_model_dir),
+                      dialect=VLLMDialect(**kw))
+
+
+def probe_of(model, ids=PROBE) -> tuple[list[int], list[float]]:
+    with torch.no_grad():
+        lp = model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+    return ids, [lp[i, t].item() for i, t in enumerate(ids[1:])]
+
+
+def perturbed(model, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()
+            for k, v in model.state_dict().items()}
+
+
+def trainer_truncated_logprobs(model, prompt, completion, s: SamplingParams) -> list[float]:
+    """The trainer's log-prob of each sampled token under the top-k/top-p distribution at T."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+    cand, index = truncate_logits(logits / s.temperature, s.top_k, s.top_p)
+    lp = cand.log_softmax(-1)
+    if index is None:
+        return [lp[i, t].item() for i, t in enumerate(completion)]
+    return [lp[i, (index[i] == t).nonzero()[0, 0]].item() for i, t in enumerate(completion)]
+
+
+def test_greedy_equals_torch_engine(vllm_server, tmp_path, tokenizer, vllm_model_dir):
+    s = SamplingParams(temperature=0.0, max_new_tokens=32, ignore_eos=True)
+    ours = TorchEngine(str(vllm_model_dir), tokenizer=tokenizer).generate(PROMPTS, 1, s)
+    theirs = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir).generate(PROMPTS, 1, s)
+    assert theirs.completion_ids == ours.completion_ids
+    assert all(len(c) == 32 for c in theirs.completion_ids)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.3, 40, 0.8), (0.7, 0, 0.8)])
+def test_sampled_logprobs_are_the_behaviour_policy(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model,
+                                                  temperature, top_k, top_p):
+    s = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=16, seed=3)
+    ro = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir).generate(PROMPTS, 4, s)
+    assert ro.truncated_logprobs is not None
+    worst = 0.0
+    for prompt, ids, lp in zip(ro.prompt_ids, ro.completion_ids, ro.truncated_logprobs):
+        assert ids, "an empty completion"
+        want = trainer_truncated_logprobs(hf_model, prompt, ids, s)
+        worst = max(worst, max(abs(a - b) for a, b in zip(lp, want)))
+    assert worst < 1e-4, worst
+    assert len({tuple(c) for c in ro.completion_ids}) > len(PROMPTS)  # it sampled, not one answer per prompt
+
+
+def test_weight_sync_serves_the_new_weights(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
+    eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    before = eng.generate(PROMPTS, 1, greedy).completion_ids
+    new = perturbed(hf_model, seed=1)
+    moved = TorchEngine(str(vllm_model_dir), tokenizer=tokenizer)
+    moved.load_weights(new, 1, weights_checksum(new))
+    twin = type(hf_model)(hf_model.config).eval()
+    twin.load_state_dict(new)
+    try:
+        eng.load_weights(new, 1, weights_checksum(new), probe=probe_of(twin))
+        after = eng.generate(PROMPTS, 1, greedy).completion_ids
+        assert eng.version == 1
+        assert after == moved.generate(PROMPTS, 1, greedy).completion_ids
+        assert after != before
+    finally:  # the session's server goes back to the model it started with
+        base = {k: v.clone() for k, v in hf_model.state_dict().items()}
+        eng.load_weights(base, 2, weights_checksum(base), probe=probe_of(hf_model))
+    assert eng.generate(PROMPTS, 1, greedy).completion_ids == before
+
+
+def test_a_sync_the_probe_contradicts_is_refused(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
+    eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
+    base = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    ids, expected = probe_of(type(hf_model)(hf_model.config).eval())  # another model's log-probs
+    with pytest.raises(WeightSyncError, match=vllm_server.urls[0] + ".*probe log-probs differ"):
+        eng.load_weights(base, 1, weights_checksum(base), probe=(ids, expected))
+    assert eng.version == 0
+
+
+def test_lora_adapter_sync(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    base = type(hf_model)(hf_model.config)
+    base.load_state_dict(hf_model.state_dict())
+    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))
+    adapter = get_peft_model_state_dict(peft_model)
+    config = peft_model.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"])
+    config["peft_type"], config["task_type"] = "LORA", "CAUSAL_LM"
+    eng = HTTPEngine(vllm_server.urls, weights_dir=str(tmp_path / "w"), tokenizer=tokenizer,
+                     dialect=VLLMDialect(lora_name="policy"), adapter_config=config)
+    eng.load_weights(adapter, 1, weights_checksum(adapter), probe=probe_of(peft_model.eval()))
+    s = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    with torch.no_grad():
+        want = peft_model.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=16, do_sample=False,
+                                   min_new_tokens=16)[0, len(PROMPTS[1]):].tolist()
+    assert eng.generate([PROMPTS[1]], 1, s).completion_ids[0] == want
+    assert (tmp_path / "w" / "v1" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "w" / "v1" / "model.safetensors").exists()
+
+
+def test_a_server_in_raw_logprob_mode_is_refused(tmp_path, vllm_model_dir):
+    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+
+    spec = ServerSpec(model=str(vllm_model_dir), max_model_len=256, extra_args=["--logprobs-mode", "raw_logprobs"])
+    with VLLMServers(spec, 1, tmp_path, printer=lambda *_: None) as urls:
+        with pytest.raises(ServerUnreachable, match="--logprobs-mode processed_logprobs"):
+            HTTPEngine(urls, dialect=VLLMDialect())
