@@ -123,6 +123,17 @@ def export_state_dict(model, world: World, *, raw: dict | None = None) -> dict[s
     return merge_lora_weights(weights, cfg.lora_alpha / cfg.r)
 
 
+def export_adapter(model, world: World) -> dict[str, torch.Tensor]:
+    """A LoRA model's adapter tensors under the names peft saves them with
+    (``...q_proj.lora_A.weight``), on rank 0 (other ranks: {}); a collective when sharded."""
+    if not is_sharded(model):
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()} if world.main else {}
+    weights = full_state_dict(model, world)
+    return {k.replace(".default.", "."): v for k, v in weights.items() if ".lora_" in k}
+
+
 def merge_lora_weights(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """A peft LoRA state dict folded into plain weights: ``W + scaling · B @ A`` under the base names.
 

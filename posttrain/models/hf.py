@@ -195,6 +195,19 @@ def apply_lora(model, cfg: LoraConfig):
     return get_peft_model(model, peft_cfg)
 
 
+def lora_adapter_config(cfg: ModelConfig, base_path: str) -> dict:
+    """peft's ``adapter_config.json`` of the adapter `apply_lora` makes, as a JSON-ready dict (what
+    a server that loads adapters from disk, such as vLLM, reads next to the tensors)."""
+    import json
+
+    from peft import LoraConfig as PeftLoraConfig
+
+    peft_cfg = PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                              target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
+                              base_model_name_or_path=base_path)
+    return json.loads(json.dumps(peft_cfg.to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+
+
 def is_lora(model) -> bool:
     from peft import PeftModel
 

@@ -10,6 +10,7 @@ from posttrain.distributed.cluster import RUNTIMES, RayConfig
 from posttrain.envs.config import EnvConfig
 from posttrain.models.hf import DTYPES, ModelConfig
 from posttrain.rollout import SamplingParams
+from posttrain.rollout.vllm_servers import VLLMConfig
 from posttrain.rl.async_.config import AsyncConfig
 from posttrain.rl.curriculum import CurriculumConfig
 from posttrain.sandbox.worker import SandboxConfig
@@ -40,11 +41,14 @@ class RolloutConfig:
     """dtype of the engine's own copy of the weights (bfloat16 shows real sampler/trainer mismatch);
     backend=torch only (a server holds the weights in its own dtype)."""
     backend: str = "torch"
-    """torch (the in-process TorchEngine) or openai (OpenAI-compatible servers at `urls`: posttrain
-    serve, vLLM, SGLang; docs/rollout.md)."""
+    """torch (the in-process TorchEngine), openai (`posttrain serve` servers at `urls`;
+    docs/rollout.md) or vllm (vLLM servers: at `urls`, or started by the run with `vllm.launch`;
+    docs/vllm.md)."""
     urls: list[str] = dataclasses.field(default_factory=list)
-    """backend=openai: the servers, e.g. [http://host:8000, http://host:8001]; each prompt's group
-    goes to one of them."""
+    """backend=openai|vllm: the servers, e.g. [http://host:8000, http://host:8001]; each prompt's
+    group goes to one of them."""
+    vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)
+    """backend=vllm: servers to launch, their flags, and how closely a sync must match (docs/vllm.md)."""
     weights_dir: str = ""
     """backend=openai: a folder every server can read; each new version is written to
     weights_dir/v{version}/ and loaded by the servers. Empty = OUT_DIR/rollout_weights."""
@@ -75,10 +79,13 @@ class RolloutConfig:
             raise ConfigValueError("temperature", "must be > 0 for RL sampling")
         if self.engine_dtype not in DTYPES:
             raise ConfigValueError("engine_dtype", f"must be one of {', '.join(DTYPES)}")
-        if self.backend not in ("torch", "openai"):
-            raise ConfigValueError("backend", "must be torch or openai")
+        if self.backend not in ("torch", "openai", "vllm"):
+            raise ConfigValueError("backend", "must be torch, openai or vllm")
         if self.backend == "openai" and not self.urls:
             raise ConfigValueError("urls", "backend=openai needs at least one server, e.g. [http://localhost:8000]")
+        if self.backend == "vllm" and bool(self.urls) == bool(self.vllm.launch):
+            raise ConfigValueError("urls", "backend=vllm needs either running servers in urls or vllm.launch=N "
+                                           "(servers the run starts), not both")
         if not all(u.startswith(("http://", "https://")) for u in self.urls):
             raise ConfigValueError("urls", f"each must start with http:// or https://, got {self.urls}")
         for key in ("request_timeout_s", "sync_timeout_s"):
@@ -330,11 +337,11 @@ class RLConfig:
         if self.runtime not in RUNTIMES:
             raise ConfigValueError("runtime", f"must be one of {', '.join(RUNTIMES)}")
         if self.runtime == "ray" and self.rollout.backend != "torch":
-            raise ConfigValueError("runtime", "ray places TorchEngine replicas; with rollout.backend=openai "
-                                   "use runtime=local")
+            raise ConfigValueError("runtime", f"ray places TorchEngine replicas; with rollout.backend="
+                                   f"{self.rollout.backend} use runtime=local")
         if self.mode == "async" and self.rollout.backend != "torch":
-            raise ConfigValueError("mode", "async runs its own engine process; with rollout.backend=openai "
-                                   "use mode=sync")
+            raise ConfigValueError("mode", f"async runs its own engine process; with rollout.backend="
+                                   f"{self.rollout.backend} use mode=sync")
         if self.max_staleness < 0:
             raise ConfigValueError("max_staleness", "must be >= 0")
         if self.mode == "async" and self.correction.kind == "none" and not self.force_no_correction:

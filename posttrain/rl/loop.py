@@ -27,7 +27,8 @@ from posttrain.core.fsdp import shard_model
 from posttrain.core.loop import Plan, drive, open_run
 from posttrain.core.optim import build_optimizer, build_scheduler, seed_everything
 from posttrain.errors import UserError
-from posttrain.models.hf import check_model_path, disable_dropout, load_model, load_tokenizer, quiet_transformers
+from posttrain.models.hf import (check_model_path, disable_dropout, load_model, load_tokenizer, lora_adapter_config,
+                                 quiet_transformers)
 from posttrain.outcome import Outcome
 from posttrain.rl.batch import RLBatch, concat_groups, group_outcomes, outcome_batch, select_groups
 from posttrain.rl.config import RLConfig, sampling_params
@@ -257,11 +258,30 @@ def score_weights(batch: RLBatch, train_rows: torch.Tensor | None) -> torch.Tens
 
 
 def sync_weights(run: RLRun, version: int | None = None) -> None:
-    """Hand the policy's full weights to the engine (on rank 0) as the next version, checksummed."""
+    """Hand the policy's weights to the engine (on rank 0) as the next version, checksummed: the
+    full weights, or only the LoRA adapter for vLLM servers. vLLM is also handed the trainer's
+    log-probs of a probe sequence, which the servers' must match (`posttrain.rollout.vllm`)."""
     run.version = run.version + 1 if version is None else version
-    weights = run.policy.export_weights()  # a collective when sharded: every rank calls it
+    vllm = run.cfg.rollout.backend == "vllm"
+    # collectives when sharded: every rank calls them
+    adapter_only = vllm and run.cfg.model.lora.enabled
+    weights = run.policy.export_adapter() if adapter_only else run.policy.export_weights()
+    probe = None
+    if vllm:
+        ids = probe_ids(run.tokenizer)
+        probe = (ids, run.policy.probe_logprobs(ids))
     if run.engine is not None:
-        run.engine.load_weights(weights, run.version, weights_checksum(weights))
+        extra = {"probe": probe} if probe is not None else {}
+        run.engine.load_weights(weights, run.version, weights_checksum(weights), **extra)
+
+
+PROBE_TEXT = "The probe: 17 + 25 = 42, and a quick brown fox jumps over the lazy dog."
+
+
+def probe_ids(tokenizer, length: int = 32) -> list[int]:
+    """A fixed token sequence whose log-probs tell whether a server holds the trainer's weights."""
+    ids = tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    return (ids * (length // max(len(ids), 1) + 1))[:length]
 
 
 def encode_prompts(tokenizer, examples: list[dict], use_chat_template: bool) -> list[list[int]]:
@@ -290,8 +310,8 @@ def setup(cfg: RLConfig) -> RLRun:
         if cfg.data.eval_path else []
     verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
     code.configure(cfg.sandbox, cfg.runtime, cfg.ray)  # where code is judged; the pool starts on first use
-    if cfg.rollout.backend == "openai":
-        check_servers(cfg.rollout.urls)  # on every rank, before any model is loaded
+    if cfg.rollout.backend == "openai" or cfg.rollout.urls and cfg.rollout.backend == "vllm":
+        check_servers(cfg.rollout.urls, dialect=server_dialect(cfg))  # every rank, before any model loads
     tokenizer = load_tokenizer(cfg.model.path)
     model_cfg = dataclasses.replace(cfg.model, device=str(world.device))
     model = load_model(model_cfg)
@@ -319,7 +339,7 @@ def setup(cfg: RLConfig) -> RLRun:
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env)
     if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
         sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
-    elif cfg.rollout.backend == "openai":
+    elif cfg.rollout.backend in ("openai", "vllm"):
         sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo
@@ -348,14 +368,50 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
     if cfg.runtime == "ray":
         return ray_engines(cfg)
     r = cfg.rollout
-    if r.backend == "openai":
-        path = cfg.model.path
-        return HTTPEngine(r.urls, weights_dir=r.weights_dir or str(Path(cfg.out_dir) / "rollout_weights"),
-                          tokenizer=tokenizer, eos_ids=model_eos_ids(path, tokenizer),
-                          model_files=path if Path(path).is_dir() else None, request_timeout_s=r.request_timeout_s,
-                          sync_timeout_s=r.sync_timeout_s, retries=r.retries, retry_backoff_s=r.retry_backoff_s)
+    if r.backend in ("openai", "vllm"):
+        return http_engine(cfg, tokenizer)
     return TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
                        dtype=getattr(torch, r.engine_dtype))
+
+
+def server_dialect(cfg: RLConfig):
+    from posttrain.rollout.http import PosttrainDialect
+    from posttrain.rollout.vllm import VLLMDialect
+
+    if cfg.rollout.backend != "vllm":
+        return PosttrainDialect()
+    return VLLMDialect(cfg.rollout.vllm.probe_tol, lora_name=ADAPTER_NAME if cfg.model.lora.enabled else None)
+
+
+ADAPTER_NAME = "policy"
+"""The name vLLM serves the trained LoRA adapter under."""
+
+
+def http_engine(cfg: RLConfig, tokenizer, printer=print) -> HTTPEngine:
+    """A client of the servers at ``rollout.urls``, or of vLLM servers it launches first
+    (``rollout.vllm.launch``; they stop when the engine closes)."""
+    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+
+    r, path = cfg.rollout, cfg.model.path
+    servers, urls = None, r.urls
+    if r.backend == "vllm" and r.vllm.launch:
+        model = str(Path(path).resolve()) if Path(path).exists() else path
+        spec = ServerSpec(**dataclasses.asdict(r.vllm), model=model,
+                          lora_rank=cfg.model.lora.r if cfg.model.lora.enabled else 0)
+        servers = VLLMServers(spec, r.vllm.launch, Path(cfg.out_dir) / "vllm_logs", printer=printer)
+        urls = servers.start()
+    try:
+        engine = HTTPEngine(urls, weights_dir=r.weights_dir or str(Path(cfg.out_dir) / "rollout_weights"),
+                            tokenizer=tokenizer, eos_ids=model_eos_ids(path, tokenizer),
+                            model_files=path if Path(path).is_dir() else None, request_timeout_s=r.request_timeout_s,
+                            sync_timeout_s=r.sync_timeout_s, retries=r.retries, retry_backoff_s=r.retry_backoff_s,
+                            dialect=server_dialect(cfg), adapter_config=None if not (r.backend == "vllm" and
+                            cfg.model.lora.enabled) else lora_adapter_config(cfg.model, path), servers=servers)
+    except BaseException:
+        if servers is not None:
+            servers.stop()
+        raise
+    return engine
 
 
 def ray_engines(cfg: RLConfig, printer=print):
@@ -481,5 +537,5 @@ def run_sync(cfg: RLConfig, printer=print) -> dict:
     try:
         return drive_rl(run, rl_step, config=cfg, name="rl", printer=printer)
     finally:
-        if cfg.runtime == "ray" and run.engine is not None:
-            run.engine.close()  # the replicas would outlive the run on a shared cluster
+        if run.engine is not None and hasattr(run.engine, "close"):
+            run.engine.close()  # Ray replicas and launched servers would outlive the run

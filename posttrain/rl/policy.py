@@ -38,7 +38,7 @@ import torch
 
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.core.dist import World
-from posttrain.core.fsdp import export_state_dict, reshard
+from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
@@ -224,6 +224,19 @@ class Policy:
         """Merged full-model weights (LoRA folded in) for the rollout engine: on rank 0 (others get {});
         every rank must call it when the model is sharded."""
         return export_state_dict(self.model, self.world)
+
+    def export_adapter(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter alone (peft's names), for engines that load adapters; like `export_weights`."""
+        return export_adapter(self.model, self.world)
+
+    @torch.no_grad()
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """log p(ids[t] | ids[:t]) at temperature 1 for t >= 1: what a server holding these weights
+        must report for the same sequence. Every rank calls it when the model is sharded."""
+        x = torch.tensor([ids], device=self.world.device)
+        logits = self.model(input_ids=x).logits[0, :-1].float()
+        reshard(self.model)
+        return logits.log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
 
 
 def has_active_dropout(model) -> bool:

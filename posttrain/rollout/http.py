@@ -165,19 +165,23 @@ class HTTPEngine:
     used. ``eos_ids`` tell an end-of-sequence stop from a stop-string stop (default: the
     tokenizer's EOS). ``model`` is the requests' "model" field (left out when None: the server's
     only model). ``weights_dir`` is needed by `load_weights` only; ``model_files`` is a model folder
-    whose config files are copied next to each version's weights.
+    whose config files are copied next to each version's weights. ``dialect`` is how the servers
+    are spoken to (default: `PosttrainDialect`); with ``adapter_config`` (peft's adapter_config.json
+    as a dict) `load_weights` takes a LoRA adapter's tensors and writes them as peft does;
+    ``servers`` (with a ``stop()``) are stopped by `close`.
     """
 
     def __init__(self, urls: list[str], *, weights_dir: str | None = None, tokenizer=None,
                  eos_ids: list[int] | None = None, model: str | None = None, model_files: str | None = None,
                  request_timeout_s: float = 600.0, sync_timeout_s: float = 600.0, retries: int = 2,
                  retry_backoff_s: float = 1.0, max_inflight: int = 64, keep_versions: int = 2, dialect=None,
-                 adapter_config: dict | None = None):
+                 adapter_config: dict | None = None, servers=None):
         if retries < 0 or retry_backoff_s < 0 or max_inflight < 1 or keep_versions < 1:
             raise ValueError("retries and retry_backoff_s must be >= 0, max_inflight and keep_versions >= 1")
         self.urls = [_base(u) for u in urls]
         self.dialect = dialect or PosttrainDialect()
         self.adapter_config = adapter_config
+        self.servers = servers  # launched for this engine (`VLLMServers`): stopped by close()
         check_servers(self.urls, dialect=self.dialect)
         self.weights_dir = Path(weights_dir) if weights_dir else None
         self.tokenizer = tokenizer
@@ -199,6 +203,8 @@ class HTTPEngine:
     def close(self) -> None:
         self._client.close()
         self._sync_client.close()
+        if self.servers is not None:
+            self.servers.stop()
 
     # -------------------------------------------------------------------------------- generation
 

@@ -32,32 +32,67 @@ from pathlib import Path
 
 import httpx
 
+from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
 
 DEFAULT_ENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 
 
 @dataclass(kw_only=True)
-class ServerSpec:
-    """How to start each server (the `rollout.vllm` config section fills it)."""
+class VLLMConfig:
+    """``rollout.vllm``: the vLLM servers of ``rollout.backend: vllm`` (docs/vllm.md)."""
 
-    model: str
+    launch: int = 0
+    """Servers this run starts (and stops) itself; 0: use the running servers at ``rollout.urls``."""
     python: str = ""
     """The vLLM environment's interpreter; empty: ``$POSTTRAIN_VLLM_PYTHON``, else ``.venv-vllm``."""
     host: str = "127.0.0.1"
+    """Address the launched servers bind; anything but loopback needs ``api_key``."""
+    api_key: str = ""
+    """Passed to launched servers (``--api-key``) and sent by the client as a bearer token."""
     dtype: str = "float32"
+    """The servers' weight dtype (``--dtype``): float32, bfloat16 or float16."""
     max_model_len: int = 2048
+    """Longest prompt + completion a server accepts (``--max-model-len``)."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture and compilation (``--enforce-eager``): the faster start, and what a
+    CPU build runs anyway; false on a GPU for faster decoding once started."""
+    kv_cache_gib: int = 1
+    """KV-cache size of a CPU build (``VLLM_CPU_KVCACHE_SPACE``); GPUs size it by memory use."""
+    gpus: list[str] = field(default_factory=list)
+    """``CUDA_VISIBLE_DEVICES`` of each launched server, in turn (empty: inherit)."""
+    extra_args: list[str] = field(default_factory=list)
+    """More ``api_server`` flags, e.g. [--gpu-memory-utilization, "0.5"]."""
+    startup_timeout_s: float = 600.0
+    """Longest wait for launched servers to answer their health check."""
+    probe_tol: float = 1e-4
+    """Largest difference allowed between a server's and the trainer's log-probs of the probe
+    sequence after a sync (fp32 on both sides agrees to ~1e-6; bf16 servers need ~0.05)."""
+
+    def __post_init__(self):
+        if self.launch < 0:
+            raise ConfigValueError("launch", "must be >= 0 (0: use rollout.urls)")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigValueError("dtype", "must be float32, bfloat16 or float16")
+        if self.max_model_len < 1 or self.kv_cache_gib < 1:
+            raise ConfigValueError("max_model_len" if self.max_model_len < 1 else "kv_cache_gib", "must be >= 1")
+        if self.startup_timeout_s <= 0 or not self.probe_tol > 0:
+            raise ConfigValueError("startup_timeout_s" if self.startup_timeout_s <= 0 else "probe_tol", "must be > 0")
+        if self.launch and self.host not in LOOPBACK and not self.api_key:
+            raise ConfigValueError("host", f"{self.host} is not loopback: set rollout.vllm.api_key so that only "
+                                           f"this run can reach the servers")
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(kw_only=True)
+class ServerSpec(VLLMConfig):
+    """One launch: the config plus what the run knows (the model folder, the adapter rank)."""
+
+    model: str
     lora_rank: int = 0
     """> 0: start with ``--enable-lora --max-lora-rank``; 0: no adapters."""
-    api_key: str = ""
-    enforce_eager: bool = True
-    """Skip CUDA-graph capture and compilation: the faster start (and the only mode on a CPU)."""
-    kv_cache_gib: int = 1
-    """``VLLM_CPU_KVCACHE_SPACE`` on a CPU build (GPUs size their cache by memory utilisation)."""
-    gpus: list[str] = field(default_factory=list)
-    """One ``CUDA_VISIBLE_DEVICES`` value per server (empty: inherit)."""
-    extra_args: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 600.0
 
 
 def vllm_python(spec: ServerSpec) -> str:
@@ -104,7 +139,7 @@ class VLLMServers:
     def __init__(self, spec: ServerSpec, n: int, log_dir: str | Path, printer=print):
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if spec.host not in ("127.0.0.1", "localhost", "::1") and not spec.api_key:
+        if spec.host not in LOOPBACK and not spec.api_key:
             raise UserError(f"rollout.vllm.host: {spec.host} is not loopback; set rollout.vllm.api_key "
                             f"so that only this run can reach the servers")
         self.spec, self.n, self.printer = spec, n, printer
