@@ -178,8 +178,8 @@ class EpisodeRunner:
 
     def _model_turn(self, live: list[_Live], n: int, sampling: SamplingParams, turn: int) -> None:
         """One batched generate call, yielded: a turn for every live episode (``n`` > 1 on the first
-        turn, when the G episodes of an example share their prompt: it is prefilled once). An
-        episode's policy version is the oldest that served any of its turns."""
+        turn when the G episodes of every example open with the same ids: each prompt is then
+        prefilled once). An episode's policy version is the oldest that served any of its turns."""
         room = {id(lv): self.limits.max_total_tokens - len(lv.context_ids) for lv in live}
         for lv in live:
             if room[id(lv)] < 1 and lv.episode.turns == 0:
@@ -191,7 +191,7 @@ class EpisodeRunner:
         fits = [lv for lv in live if lv.episode.outcome is None]
         if not fits:
             return
-        n, live = (n if len(fits) == len(live) else 1), fits
+        n, live = (n if len(fits) == len(live) and shared_openings(fits, n) else 1), fits
         stops = sorted({s for lv in live for s in getattr(lv.env, "stop", [])} | set(sampling.stop))
         seed = None if sampling.seed is None else (sampling.seed + 1_000_003 * turn) % 2**63
         params = dataclasses.replace(sampling, stop=stops, seed=seed,
@@ -201,8 +201,10 @@ class EpisodeRunner:
         for r, lv in enumerate(live):
             k = min(len(ro.completion_ids[r]), room[id(lv)])
             ids = ro.completion_ids[r][:k]
-            lv.seg.add(ids, model=True, logprobs=ro.logprobs[r][:k],
-                       truncated=(ro.truncated_logprobs[r] if ro.truncated_logprobs else [0.0] * k)[:k])
+            # an engine without truncated log-probs sampled from the full distribution: the
+            # behaviour log-probs are its sampler log-probs, as on the single-turn path
+            truncated = ro.truncated_logprobs[r] if ro.truncated_logprobs else ro.logprobs[r]
+            lv.seg.add(ids, model=True, logprobs=ro.logprobs[r][:k], truncated=truncated[:k])
             lv.episode.finish_reason = "length" if k < len(ro.completion_ids[r]) else ro.finish_reason[r]
             version = ro.policy_version[r]
             lv.episode.policy_version = version if lv.episode.turns == 0 else min(lv.episode.policy_version, version)
@@ -245,6 +247,14 @@ class EpisodeRunner:
         ep.segments.append(Segment(prompt_ids=self.encode(full)))
         lv.text = full
         return None
+
+
+def shared_openings(live: list[_Live], n: int) -> bool:
+    """Whether each run of ``n`` episodes (the G episodes of one example) has one context: only then
+    may one prompt stand for all ``n`` (a reset may differ per episode: a random start state, a
+    session id, a per-episode system prompt)."""
+    return all(live[i].context_ids == live[j].context_ids
+               for i in range(0, len(live), n) for j in range(i + 1, min(i + n, len(live))))
 
 
 def drive(steps, engine):

@@ -261,3 +261,63 @@ def test_an_episodes_version_is_the_oldest_that_served_its_turns(nano_tokenizer,
     (e,) = run_episodes(Updating(), nano_tokenizer, lambda: Talk(3), [{"prompt": "hi"}], 1,
                         SamplingParams(max_new_tokens=5), EpisodeLimits(max_turns=5, max_total_tokens=400))
     assert e.turns == 3 and e.policy_version == 5
+
+
+class PerEpisodeReset(Environment):
+    """A reset that differs per episode (a session id in the system prompt); one turn, reward 1."""
+
+    opened = 0
+
+    def reset(self, example):
+        PerEpisodeReset.opened += 1
+        return [{"role": "system", "content": f"session {PerEpisodeReset.opened}"},
+                {"role": "user", "content": example["prompt"]}]
+
+    def step(self, text):
+        return StepResult(reward=1.0, done=True)
+
+
+def test_episodes_whose_resets_differ_are_each_sampled_from_their_own_prompt(nano_engine, nano_tokenizer):
+    engine = Recorder(nano_engine)
+    episodes = run_episodes(engine, nano_tokenizer, PerEpisodeReset, [{"prompt": "Say: a b"}, {"prompt": "Say: c"}],
+                            3, SamplingParams(temperature=1.0, max_new_tokens=6, seed=3),
+                            EpisodeLimits(max_turns=2, max_total_tokens=400))
+    assert len({tuple(e.segments[0].prompt_ids) for e in episodes}) == 6  # six different openings
+    for e in episodes:  # each trajectory is a (prompt, completion) the engine really produced
+        (seg,) = e.segments
+        assert (seg.prompt_ids, seg.completion_ids) in engine.calls
+
+
+def test_episodes_that_open_alike_share_one_prefill(nano_engine, nano_tokenizer):
+    engine = Recorder(nano_engine)
+    calls = []
+    engine_generate = engine.generate
+    engine.generate = lambda prompts, n, s: calls.append((len(prompts), n)) or engine_generate(prompts, n, s)
+    run_episodes(engine, nano_tokenizer, lambda: Talk(1), [{"prompt": "Say: a b"}, {"prompt": "Say: c"}], 3,
+                 SamplingParams(temperature=1.0, max_new_tokens=6, seed=3), EpisodeLimits(max_turns=2))
+    assert calls == [(2, 3)]
+
+
+class NoTruncated:
+    """An engine that reports sampler log-probs but no truncated ones (a server that has none)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.version = engine.version
+
+    def generate(self, prompts, n, sampling):
+        import dataclasses
+
+        return dataclasses.replace(self.engine.generate(prompts, n, sampling), truncated_logprobs=None)
+
+
+def test_without_truncated_logprobs_the_behaviour_logprobs_are_the_samplers(nano_engine, nano_tokenizer):
+    s = SamplingParams(temperature=0.8, top_p=0.8, max_new_tokens=6, seed=3)
+    episodes = run_episodes(NoTruncated(nano_engine), nano_tokenizer, lambda: Talk(2), [{"prompt": "Say: a b"}], 2, s,
+                            EpisodeLimits(max_turns=3, max_total_tokens=400))
+    ro, _ = episodes_to_rollouts(episodes, s)
+    batch = build_batch(ro, [1.0] * len(ro), [True] * len(ro), pad_id=nano_tokenizer.pad_token_id)
+    m = batch.mask_BT
+    assert m.sum() > 4
+    assert torch.equal(batch.behaviour_logp_BT[m], batch.sampler_logp_BT[m])  # never 0: π/μ, not π
+    assert float(batch.behaviour_logp_BT[m].max()) < 0
