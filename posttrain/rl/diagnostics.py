@@ -20,8 +20,9 @@ from posttrain.outcome import Outcome, OutcomeClass
 def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float) -> dict:
     """Rewards and outcome classes per episode (``outcomes``: one per completion or multi-turn
     episode); ``samples`` counts the rows trained on (an episode split in two is two samples);
-    ``response_length/mean`` is the generated tokens per episode."""
-    lengths = [len(c) for c in rollouts.completion_ids]
+    ``response_length/*`` count the tokens the model generated (a multi-turn row's environment
+    tokens are ``tokens/env``), per episode for the mean."""
+    lengths = rollouts.model_tokens()
     n = len(outcomes)
     rewards = [o.reward for o in outcomes if o.is_reward]
     m = {
@@ -32,6 +33,7 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
         "response_length/truncated_frac": sum(r == "length" for r in rollouts.finish_reason) / len(rollouts),
         "groups/zero_variance_frac": zero_variance_frac,
         "samples": len(rollouts),
+        "tokens/env": sum(len(c) for c in rollouts.completion_ids) - sum(lengths),
     }
     for cls in OutcomeClass:
         m[f"outcomes/{cls.value}_frac"] = sum(o.cls is cls for o in outcomes) / n

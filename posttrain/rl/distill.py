@@ -322,7 +322,7 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     if not cfg.reward_coef:  # equal rewards only starve the gradient when the reward is trained on
         metrics.pop("groups/zero_variance_frac")
     metrics |= position_profile(*gather_rows(world, kl_BT, batch.mask_BT))  # over the whole step
-    metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
+    metrics["tokens/generated"] = sum(ro.model_tokens())
     return metrics
 
 

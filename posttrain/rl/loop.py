@@ -213,7 +213,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
         metrics |= m | world.mean_metrics(correction, float(batch.scored_mask_BT.sum()))
         metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
-        metrics["tokens/generated"] = sum(len(c) for c in ro.completion_ids)
+        metrics["tokens/generated"] = sum(ro.model_tokens())
         if info.get("dynamic_sampling/starved"):
             return metrics | {"update/skipped": 1}
         with timer("update"):

@@ -166,6 +166,13 @@ class Rollouts:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
+    def model_tokens(self) -> list[int]:
+        """Tokens the policy generated in each row (an environment's tokens in a multi-turn row,
+        loss mask 0, are not the model's)."""
+        if self.loss_mask is None:
+            return [len(c) for c in self.completion_ids]
+        return [int(sum(m)) for m in self.loss_mask]
+
     def completion_texts(self, tokenizer=None) -> list[str]:
         """The completion texts: the ones stored at generate time, else decoded with ``tokenizer``."""
         if self.texts is not None and tokenizer is None:

@@ -88,7 +88,10 @@ def test_an_rl_step_over_three_turn_episodes(nano_model_dir, arith_data_dir, tmp
     # the trainer's log-probs of the model's tokens are the sampler's (environment tokens are off the mask)
     assert m["mismatch/logprob_abs_diff_max"] < 1e-5
     (ep,) = run.env.last[:1]
-    assert m["response_length/mean"] == pytest.approx(sum(e.model_tokens + e.env_tokens for e in run.env.last) / 8)
+    # lengths and the token budget count what the model generated; environment tokens apart
+    model, env = sum(e.model_tokens for e in run.env.last), sum(e.env_tokens for e in run.env.last)
+    assert env > 0 and m["response_length/mean"] == pytest.approx(model / 8)
+    assert m["tokens/generated"] == model and m["tokens/env"] == env
     assert ep.turns == 3 and len(ep.segments) == 1
 
 

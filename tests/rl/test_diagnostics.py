@@ -37,3 +37,16 @@ def test_all_zero_variance_warns_unless_switched_off():
     quiet = []
     _run(Watchdog(quiet.append, zero_variance_warning=False), [{"groups/zero_variance_frac": 1.0}])
     assert quiet == []
+
+
+def test_lengths_count_the_models_tokens_not_the_environments():
+    from posttrain.outcome import Outcome
+    from posttrain.rl.diagnostics import rollout_metrics
+    from posttrain.rollout import Rollouts, SamplingParams
+
+    ro = Rollouts(prompt_idx=[0, 0], prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7, 8, 9], [5, 6, 7, 8]],
+                  logprobs=[[0.0] * 5, [0.0] * 4], finish_reason=["eos", "eos"], policy_version=[0, 0],
+                  sampling=SamplingParams(), loss_mask=[[1, 1, 0, 0, 1], [1, 0, 0, 0]])
+    m = rollout_metrics(ro, [Outcome.model_fail(reward=0.0)] * 2, 0.0)
+    assert m["response_length/mean"] == 2.0 and m["response_length/max"] == 3 and m["tokens/env"] == 5
+    assert ro.model_tokens() == [3, 1]
