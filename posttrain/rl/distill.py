@@ -47,7 +47,8 @@ from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_mode
 from posttrain.rl.batch import RLBatch, group_outcomes, outcome_batch
 from posttrain.rl.config import CorrectionConfig, RLConfig, RLDataConfig, RolloutConfig
 from posttrain.rl.diagnostics import rollout_metrics
-from posttrain.rl.loop import RLRun, drive_rl, generate_groups, own_rows, share_step, sync_weights
+from posttrain.rl.loop import drive_rl, generate_groups, own_rows, share_step, sync_weights
+from posttrain.rl.state import RLRun
 from posttrain.rl.loop import setup as rl_setup
 from posttrain.rl.losses import importance_weights
 from posttrain.tracking import LoggingConfig, StageTimer

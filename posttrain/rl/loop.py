@@ -37,33 +37,12 @@ from posttrain.verifiers.code import farm_metrics
 from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
+from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine, weights_checksum
 from posttrain.rollout.http import check_servers, model_eos_ids
 from posttrain.rollout.types import Rollouts
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
-
-
-@dataclasses.dataclass
-class RLRun:
-    """Everything one RL run holds; built by ``setup``."""
-
-    cfg: RLConfig
-    tokenizer: object
-    policy: Policy
-    engine: RolloutEngine | None
-    source: CurriculumSource
-    train_prompts: dict[int, list[int]]
-    eval_examples: list[dict]
-    eval_prompts: list[list[int]]
-    verifier: object
-    loss_fn: object
-    run_dir: Path
-    world: World = dataclasses.field(default_factory=World)
-    start_step: int = 0
-    version: int = 0  # the policy version the engine holds (every rank keeps count; rank 0 has the engine)
-    ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
-    env: object = None  # env.name set: episodes in a multi-turn environment (posttrain.envs.session.EnvSession)
 
 
 def generate_groups(run: RLRun, step: int, round_: int, k: int) -> tuple[Rollouts, list[Outcome], list[int]]:

@@ -30,7 +30,6 @@ when the reference is the starting policy (``kl.ref_path`` empty), the x axis of
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,10 +44,8 @@ from posttrain.models.hf import disable_dropout
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.losses import reference_kl
+from posttrain.rl.state import RLRun
 from posttrain.core.optim import build_optimizer, build_scheduler
-
-if TYPE_CHECKING:
-    from posttrain.rl.loop import RLRun
 
 
 @dataclasses.dataclass
