@@ -399,3 +399,27 @@ def test_engine_dying_during_an_update_keeps_that_step(rl_overrides, reward_plug
 
     _kill_then_resume(rl_overrides, reward_plugin, tmp_path, monkeypatch, "while_training", killing_during_step_3,
                       check_stop)
+
+
+def test_a_refused_weight_acknowledgement_stops_with_a_checkpoint(rl_overrides, reward_plugin, tmp_path, monkeypatch):
+    """From the third sync on, the weights the engine receives are not the ones sent: the run stops
+    with WeightSyncError, and the steps it finished are checkpointed, as after an engine death."""
+    pack, calls = worker._pack_weights, []
+
+    def corrupting_from_the_third(w):
+        calls.append(1)
+        if len(calls) < 3:
+            return pack(w)
+        w = {k: v.clone() for k, v in w.items()}
+        next(iter(w.values())).view(-1)[0] += 1.0
+        return pack(w)
+
+    monkeypatch.setattr(worker, "_pack_weights", corrupting_from_the_third)
+    notes = []
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1,
+                                                   num_steps=6, save_every=0, **{"asynchrony.self_test": False}))
+    with pytest.raises(WeightSyncError):
+        run_rl(cfg, printer=notes.append)
+    assert notes and notes[-1].startswith("the rollout engine failed; saved a checkpoint at step ")
+    step = int(notes[-1].split("checkpoint at step ")[1].split()[0])
+    assert step >= 1 and (tmp_path / "run" / "checkpoints" / f"step-{step}").is_dir()

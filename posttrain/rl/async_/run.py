@@ -26,6 +26,7 @@ from posttrain.core.loop import Plan, drive, open_run
 from posttrain.envs.trajectory import episode_metrics
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
 from posttrain.rollout.protocol import EngineError
+from posttrain.rollout.types import WeightSyncError
 from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
@@ -118,7 +119,7 @@ def _train(run, engine, printer) -> dict:
                      check=watchdog.check, world=run.world,
                      describe=lambda m: f"reward {m.get('reward/mean', float('nan')):.3f} "
                                         f"stale {m['async/staleness_mean']:.2f} idle {m['time/trainer_idle_s']:.2f}s")
-    except EngineError:
+    except (EngineError, WeightSyncError):  # a refused weight acknowledgement ends the run like a death
         save(run, ctl, done)
         printer(f"the rollout engine failed; saved a checkpoint at step {done} (re-run to resume)")
         raise
