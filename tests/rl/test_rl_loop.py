@@ -285,3 +285,24 @@ def test_code_rewards_on_the_verifier_farm_equal_the_local_run(rl_overrides, tmp
     code.configure(code.SandboxConfig())
     assert runs["farm"] == runs["local"]
     assert any(0 < frac < 1 for _, frac in runs["local"]), "the sandbox judged some programs each way"
+
+
+def test_resumed_token_count_is_rank_zeros_read_broadcast(tmp_path, monkeypatch):
+    """Only rank 0 reads metrics.jsonl (which it alone rewrites on resume); every other rank takes
+    its count, so all ranks stop a token budget at the same step."""
+    import types
+
+    from posttrain.rl import loop
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "tokens/generated": 30}\n{"step": 2, "tokens/generated": 12}\n')
+    sent = []
+
+    def world(main: bool):
+        return types.SimpleNamespace(main=main, broadcast_object=lambda obj, src=0: sent.append(obj) or 42)
+
+    rank0 = types.SimpleNamespace(run_dir=tmp_path, world=world(True))
+    assert loop.tokens_so_far(rank0, start=2) == 42 and sent == [42]  # rank 0 read 42 and sent it
+    monkeypatch.setattr(loop, "read_metrics", lambda *_: pytest.fail("a rank other than 0 read metrics.jsonl"))
+    rank1 = types.SimpleNamespace(run_dir=tmp_path, world=world(False))
+    assert loop.tokens_so_far(rank1, start=2) == 42
+    assert loop.tokens_so_far(rank1, start=0) == 0

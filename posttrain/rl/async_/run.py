@@ -31,8 +31,8 @@ from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import checkpoint, held_out_eval, learn, maybe_resume, ray_engines, setup
-from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
+from posttrain.rl.loop import checkpoint, held_out_eval, learn, maybe_resume, ray_engines, setup, tokens_so_far
+from posttrain.tracking import StageTimer, latest_checkpoint
 
 
 def split_threads(cfg: RLConfig) -> tuple[int, int]:
@@ -103,7 +103,7 @@ def _train(run, engine, printer) -> dict:
     if first and start == 0:
         logger.log({"step": 0, "tokens/total": 0, **first})
     watchdog = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo")
-    done, tokens = start, sum(int(m.get("tokens/generated", 0)) for m in read_metrics(run.run_dir)) if start else 0
+    done, tokens = start, tokens_so_far(run, start)
 
     def step(n: int, timer: StageTimer) -> dict:
         nonlocal done, tokens
