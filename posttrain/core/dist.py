@@ -50,16 +50,20 @@ class World:
         return self.all_reduce(int(ok)) == self.world_size
 
     def mean_metrics(self, metrics: dict, weight: float) -> dict:
-        """Per-rank metrics → their ``weight``-weighted mean over ranks (keys ending in ``_max``: the max)."""
+        """Per-rank metrics → their ``weight``-weighted mean over ranks (keys ending in ``_max``: the
+        max; in ``_min``: the min)."""
         if not self.distributed:
             return metrics
         keys = sorted(metrics)
         sums = torch.tensor([float(metrics[k]) * weight for k in keys] + [weight], dtype=torch.float64)
         dist.all_reduce(sums)
-        peaks = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        sign = torch.tensor([-1.0 if k.endswith("_min") else 1.0 for k in keys], dtype=torch.float64)
+        peaks = sign * torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        peaks = sign * peaks
         total = max(float(sums[-1]), 1e-12)
-        return {k: float(peaks[i]) if k.endswith("_max") else float(sums[i]) / total for i, k in enumerate(keys)}
+        return {k: float(peaks[i]) if k.endswith(("_max", "_min")) else float(sums[i]) / total
+                for i, k in enumerate(keys)}
 
     def all_gather_object(self, obj) -> list:
         """Every rank's ``obj``, in rank order (small Python objects: counts, per-row scalars)."""

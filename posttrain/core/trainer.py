@@ -4,7 +4,8 @@
 ``loss_fn(mb) -> (loss, metrics)`` returns this micro-batch's share of the step's loss, already
 divided by the step's *global* denominator (token or sequence counts summed over every micro-batch
 of every rank, see ``World.all_reduce``), and metrics already weighted so that their sum over the
-step is the step's value. Then gradient accumulation and sharding change nothing: the summed
+step is the step's value — except extremes (keys ending in ``_max`` / ``_min``), which are the
+micro-batch's own extreme, unweighted, and reduce by max / min over micro-batches and ranks. Then gradient accumulation and sharding change nothing: the summed
 gradient is the gradient of one big batch, at any world size and any micro-batch size.
 
 Every rank must run the same number of micro-batches (sharded layers all-gather in lock step);
@@ -21,6 +22,28 @@ from posttrain.core.dist import World, current_world
 from posttrain.core.fsdp import backward_scale, clip_gradients
 
 LossFn = Callable[[object], tuple[torch.Tensor, dict]]
+
+
+def extreme(key: str) -> str | None:
+    """"max" or "min" for a metric that is an extreme over the step (``*_max``, ``*_min``), else None."""
+    return "max" if key.endswith("_max") else "min" if key.endswith("_min") else None
+
+
+NEUTRAL = {"max": float("-inf"), "min": float("inf")}
+"""What a micro-batch with no data reports for an extreme: it never wins the reduction."""
+
+
+def accumulate(acc: dict[str, float], metrics: dict) -> dict[str, float]:
+    """``acc`` with one more micro-batch's ``metrics``: shares add up, extremes keep the extreme."""
+    for k, v in metrics.items():
+        v, op = float(v), extreme(k)
+        if k not in acc:
+            acc[k] = v
+        elif op is None:
+            acc[k] += v
+        else:
+            acc[k] = max(acc[k], v) if op == "max" else min(acc[k], v)
+    return acc
 
 
 class TrainCore:
@@ -44,8 +67,7 @@ class TrainCore:
             loss, metrics = loss_fn(mb)
             self.backward(loss)
             sums["loss"] += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            accumulate(sums, metrics)
         return self.reduce(sums) | self.apply_gradients()
 
     def apply_gradients(self) -> dict:
@@ -59,9 +81,15 @@ class TrainCore:
         return {"grad_norm": float(grad_norm), "lr": lr}
 
     def reduce(self, sums: dict[str, float]) -> dict[str, float]:
-        """Per-rank sums → sums over ranks, in one collective (same key order on every rank)."""
-        if not self.world.distributed:
-            return sums
-        keys = sorted(sums)
-        total = self.world.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
-        return dict(zip(keys, total.tolist()))
+        """Per-rank sums → sums over ranks, extremes → extremes over ranks (same keys on every rank);
+        an extreme no micro-batch had data for is left out."""
+        out = dict(sums)
+        if self.world.distributed:
+            shares = sorted(k for k in sums if extreme(k) is None)
+            total = self.world.all_reduce(torch.tensor([sums[k] for k in shares], dtype=torch.float64))
+            out.update(zip(shares, total.tolist()))
+            peaks = sorted(k for k in sums if extreme(k) is not None)  # min is the max of the negatives
+            sign = torch.tensor([1.0 if extreme(k) == "max" else -1.0 for k in peaks], dtype=torch.float64)
+            top = self.world.all_reduce(sign * torch.tensor([sums[k] for k in peaks], dtype=torch.float64), op="max")
+            out.update(zip(peaks, (sign * top).tolist()))
+        return {k: v for k, v in out.items() if extreme(k) is None or abs(v) != float("inf")}

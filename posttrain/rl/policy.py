@@ -39,7 +39,7 @@ import torch
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.core.dist import World
 from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
-from posttrain.core.trainer import TrainCore
+from posttrain.core.trainer import NEUTRAL, TrainCore, accumulate, extreme
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 
@@ -165,10 +165,10 @@ class Policy:
             order = torch.randperm(len(batch), generator=gen)
             for mini in order.tensor_split(mini_batches):  # split episodes can make the rows uneven
                 metrics = self._update(batch, mini, loss_fn, agg, norm_constant, train_rows)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                accumulate(sums, metrics)  # means add up here, extremes stay extremes over all updates
+                for k in metrics:
                     counts[k] = counts.get(k, 0) + 1
-        return {k: v / counts[k] for k, v in sums.items()}
+        return {k: v if extreme(k) else v / counts[k] for k, v in sums.items()}
 
     def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float,
                 train_rows: torch.Tensor | None = None) -> dict:
@@ -195,7 +195,7 @@ class Policy:
             loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens, global_num_seqs=global_seqs,
                        norm_constant=norm_constant, seq_num_tokens_B=seq_tokens_B[rows_])
             weight = float(mb.train_mask_BT.sum()) / metric_tokens if live else 0.0
-            return loss if live else loss * 0.0, {k: float(v) * weight for k, v in metrics.items()}
+            return loss if live else loss * 0.0, {k: share_of_step(k, float(v), weight, live) for k, v in metrics.items()}
 
         return self.core.step(plan, micro_loss)
 
@@ -237,6 +237,15 @@ class Policy:
         logits = self.model(input_ids=x).logits[0, :-1].float()
         reshard(self.model)
         return logits.log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
+
+
+def share_of_step(key: str, value: float, weight: float, live: bool) -> float:
+    """A micro-batch's metric as `TrainCore.step` adds it up: a mean weighted by the micro-batch's
+    token share; an extreme as it is (a placeholder's never wins)."""
+    op = extreme(key)
+    if op is None:
+        return value * weight
+    return value if live else NEUTRAL[op]
 
 
 def has_active_dropout(model) -> bool:

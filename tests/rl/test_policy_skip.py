@@ -206,3 +206,24 @@ def test_sampled_scoring_refuses_the_reference_forward_and_unscored_training_row
     batch.score_weight_B[4] = 0.0
     with pytest.raises(ValueError, match="every row that trains must be scored"):
         policy.score(batch, with_ref=False, train_rows=train_rows)
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "gspo"])
+def test_extremes_are_the_steps_whatever_the_micro_batching(nano_model_dir, policy_loss):
+    """``*_max`` metrics are the largest value over the whole step (two optimizer steps here, the
+    second off-policy so that ratios leave 1), at one micro-batch as at many; a token-weighted sum
+    of the micro-batches' maxima would shrink as the micro-batches do."""
+    loss_fn = make_loss_fn(RLConfig(policy_loss=policy_loss))
+    out = []
+    for micro_batch_tokens in (1000, 40, 12):
+        policy, _ = _policy(nano_model_dir, micro_batch_tokens, reuse=False)
+        batch, _ = _batch()
+        batch.old_logp_BT, batch.ref_logp_BT, _ = policy.score(batch)
+        out.append(policy.train_step(batch, loss_fn, aggregation="token_mean", mini_batches=2, norm_constant=8.0,
+                                     seed=3))
+    keys = [k for k in out[0] if k.endswith("_max")]
+    assert "policy/ratio_max" in keys and (policy_loss != "gspo" or "policy/seq_ratio_max" in keys)
+    assert out[0]["policy/ratio_max"] > 1.0 + 1e-3  # the second update moved the ratios
+    for m in out[1:]:
+        for k in keys:
+            assert m[k] == pytest.approx(out[0][k], rel=1e-5), k

@@ -46,6 +46,7 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
 @pytest.mark.parametrize("extra", [
     {"algorithm": "grpo"},
     {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
+    {"algorithm": "grpo", "ppo_epochs": 2, "micro_batch_tokens": 64},  # off-policy 2nd epoch: ratios leave 1
 ])
 def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=3, save_every=3,
@@ -53,9 +54,15 @@ def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path
     one, two = _run_both(torchrun, args, tmp_path)
     for a, b in zip(one, two):
         assert b["reward/mean"] == a["reward/mean"]  # the same rollouts
-        for key in ("loss", "grad_norm", "kl/ref", "entropy"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+        extremes = [k for k in a if k.endswith(("_max", "_min"))]  # the step's, at any world size
+        assert "policy/ratio_max" in extremes and b.keys() == a.keys()
+        for key in ("loss", "grad_norm", "kl/ref", "entropy", *extremes):
+            # the sampler/trainer differences are float32 rounding (~5e-7), summed in another order
+            tol = 2e-6 if key.startswith("mismatch/") else 1e-7
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=tol), (a["step"], key)
     assert all(m["grad_norm"] > 0 for m in one)
+    if extra.get("ppo_epochs"):
+        assert max(m["policy/ratio_max"] for m in one) > 1.0 + 1e-4
     _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-3", tmp_path / "two" / "checkpoints" / "step-3")
 
 
