@@ -31,15 +31,18 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import OrderedDict
 
 import torch
 
 from posttrain.rollout.fast_llama import FastLlamaDecoder, supports
 from posttrain.rollout.hf_decoder import HFDecoder
-from posttrain.rollout.sampling import StopChecker, sample_next, uniforms
+from posttrain.rollout.sampling import StopChecker, TokenTexts, sample_next, uniforms
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError, weights_checksum
 
 FINISH_CODES = ("length", "eos", "stop")
+STOP_CHECKERS_KEPT = 32
+"""Stop-string lists whose candidate tables an engine keeps (least recently used go first)."""
 
 
 def _as_id_list(value) -> list[int]:
@@ -86,7 +89,8 @@ class TorchEngine:
             raise ValueError(f"the fast decoder does not support model type {self.model.config.model_type!r}")
         self.backend = backend
         self.decoder = FastLlamaDecoder(self.model) if backend == "fast" else HFDecoder(self.model)
-        self._stop_checkers: dict[tuple[str, ...], StopChecker] = {}
+        self._stop_checkers: OrderedDict[tuple[str, ...], StopChecker] = OrderedDict()  # LRU
+        self._token_texts: TokenTexts | None = None
 
     def _eos_ids(self) -> list[int]:
         gen_cfg = getattr(self.model, "generation_config", None)
@@ -157,8 +161,14 @@ class TorchEngine:
         if self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= to TorchEngine")
         key = tuple(stops)
-        if key not in self._stop_checkers:
-            self._stop_checkers[key] = StopChecker(self.tokenizer, stops, self.vocab_size)
+        if key in self._stop_checkers:
+            self._stop_checkers.move_to_end(key)
+            return self._stop_checkers[key]
+        if self._token_texts is None:  # the vocabulary is decoded once, not once per stop list
+            self._token_texts = TokenTexts(self.tokenizer, self.vocab_size)
+        self._stop_checkers[key] = StopChecker(self.tokenizer, stops, self.vocab_size, self._token_texts)
+        if len(self._stop_checkers) > STOP_CHECKERS_KEPT:  # each holds a (V,) table: keep the recent ones
+            self._stop_checkers.popitem(last=False)
         return self._stop_checkers[key]
 
     def _generate_chunk(self, prompts, n, start, end, sampling, seeds, stop) -> Rollouts:

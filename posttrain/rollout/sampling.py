@@ -92,29 +92,51 @@ def sample_next(
     return token, logp, truncated
 
 
+class TokenTexts:
+    """Each token's text decoded alone, once per tokenizer (~150k decodes for a large vocabulary),
+    indexed by character: a new list of stop strings then costs a lookup per last character, not
+    a pass over the vocabulary."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.unsure_V = torch.ones(vocab_size, dtype=torch.bool)  # beyond the tokenizer: always checked
+        by_char: dict[str, list[int]] = {}
+        for tid in range(min(vocab_size, len(tokenizer))):
+            text = tokenizer.decode([tid], skip_special_tokens=False)
+            # empty or a partial UTF-8 sequence: what it adds shows only next to its neighbours
+            self.unsure_V[tid] = (not text) or ("\ufffd" in text)
+            for c in set(text):
+                by_char.setdefault(c, []).append(tid)
+        self.by_char = {c: torch.tensor(ids) for c, ids in by_char.items()}
+
+    def containing(self, chars: set[str]) -> torch.Tensor:
+        """(V,) bool: the tokens whose text holds one of ``chars``, or whose text is unsure."""
+        table = self.unsure_V.clone()
+        for c in chars:
+            if c in self.by_char:
+                table[self.by_char[c]] = True
+        return table
+
+
 class StopChecker:
     """Detects stop strings in generated token sequences (see the module docstring)."""
 
-    def __init__(self, tokenizer, stops: list[str], vocab_size: int):
+    def __init__(self, tokenizer, stops: list[str], vocab_size: int, texts: TokenTexts | None = None):
         self.tokenizer = tokenizer
         self.stops = list(stops)
         longest = max(len(s) for s in self.stops)
         # A token adds at least one character unless it is a partial UTF-8 sequence; the margin
         # covers those and tokenizers that join pieces with spaces.
         self.tail_tokens = longest + 8
-        self.candidate_V = self._candidate_table(vocab_size)
+        self.candidate_V = self._candidate_table(vocab_size, texts)
 
-    def _candidate_table(self, vocab_size: int) -> torch.Tensor:
+    def _candidate_table(self, vocab_size: int, texts: TokenTexts | None) -> torch.Tensor:
         last_chars = {s[-1] for s in self.stops}
         if any(c.isspace() for c in last_chars):
             # Tokenizers that encode a leading space in the token (sentencepiece) drop it when a
             # single token is decoded, so the table cannot be trusted: check every row.
             return torch.ones(vocab_size, dtype=torch.bool)
-        table = torch.ones(vocab_size, dtype=torch.bool)
-        for tid in range(min(vocab_size, len(self.tokenizer))):
-            text = self.tokenizer.decode([tid], skip_special_tokens=False)
-            table[tid] = (not text) or ("\ufffd" in text) or any(c in text for c in last_chars)
-        return table
+        return (texts or TokenTexts(self.tokenizer, vocab_size)).containing(last_chars)
 
     def rows_to_check(self, token_B: torch.Tensor) -> torch.Tensor:
         return self.candidate_V[token_B]

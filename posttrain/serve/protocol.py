@@ -191,6 +191,11 @@ def check_model(body: dict, served_name: str) -> None:
                        param="model", code="model_not_found")
 
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+"""A stop list is checked against every sampled token's tail: bounded, like the rest of a request."""
+
+
 def _stop_list(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -201,6 +206,8 @@ def _stop_list(body: dict) -> list[str]:
         raise bad("stop must be a string or a list of strings", "stop", "invalid_type")
     if any(s == "" for s in stop):
         raise bad("stop strings must not be empty", "stop")
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise bad(f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters each", "stop")
     return list(dict.fromkeys(stop))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -171,3 +173,25 @@ def test_a_prompts_samples_do_not_depend_on_its_batch(backend):
 def test_prompt_seeds_must_match_the_prompts(model):
     with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
         TorchEngine(model).generate(PROMPTS[:3], 1, SamplingParams(prompt_seeds=[1, 2]))
+
+
+def test_new_stop_lists_decode_the_vocabulary_once_and_the_cache_stays_bounded(model, tokenizer):
+    """A server sees a new stop list per request: each must not decode the vocabulary again (it
+    ran on the engine thread, stalling every request), and the tables kept stay bounded."""
+    from posttrain.rollout.engine import STOP_CHECKERS_KEPT
+
+    decodes = []
+    decode = tokenizer.decode
+
+    class Counting(type(tokenizer)):
+        def decode(self, ids, skip_special_tokens=False):
+            if len(ids) == 1:
+                decodes.append(ids[0])
+            return decode(ids, skip_special_tokens)
+
+    engine = TorchEngine(model, tokenizer=Counting())
+    s = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    for i in range(STOP_CHECKERS_KEPT + 20):
+        engine.generate([[5, 6, 7]], 1, dataclasses.replace(s, stop=[chr(0x100 + i % 100) + str(i)]))
+    assert len(engine._stop_checkers) == STOP_CHECKERS_KEPT
+    assert len(decodes) <= len(tokenizer) + 4 * (STOP_CHECKERS_KEPT + 20)  # one pass, then a few tails

@@ -183,3 +183,24 @@ def test_bad_prompts_are_refused(model):
         engine.generate([[1, 500]], n=1, sampling=SamplingParams())
     with pytest.raises(ValueError, match="n must be"):
         engine.generate([[1]], n=0, sampling=SamplingParams())
+
+
+def test_candidate_tables_from_the_indexed_vocabulary_equal_a_pass_over_it(nano_model_dir):
+    """Fast (the vocabulary decoded once, indexed by character) against slow (every token decoded
+    for this stop list): the same tokens are candidates."""
+    from transformers import AutoTokenizer
+
+    from posttrain.rollout.sampling import StopChecker, TokenTexts
+
+    tok = AutoTokenizer.from_pretrained(nano_model_dir)
+    V = len(tok) + 3  # rows past the tokenizer (padded embeddings) are always checked
+    texts = TokenTexts(tok, V)
+    for stops in (["Answer:"], ["\n\n", "42"], ["é", "xyz"], ["7"]):
+        last = {s[-1] for s in stops}
+        slow = torch.ones(V, dtype=torch.bool)
+        for tid in range(len(tok)) if not any(c.isspace() for c in last) else ():
+            text = tok.decode([tid], skip_special_tokens=False)
+            slow[tid] = (not text) or ("\ufffd" in text) or any(c in text for c in last)
+        fast = StopChecker(tok, stops, V, texts).candidate_V
+        assert torch.equal(fast, slow), stops
+        assert 0 < int(fast[: len(tok)].sum()) < len(tok) or any(c.isspace() for c in last)

@@ -234,3 +234,11 @@ def test_engine_failure_is_a_500_for_that_request_only(server, http):
         engine.generate = original
     assert http.get("/health").json()["status"] == "ok"
     assert completions(http, prompt=poison, max_tokens=3)["choices"]
+
+
+@pytest.mark.parametrize("stop", [[f"s{i}" for i in range(17)], ["x" * 257]])
+def test_stop_lists_past_the_caps_are_400_and_the_server_goes_on(http, stop):
+    r = http.post("/v1/completions", json={"model": "nano", "prompt": "Solve", "max_tokens": 2, "stop": stop})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    ok = http.post("/v1/completions", json={"model": "nano", "prompt": "Solve", "max_tokens": 2, "stop": ["s1"]})
+    assert ok.status_code == 200
