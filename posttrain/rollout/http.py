@@ -110,15 +110,25 @@ PROBE_PROMPT = [1, 2, 3, 4]
 """Token ids a server is asked about when it starts (any model has them)."""
 
 
-def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None) -> list[int]:
+API_KEY_ENV = "POSTTRAIN_API_KEY"
+"""The environment variable a client takes its servers' API key from (never a config file, which
+runs write out)."""
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None, api_key: str | None = None) -> list[int]:
     """Every server's readiness (health, and what the dialect needs) and weight version, or
     `ServerUnreachable` naming the first server that is not ready. ``timeout_s`` per request;
-    default: the dialect's ``check_timeout_s``."""
+    default: the dialect's ``check_timeout_s``. ``api_key``: default ``$POSTTRAIN_API_KEY``."""
     if not urls:
         raise ServerUnreachable("no rollout server given (set rollout.urls=[http://host:port, ...])")
     dialect = dialect or PosttrainDialect()
     versions = []
-    with httpx.Client(timeout=timeout_s or dialect.check_timeout_s) as client:
+    with httpx.Client(timeout=timeout_s or dialect.check_timeout_s, headers=auth_headers(api_key)) as client:
         for url in urls:
             try:
                 versions.append(dialect.check_server(client, _base(url), PROBE_PROMPT))
@@ -168,21 +178,23 @@ class HTTPEngine:
     whose config files are copied next to each version's weights. ``dialect`` is how the servers
     are spoken to (default: `PosttrainDialect`); with ``adapter_config`` (peft's adapter_config.json
     as a dict) `load_weights` takes a LoRA adapter's tensors and writes them as peft does;
-    ``servers`` (with a ``stop()``) are stopped by `close`.
+    ``servers`` (with a ``stop()``) are stopped by `close`. ``api_key`` (default
+    ``$POSTTRAIN_API_KEY``) goes with every request as a bearer token.
     """
 
     def __init__(self, urls: list[str], *, weights_dir: str | None = None, tokenizer=None,
                  eos_ids: list[int] | None = None, model: str | None = None, model_files: str | None = None,
                  request_timeout_s: float = 600.0, sync_timeout_s: float = 600.0, retries: int = 2,
                  retry_backoff_s: float = 1.0, max_inflight: int = 64, keep_versions: int = 2, dialect=None,
-                 adapter_config: dict | None = None, servers=None):
+                 adapter_config: dict | None = None, servers=None, api_key: str | None = None):
         if retries < 0 or retry_backoff_s < 0 or max_inflight < 1 or keep_versions < 1:
             raise ValueError("retries and retry_backoff_s must be >= 0, max_inflight and keep_versions >= 1")
         self.urls = [_base(u) for u in urls]
         self.dialect = dialect or PosttrainDialect()
         self.adapter_config = adapter_config
         self.servers = servers  # launched for this engine (`VLLMServers`): stopped by close()
-        check_servers(self.urls, dialect=self.dialect)
+        headers = auth_headers(api_key)  # sent on every request; /health needs none
+        check_servers(self.urls, dialect=self.dialect, api_key=api_key)
         self.weights_dir = Path(weights_dir) if weights_dir else None
         self.tokenizer = tokenizer
         eos = eos_ids if eos_ids is not None else [getattr(tokenizer, "eos_token_id", None)]
@@ -193,8 +205,9 @@ class HTTPEngine:
         self.max_inflight, self.keep_versions = max_inflight, keep_versions
         self.version = 0
         self.stats = {"requests": 0, "retries": 0, "failed": 0}
-        self._client = httpx.Client(timeout=request_timeout_s, limits=httpx.Limits(max_connections=max_inflight))
-        self._sync_client = httpx.Client(timeout=sync_timeout_s)
+        self._client = httpx.Client(timeout=request_timeout_s, limits=httpx.Limits(max_connections=max_inflight),
+                                    headers=headers)
+        self._sync_client = httpx.Client(timeout=sync_timeout_s, headers=headers)
         self._lock = threading.Lock()
         self._inflight = dict.fromkeys(self.urls, 0)
         self._next = 0  # round-robin tie break

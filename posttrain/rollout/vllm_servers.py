@@ -16,7 +16,8 @@ The flags, and why:
   ``/update_weight_version``, ``/resume``, ``/weight_info``);
 * ``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` when the policy trains a LoRA
   adapter, so that only the adapter is sent at each sync;
-* ``--host 127.0.0.1`` unless told otherwise, and ``--api-key`` whenever the bind is not loopback.
+* ``--host 127.0.0.1`` unless told otherwise, and ``--api-key $POSTTRAIN_API_KEY`` whenever that
+  is set (required when the bind is not loopback).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import httpx
 
 from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
+from posttrain.rollout.http import API_KEY_ENV, auth_headers
 
 DEFAULT_ENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 
@@ -47,9 +49,8 @@ class VLLMConfig:
     python: str = ""
     """The vLLM environment's interpreter; empty: ``$POSTTRAIN_VLLM_PYTHON``, else ``.venv-vllm``."""
     host: str = "127.0.0.1"
-    """Address the launched servers bind; anything but loopback needs ``api_key``."""
-    api_key: str = ""
-    """Passed to launched servers (``--api-key``) and sent by the client as a bearer token."""
+    """Address the launched servers bind; anything but loopback needs ``$POSTTRAIN_API_KEY`` (the
+    servers get it as ``--api-key``, the client sends it; a key never goes in a config file)."""
     dtype: str = "float32"
     """The servers' weight dtype (``--dtype``): float32, bfloat16 or float16."""
     max_model_len: int = 2048
@@ -78,9 +79,6 @@ class VLLMConfig:
             raise ConfigValueError("max_model_len" if self.max_model_len < 1 else "kv_cache_gib", "must be >= 1")
         if self.startup_timeout_s <= 0 or not self.probe_tol > 0:
             raise ConfigValueError("startup_timeout_s" if self.startup_timeout_s <= 0 else "probe_tol", "must be > 0")
-        if self.launch and self.host not in LOOPBACK and not self.api_key:
-            raise ConfigValueError("host", f"{self.host} is not loopback: set rollout.vllm.api_key so that only "
-                                           f"this run can reach the servers")
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -119,8 +117,8 @@ def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
         cmd.append("--enforce-eager")
     if spec.lora_rank > 0:
         cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank), "--max-loras", "1"]
-    if spec.api_key:
-        cmd += ["--api-key", spec.api_key]
+    if os.environ.get(API_KEY_ENV):  # vLLM reads it as VLLM_API_KEY too, but says so in its argv nowhere
+        cmd += ["--api-key", os.environ[API_KEY_ENV]]
     return cmd + list(spec.extra_args)
 
 
@@ -139,9 +137,9 @@ class VLLMServers:
     def __init__(self, spec: ServerSpec, n: int, log_dir: str | Path, printer=print):
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if spec.host not in LOOPBACK and not spec.api_key:
-            raise UserError(f"rollout.vllm.host: {spec.host} is not loopback; set rollout.vllm.api_key "
-                            f"so that only this run can reach the servers")
+        if spec.host not in LOOPBACK and not os.environ.get(API_KEY_ENV):
+            raise UserError(f"rollout.vllm.host: {spec.host} is not loopback; set ${API_KEY_ENV} so that only "
+                            f"this run can reach the servers")
         self.spec, self.n, self.printer = spec, n, printer
         self.log_dir = Path(log_dir)
         self.procs: list[subprocess.Popen] = []
@@ -174,8 +172,7 @@ class VLLMServers:
     def wait_ready(self) -> None:
         """Block until every server answers ``/health``; a server that exits raises with its log's tail."""
         t0, last, pending = time.monotonic(), 0.0, set(range(self.n))
-        headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
-        with httpx.Client(timeout=5.0, headers=headers) as client:
+        with httpx.Client(timeout=5.0, headers=auth_headers(None)) as client:
             while pending:
                 for i in sorted(pending):
                     if self.procs[i].poll() is not None:

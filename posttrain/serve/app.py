@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hmac
 import json
 import logging
 import math
@@ -127,6 +128,43 @@ def endpoint(fn):
     return handler
 
 
+# ------------------------------------------------------------------------------ access
+
+@dataclass(frozen=True)
+class Access:
+    """Who may use the server, and what a weight reload may load.
+
+    ``api_key``: every route but ``/health`` needs ``Authorization: Bearer <key>`` (None: open, which
+    `posttrain serve` allows only on a loopback address). ``weights_root``: reloads read folders
+    inside it only (None: reloads are refused). A reload must carry every weight of the model
+    unless ``allow_partial_weights``, and a version at least the loaded one unless
+    ``allow_version_rollback`` (a replayed old request must not roll the policy back)."""
+
+    api_key: str | None = None
+    weights_root: Path | None = None
+    allow_version_rollback: bool = False
+    allow_partial_weights: bool = False
+
+
+class RequireKey:
+    """ASGI middleware: 401 for a request without the API key (``/health`` stays open for probes)."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.state = app.state  # the app's state, as tests and the CLI read it
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            sent = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(sent, self.expected):
+                response = error_response(APIError(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                                                   code="invalid_api_key"))
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 # ------------------------------------------------------------------------------ state
 
 @dataclass
@@ -140,6 +178,7 @@ class ServeState:
     limits: Limits
     weight_label: str | None = None
     created: int = 0
+    access: Access = Access()
 
     def __post_init__(self):
         self._token_text: dict[int, str] = {}
@@ -272,20 +311,19 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
     for key in _SGLANG_IGNORED:  # type-checked, then ignored
         get_int(body, key, None) if key == "token_step" else get_bool(body, key, False)
 
-    try:
-        folder = resolve_model_dir(model_path, key="model_path")
-    except UserError as e:
-        raise bad(str(e), "model_path") from None
-    if not folder.is_dir():
-        raise bad(f"model_path={model_path}: not a folder", "model_path")
-    if not safetensors_files(folder):
-        raise bad(f"model_path={folder}: no *.safetensors files", "model_path")
+    folder = _reload_folder(state.access, model_path)
+    if version is not None and version < state.version and not state.access.allow_version_rollback:
+        raise APIError(409, f"version {version} is older than the loaded version {state.version}: refused (a "
+                            f"replayed request must not roll the policy back; a new run against this server "
+                            f"restarts it, or start the server with --allow-version-rollback)",
+                       param="version", code="version_rollback")
 
     async with state.update_lock:
         try:
             weights = await asyncio.to_thread(load_folder, folder)
         except Exception as e:
             raise bad(f"model_path={folder}: could not read the safetensors: {e}", "model_path") from None
+        _check_complete(state, weights, folder)
         actual = await asyncio.to_thread(weights_checksum, weights)
         if checksum is not None and checksum != actual:
             raise bad(f"checksum mismatch: expected {checksum}, the tensors in {folder} hash to {actual}; "
@@ -295,7 +333,7 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
             v = version if version is not None else engine.version + 1
             # verifies the checksum again before touching a weight; the trainer owns the version count,
             # so a new or resumed run may restart it below the loaded one
-            engine.load_weights(weights, v, actual, allow_older=True)
+            engine.load_weights(weights, v, actual, allow_older=state.access.allow_version_rollback)
             return v
 
         try:
@@ -309,6 +347,46 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
     log.info(msg)
     return JSON({"success": True, "message": msg, "num_paused_requests": 0, "version": new_version,
                  "checksum": actual})
+
+
+def _reload_folder(access: Access, model_path: str) -> Path:
+    """The folder a reload names, if it lies inside the weights root (symlinks and ``..`` resolved)."""
+    if access.weights_root is None:
+        raise APIError(403, "weight reloads are off: start the server with --weights-root DIR (the folder the "
+                            "trainer writes its weights under)", param="model_path", code="forbidden")
+    root = access.weights_root.resolve()
+    try:  # nothing outside the root is looked at; a run directory means its newest complete checkpoint
+        folder = Path(model_path).resolve()
+        if folder.is_relative_to(root):
+            folder = resolve_model_dir(folder, key="model_path").resolve()
+    except UserError as e:
+        raise bad(str(e), "model_path") from None
+    except (OSError, RuntimeError, ValueError) as e:
+        raise bad(f"model_path={model_path}: {e}", "model_path") from None
+    if not folder.is_relative_to(root):
+        raise APIError(403, f"model_path={model_path}: outside the weights root {root}", param="model_path",
+                       code="forbidden")
+    if not folder.is_dir():
+        raise bad(f"model_path={model_path}: not a folder", "model_path")
+    if not safetensors_files(folder):
+        raise bad(f"model_path={folder}: no *.safetensors files", "model_path")
+    return folder
+
+
+def _check_complete(state: ServeState, weights: dict, folder: Path) -> None:
+    """Every weight of the served model, each of its shape (else 400, the served model unchanged)."""
+    targets = state.engine.model.state_dict()
+    missing = sorted(set(targets) - set(weights))
+    if missing and not state.access.allow_partial_weights:
+        raise bad(f"model_path={folder}: {len(missing)} of the model's {len(targets)} weights are missing "
+                  f"(e.g. {missing[0]}); a partial reload is refused unless the server allows it "
+                  f"(--allow-partial-weights)", "model_path", "partial_weights")
+    unknown = sorted(set(weights) - set(targets))
+    wrong = [k for k in weights if k in targets and tuple(weights[k].shape) != tuple(targets[k].shape)]
+    if unknown or wrong:
+        name = (unknown or wrong)[0]
+        raise bad(f"model_path={folder}: {'unknown weight' if unknown else 'wrong shape for'} {name}", "model_path",
+                  "weight_mismatch")
 
 
 # ------------------------------------------------------------------------------ the app
@@ -335,7 +413,7 @@ def max_model_len(engine, tokenizer) -> int:
 
 def create_app(engine, tokenizer, *, served_model_name: str, model_path: str | Path, checksum: str | None = None,
                max_batch_prompts: int = 256, batch_wait_ms: float = 5.0, batch_seeded: bool = False,
-               max_samples_per_request: int = 4096) -> Starlette:
+               max_samples_per_request: int = 4096, access: Access = Access()):
     """The ASGI app serving ``engine``; ``tokenizer`` is used by the handlers (a copy is made when it
     is the engine's own, so the two threads never share one)."""
     if tokenizer is engine.tokenizer:
@@ -345,7 +423,7 @@ def create_app(engine, tokenizer, *, served_model_name: str, model_path: str | P
     state = ServeState(engine=engine, worker=worker, tokenizer=tokenizer, served_name=served_model_name,
                        model_path=Path(model_path), checksum=checksum, created=int(time.time()),
                        limits=Limits(vocab_size=int(engine.vocab_size), max_model_len=max_model_len(engine, tokenizer),
-                                     max_samples_per_request=max_samples_per_request))
+                                     max_samples_per_request=max_samples_per_request), access=access)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -358,7 +436,7 @@ def create_app(engine, tokenizer, *, served_model_name: str, model_path: str | P
     app = Starlette(routes=_routes(state), lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.serve = state
-    return app
+    return RequireKey(app, access.api_key) if access.api_key else app
 
 
 def load_engine(path: str | Path, *, dtype: str = "float32", device: str = "cpu", key: str = "MODEL"):

@@ -3,12 +3,16 @@
 MODEL_OR_RUN_DIR is a model folder (config.json + safetensors + tokenizer), a hub id, or a run
 directory, which means its newest complete checkpoints/step-N. The server prints its URL once it
 listens; Ctrl-C stops it. Routes: /health, /v1/models, /v1/completions, /v1/chat/completions,
-/update_weights_from_disk, /get_model_info. See docs/serve.md.
+/update_weights_from_disk, /get_model_info. With an API key (--api-key or $POSTTRAIN_API_KEY) every
+route but /health needs it; an address beyond loopback needs one. Weight reloads read folders under
+--weights-root only. See docs/serve.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -36,8 +40,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "batch, not TorchEngine on the request alone)")
     parser.add_argument("--max-samples-per-request", type=int, default=4096,
                         help="largest prompts x n one request may ask for (default 4096)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}); "
+                             f"needed to listen beyond loopback")
+    parser.add_argument("--weights-root", default=None,
+                        help="the folder weight reloads may read from (/update_weights_from_disk); without it "
+                             "reloads are refused")
+    parser.add_argument("--allow-version-rollback", action="store_true",
+                        help="accept a reload whose version is older than the loaded one (a new trainer run "
+                             "against a server that served a previous one)")
+    parser.add_argument("--allow-partial-weights", action="store_true",
+                        help="accept a reload that carries only some of the model's weights")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                         help="server log level (default warning)")
+
+
+API_KEY_ENV = "POSTTRAIN_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves to who knows what
+        return False
 
 
 class _Stopped(Exception):
@@ -65,6 +92,17 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _weights_root(path: str | None):
+    from pathlib import Path
+
+    if path is None:
+        return None
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UserError(f"--weights-root={path}: not a folder")
+    return root.resolve()
+
+
 def _url(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     if host in ("0.0.0.0", "::"):
@@ -82,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threads={args.threads}: must be >= 1")
     if args.batch_wait_ms < 0:
         raise UserError(f"--batch-wait-ms={args.batch_wait_ms}: must be >= 0")
+    if not is_loopback(args.host) and not args.api_key:
+        raise UserError(f"--host={args.host}: listening beyond loopback needs an API key (--api-key or "
+                        f"${API_KEY_ENV}): anyone who reaches the port could otherwise replace the weights")
+    weights_root = _weights_root(args.weights_root)
 
     from posttrain.models.hf import check_model_path, quiet_transformers
     from posttrain.serve.weights import resolve_model_dir
@@ -93,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from posttrain.serve.app import create_app, load_engine
+    from posttrain.serve.app import Access, create_app, load_engine
 
     quiet_transformers()
     if args.threads:
@@ -103,7 +145,10 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, tokenizer, served_model_name=name, model_path=path, checksum=checksum,
                      max_batch_prompts=args.max_batch_prompts, batch_wait_ms=args.batch_wait_ms,
                      batch_seeded=args.batch_seeded,
-                     max_samples_per_request=args.max_samples_per_request)
+                     max_samples_per_request=args.max_samples_per_request,
+                     access=Access(api_key=args.api_key, weights_root=weights_root,
+                                   allow_version_rollback=args.allow_version_rollback,
+                                   allow_partial_weights=args.allow_partial_weights))
     url = _url(sock)
 
     class Server(uvicorn.Server):

@@ -120,8 +120,13 @@ def real_server(model_dir) -> InThread:
     app = pytest.importorskip("posttrain.serve.app")
     create_app, load_engine = app.create_app, app.load_engine
 
+    import tempfile
+    from pathlib import Path
+
     engine, tokenizer, checksum = load_engine(model_dir)
-    return InThread(create_app(engine, tokenizer, served_model_name="nano", model_path=model_dir, checksum=checksum))
+    access = app.Access(weights_root=Path(tempfile.gettempdir()))  # where the tests write weights
+    return InThread(create_app(engine, tokenizer, served_model_name="nano", model_path=model_dir, checksum=checksum,
+                               access=access))
 
 
 @pytest.fixture

@@ -45,9 +45,15 @@ class RunningServer:
 
 
 def make_server(model_dir, **kwargs) -> RunningServer:
-    from posttrain.serve.app import create_app, load_engine
+    """The app on ``model_dir``; reloads may read anything under the temporary folder (where the
+    tests write their weights) unless ``access`` says otherwise."""
+    import tempfile
+    from pathlib import Path
+
+    from posttrain.serve.app import Access, create_app, load_engine
 
     engine, tokenizer, checksum = load_engine(model_dir)
+    kwargs.setdefault("access", Access(weights_root=Path(tempfile.gettempdir())))
     app = create_app(engine, tokenizer, served_model_name=SERVED_NAME, model_path=model_dir, checksum=checksum,
                      **kwargs)
     return RunningServer(app)

@@ -82,3 +82,12 @@ def test_serves_then_stops_on_signal(nano_model_dir, tmp_path, sig):
         time.sleep(0.1)
     else:
         pytest.fail("the server still answers after the signal")
+
+
+def test_listening_beyond_loopback_needs_an_api_key(nano_model_dir):
+    env = {k: v for k, v in ENV.items() if k != "POSTTRAIN_API_KEY"}
+    r = subprocess.run([sys.executable, "-m", "posttrain", "serve", str(nano_model_dir), "--host", "0.0.0.0",
+                        "--port", "0"], capture_output=True, text=True, timeout=120, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "--host=0.0.0.0" in lines[0] and "API key" in lines[0]
+    assert r.stdout == ""

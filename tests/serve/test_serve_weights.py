@@ -76,14 +76,26 @@ def test_bad_checksum_is_refused_and_old_weights_stay(http, folders):
     assert greedy(http) == before
 
 
-def test_a_new_trainer_may_restart_the_version_count(http, folders):
-    """A new or resumed RL run pushes its own version (0, or the checkpoint's) to a running server."""
+def test_an_older_version_is_refused_unless_the_server_allows_a_restart(folders, nano_model_dir):
+    """A replayed old request must not roll the policy back (409); a server started with
+    --allow-version-rollback takes a new or resumed run's restarted count."""
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from posttrain.serve.app import Access
+    from tests.serve.conftest import make_server
+
     folder, tensors = folders["other"]
-    r = update(http, model_path=str(folder), version=7, checksum=weights_checksum(tensors))
-    assert r.status_code == 200 and r.json()["version"] == 7
-    r = update(http, model_path=str(folder), version=0, checksum=weights_checksum(tensors))
-    assert r.status_code == 200 and r.json()["version"] == 0
-    assert http.get("/health").json()["version"] == 0
+    body = dict(model_path=str(folder), checksum=weights_checksum(tensors))
+    for allowed in (False, True):
+        access = Access(weights_root=Path(tempfile.gettempdir()), allow_version_rollback=allowed)
+        with make_server(nano_model_dir, access=access) as s, httpx.Client(base_url=s.url, timeout=60) as http:
+            assert update(http, **body, version=7).status_code == 200
+            r = update(http, **body, version=0)
+            assert r.status_code == (200 if allowed else 409) and r.json()["success"] is allowed
+            assert http.get("/health").json()["version"] == (0 if allowed else 7)
 
 
 @pytest.mark.parametrize("case", ["unknown_names", "no_safetensors", "run_dir_without_checkpoint"])
