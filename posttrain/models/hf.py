@@ -140,8 +140,12 @@ def load_errors(key: str, path: str, what: str):
         raise UserError(f"{key}={path}: could not load the {what}: {_one_line(e)}") from e
 
 
-def load_tokenizer(path: str, key: str = "model.path"):
-    """The tokenizer of model ``path`` (``key`` names the setting in errors); pad defaults to eos."""
+def load_tokenizer(path: str, key: str = "model.path", chat_template: str | None = None):
+    """The tokenizer of model ``path`` (``key`` names the setting in errors); pad defaults to eos.
+
+    ``chat_template``: what needs the tokenizer's chat template, with the setting that turns the
+    need off if there is one (e.g. "data.use_chat_template=true"); a tokenizer without one is then
+    a one-line `UserError` here, before anything is written, not a traceback at the first prompt."""
     from transformers import AutoTokenizer
 
     check_model_path(path, key)
@@ -149,6 +153,8 @@ def load_tokenizer(path: str, key: str = "model.path"):
         tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    if chat_template and not getattr(tok, "chat_template", None):
+        raise UserError(f"{key}={path}: the tokenizer has no chat template, which {chat_template} needs")
     return tok
 
 

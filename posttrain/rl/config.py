@@ -344,6 +344,9 @@ class RLConfig:
                                    f"{self.rollout.backend} use mode=sync")
         if self.max_staleness < 0:
             raise ConfigValueError("max_staleness", "must be >= 0")
+        if self.env.name and not self.data.use_chat_template:
+            raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
+                                   "turns are rendered by the model's chat template (roles, tool replies)")
         if self.mode == "async" and self.correction.kind == "none" and not self.force_no_correction:
             raise ConfigValueError("correction.kind", "none is refused in async mode: samples up to "
                                    "max_staleness versions old, from a sampler whose numerics differ from "

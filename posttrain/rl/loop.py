@@ -291,7 +291,10 @@ def setup(cfg: RLConfig) -> RLRun:
     code.configure(cfg.sandbox, cfg.runtime, cfg.ray)  # where code is judged; the pool starts on first use
     if cfg.rollout.backend == "openai" or cfg.rollout.urls and cfg.rollout.backend == "vllm":
         check_servers(cfg.rollout.urls, dialect=server_dialect(cfg))  # every rank, before any model loads
-    tokenizer = load_tokenizer(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path, chat_template=
+                               "env.name (environments render their turns with it)" if cfg.env.name else
+                               "data.use_chat_template=true (set it to false for plain-text prompts)"
+                               if cfg.data.use_chat_template else None)
     model_cfg = dataclasses.replace(cfg.model, device=str(world.device))
     model = load_model(model_cfg)
     disable_dropout(model)  # old, new and reference log-probs must come from the same function

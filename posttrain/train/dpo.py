@@ -142,7 +142,8 @@ def run_dpo(cfg: DPOConfig, printer=print) -> dict:
     check_model_path(cfg.model.path)
     if cfg.ref_path:
         check_model_path(cfg.ref_path, "ref_path")
-    tokenizer = load_tokenizer(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path, chat_template="data.use_chat_template=true (set it to false for "
+                               "plain-text prompts)" if cfg.data.use_chat_template else None)
     pad = tokenizer.pad_token_id
     train = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.path)
     held_out = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_pairs] \

@@ -86,7 +86,8 @@ def run_rm(cfg: RMConfig, printer=print) -> dict:
     world = pairwise_world(cfg)
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path, chat_template="data.use_chat_template=true (set it to false for "
+                               "plain-text prompts)" if cfg.data.use_chat_template else None)
     train = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.path)
     held_out = load_tokenized_pairs(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_pairs] \
         if cfg.data.eval_path else []

@@ -224,7 +224,8 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
     world.require_shares("grad_accum", cfg.grad_accum, "takes an equal share of a step's micro-batches")
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path, chat_template="data.use_chat_template=true (set it to false for "
+                               "plain-text prompts)" if cfg.data.use_chat_template else None)
     train = load_sft_data(cfg.data, tokenizer, cfg.data.path)
     held_out = load_sft_data(cfg.data, tokenizer, cfg.data.eval_path)[: cfg.data.eval_max_examples] \
         if cfg.data.eval_path else []

@@ -306,3 +306,29 @@ def test_resumed_token_count_is_rank_zeros_read_broadcast(tmp_path, monkeypatch)
     rank1 = types.SimpleNamespace(run_dir=tmp_path, world=world(False))
     assert loop.tokens_so_far(rank1, start=2) == 42
     assert loop.tokens_so_far(rank1, start=0) == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["env.name=calculator"]])
+def test_a_tokenizer_without_a_chat_template_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_data_dir,
+                                                                                    tmp_path, capsys, extra):
+    import shutil
+
+    from posttrain.cli import main
+
+    model = tmp_path / "no-template"
+    shutil.copytree(nano_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    out = tmp_path / "run"
+    code = main(["rl", f"model.path={model}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
+                 f"out_dir={out}", "num_steps=1", "logging.progress=false", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no chat template" in err[0] and str(model) in err[0], err
+    assert not (out / "config.yaml").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_environments_refuse_plain_prompts(nano_model_dir, arith_data_dir, tmp_path):
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match="data.use_chat_template"):
+        load_config(RLConfig, None, [f"model.path={nano_model_dir}", f"data.path={arith_data_dir}/prompts_train.jsonl",
+                                     "env.name=calculator", "data.use_chat_template=false"])
