@@ -149,9 +149,12 @@ class KLConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class CorrectionConfig:
-    kind: str = "truncated"
+    kind: str = "auto"
     """Sampler-vs-trainer importance correction: truncated (cap the ratio), masked (drop outside
-    [low, high]) or none."""
+    [low, high]) or none. auto: truncated wherever importance weights enter the loss (sync; async
+    with policy_loss=pg or asynchrony.decoupled_ppo), none where they do not (async's default: the
+    PPO ratio is taken against the sampler's log-probs and its clip bounds stale samples). The
+    resolved kind is what config.yaml records."""
     level: str = "token"
     """token or sequence (product of token ratios)."""
     cap: float = 2.0
@@ -162,8 +165,8 @@ class CorrectionConfig:
     """Upper bound for masked IS."""
 
     def __post_init__(self):
-        if self.kind not in ("truncated", "masked", "none"):
-            raise ConfigValueError("kind", "must be truncated, masked or none")
+        if self.kind not in ("auto", "truncated", "masked", "none"):
+            raise ConfigValueError("kind", "must be auto, truncated, masked or none")
         if self.level not in ("token", "sequence"):
             raise ConfigValueError("level", "must be token or sequence")
         if self.cap < 1.0:
@@ -347,7 +350,36 @@ class RLConfig:
         if self.env.name and not self.data.use_chat_template:
             raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
                                    "turns are rendered by the model's chat template (roles, tool replies)")
-        if self.mode == "async" and self.correction.kind == "none" and not self.force_no_correction:
+        self.check_correction()
+
+    @property
+    def importance_weighted(self) -> bool:
+        """Whether sampler->trainer importance weights enter the loss. Not in async mode with a
+        ratio anchored on the sampler (decoupled_ppo off, a clipped loss): the ratio *is* the
+        weight there, and its clip is what bounds a stale sample (`posttrain.rl.losses`)."""
+        return not (self.mode == "async" and not self.asynchrony.decoupled_ppo and self.policy_loss != "pg")
+
+    def check_correction(self) -> None:
+        """Resolve ``correction.kind: auto``, and refuse correction knobs that would do nothing."""
+        c, default = self.correction, CorrectionConfig()
+        if not self.importance_weighted:
+            changed = [k for k in ("kind", "level", "cap", "low", "high")
+                       if getattr(c, k) != getattr(default, k) and not (k == "kind" and c.kind == "none")]
+            if changed:
+                raise ConfigValueError(f"correction.{changed[0]}", "has no effect in async mode with "
+                                       "asynchrony.decoupled_ppo=false: the PPO ratio is taken against the "
+                                       "sampler's log-probs and its clip bounds stale samples; leave correction "
+                                       "at its defaults, or set asynchrony.decoupled_ppo=true to weight the loss")
+            if self.force_no_correction:
+                raise ConfigValueError("force_no_correction", "has no effect: no importance weights enter the "
+                                       "loss here (async, ratio anchored on the sampler)")
+            c.kind = "none"
+            return
+        if c.kind == "auto":
+            c.kind = "truncated"
+        if self.force_no_correction and not (self.mode == "async" and c.kind == "none"):
+            raise ConfigValueError("force_no_correction", "only allows correction.kind=none in async mode")
+        if self.mode == "async" and c.kind == "none" and not self.force_no_correction:
             raise ConfigValueError("correction.kind", "none is refused in async mode: samples up to "
                                    "max_staleness versions old, from a sampler whose numerics differ from "
                                    "the trainer's, need importance correction or runs silently diverge; "

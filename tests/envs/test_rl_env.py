@@ -18,6 +18,7 @@ from posttrain.rl.loop import rl_step, setup
 from posttrain.rl.run import run_rl
 from posttrain.tracking import StageTimer
 from tests.envs.conftest import ScriptedEngine, drop_old_thinking
+from tests.rl.test_async import _comparable
 
 PLUGIN = textwrap.dedent('''
     from posttrain.envs import Environment, StepResult
@@ -113,10 +114,6 @@ def test_calculator_episodes_in_the_loop_and_held_out_eval(nano_model_dir, tmp_p
 
 def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _comparable(row):
-    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "selftest/")) and k != "tokens_per_s"}
 
 
 def test_async_k0_with_the_calculator_equals_sync_step_for_step(nano_model_dir, tmp_path, env_plugin):

@@ -206,8 +206,9 @@ def test_async_without_decoupled_ppo_pg_keeps_the_importance_weight(rl_overrides
     from posttrain.rl.losses import off_policy_correction
     from posttrain.rollout import TorchEngine
 
+    cap = {"correction.cap": 1.2} if loss == "pg" else {}  # a ratio loss has no weight to cap (refused)
     cfg = load_config(RLConfig, None, rl_overrides(**{"mode": "async", "asynchrony.decoupled_ppo": False,
-                                                      "policy_loss": loss, "correction.cap": 1.2}))
+                                                      "policy_loss": loss, **cap}))
     run = setup(cfg)
     run.engine = TorchEngine(cfg.model.path, tokenizer=run.tokenizer)
     ro, _ = _step_inputs(run)
@@ -258,8 +259,8 @@ def test_learn_optimises_the_hand_computed_gspo_and_cispo_loss(rl_overrides, los
     stale sampler without decoupled PPO (async): the ratio then differs from 1 and is what clips."""
     from posttrain.rollout import TorchEngine
 
-    over = {"policy_loss": loss, "kl.track": False, "rollout.max_new_tokens": 12, "optim.lr": 0.0,
-            "correction.cap": 1.2, "mode": mode, "asynchrony.decoupled_ppo": False}
+    over = {"policy_loss": loss, "kl.track": False, "rollout.max_new_tokens": 12, "optim.lr": 0.0, "mode": mode,
+            "asynchrony.decoupled_ppo": False, **({"correction.cap": 1.2} if mode == "sync" else {})}
     cfg = load_config(RLConfig, None, rl_overrides(**over))
     assert cfg.aggregation_mode == "seq_mean_token_mean"
     run = setup(cfg)
