@@ -20,6 +20,7 @@ plain forward (`TargetLogits.full` wraps its logits the same way).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 
@@ -27,6 +28,39 @@ import torch
 from transformers import DynamicCache
 
 from posttrain.rl.batch import RLBatch
+
+
+class PrefixCache(DynamicCache):
+    """The prompts' KV cache, which a layer run again finds as it was the first time.
+
+    Activation checkpointing runs each decoder layer a second time in backward, with the cache
+    object it was given. A cache that stores what every call adds would by then hold the
+    completion's keys already (the recompute appends them twice). So the prompt pass stores each
+    layer's keys once (a second call, the recompute, has no past and gets its own keys back), and
+    the completion pass gets a `gathered` copy, one row per sample, that returns the prefix followed
+    by the call's own keys and stores nothing. The gather is differentiable: every completion's
+    gradient reaches the one prompt pass.
+    """
+
+    frozen = False
+
+    def gathered(self, rows: torch.Tensor) -> "PrefixCache":
+        """A frozen copy holding the prefix of prompt ``rows[i]`` at row i (this cache unchanged)."""
+        out = copy.copy(self)
+        out.layers = [copy.copy(layer) for layer in self.layers]
+        for layer in out.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+        out.frozen = True
+        return out
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if self.frozen:
+            layer = self.layers[layer_idx]
+            return torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
+        if len(self.layers) > layer_idx and self.layers[layer_idx].is_initialized:
+            return key_states, value_states  # the prompt pass run again: the prompt has no past
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
 def _cache_kwarg(model) -> str:
@@ -90,7 +124,7 @@ def completion_logits(model, mb: RLBatch, device, agree=bool) -> TargetLogits | 
         usable = torch.equal(prompts_BP, prompts_BP[first_U][expand_B]) and torch.equal(real_BP, real_BP[first_U][expand_B])
     if not agree(usable):
         return None
-    real_UP, cache, key = real_BP[first_U], DynamicCache(config=model.config), _cache_kwarg(model)
+    real_UP, cache, key = real_BP[first_U], PrefixCache(config=model.config), _cache_kwarg(model)
     out = model(input_ids=prompts_BP[first_U].to(device), attention_mask=real_UP.to(device),
                 position_ids=(real_UP.cumsum(1) - 1).clamp(min=0).to(device), use_cache=True, logits_to_keep=1,
                 **{key: cache})
@@ -101,9 +135,9 @@ def completion_logits(model, mb: RLBatch, device, agree=bool) -> TargetLogits | 
     # still runs, so that every call makes two forwards (sharded ranks run them in lock step).
     C = span_BC.shape[1]
     run = max(C - 1, 1)
-    cache.batch_select_indices(expand_B.to(device))
     comp = model(input_ids=comp_BC[:, :run].to(device), attention_mask=torch.cat([real_BP, span_BC[:, :run].long()], 1)
-                 .to(device), position_ids=pos_BC[:, :run].to(device), use_cache=True, **{key: cache})
+                 .to(device), position_ids=pos_BC[:, :run].to(device), use_cache=True,
+                 **{key: cache.gathered(expand_B.to(device))})
     logits_BCV = torch.cat([out.logits[:, -1:][expand_B.to(device)], comp.logits[:, : C - 1]], 1)
     rows, js = span_BC.nonzero(as_tuple=True)
     return TargetLogits(logits_BCV, comp_BC.to(device), rows.to(device), (start_B[rows] - 1 + js).to(device),
