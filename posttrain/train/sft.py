@@ -80,7 +80,8 @@ class SFTConfig:
     num_steps: int = 200
     """Optimizer steps."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step."""
+    """Micro-batches per optimizer step, over all ranks (under torchrun each rank runs whole ones when
+    the number of processes divides it, else its share of every one's examples)."""
     precision: str = "fp32"
     """fp32, or bf16 (autocast; master weights stay in the model dtype)."""
     seed: int = 0
@@ -173,15 +174,23 @@ class BatchStream:
             self._epochs = {epoch: self._plan(epoch)}  # keep one epoch's plan in memory
         return self._epochs[epoch]
 
-    def micro_batch(self, i: int):
-        from posttrain.data.packing import collate
+    def micro_batch(self, i: int, share: tuple[int, int] | None = None):
+        """Micro-batch ``i``; with ``share = (rank, ranks)`` only that rank's share of its examples
+        (every ranks-th). A rank whose share is empty gets a stand-in that weighs nothing: one of the
+        batch's examples with no target (it keeps the sharded forwards in lock step)."""
+        from posttrain.data.packing import IGNORE_INDEX, collate
 
         epoch = 0
         while i >= len(self._epoch(epoch)):
             i -= len(self._epoch(epoch))
             epoch += 1
-        return collate(self.examples, self._epoch(epoch)[i], pack=self.pack, seq_len=self.seq_len,
-                       pad_id=self.pad_id)
+        idx = self._epoch(epoch)[i]
+        mine = idx if share is None else idx[share[0]::share[1]]
+        batch = collate(self.examples, mine or idx[:1], pack=self.pack, seq_len=self.seq_len, pad_id=self.pad_id)
+        if mine:
+            return batch
+        return dataclasses.replace(batch, labels_BT=torch.full_like(batch.labels_BT, IGNORE_INDEX), num_loss_tokens=0,
+                                   num_real_tokens=0)
 
     def all_batches(self):
         from posttrain.data.packing import collate
@@ -214,14 +223,14 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
     """Train (or resume) SFT; returns a summary with the final losses and checkpoint path.
 
     Under torchrun each rank takes every world_size-th micro-batch of a step (``grad_accum`` of them
-    in all), so the global batch, and with global denominators the update, is the same at any world
+    in all) when the world size divides ``grad_accum``, else a share of every micro-batch's examples;
+    either way the global batch, and with global denominators the update, is the same at any world
     size; the model is sharded with FSDP2.
     """
     from posttrain.models.hf import check_model_path
 
     quiet_transformers()
     world = init_world(cfg.model.device)
-    world.require_shares("grad_accum", cfg.grad_accum, "takes an equal share of a step's micro-batches")
     seed_everything(cfg.seed)
     check_model_path(cfg.model.path)
     tokenizer = load_tokenizer(cfg.model.path, chat_template="data.use_chat_template=true (set it to false for "
@@ -307,8 +316,10 @@ def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, 
     def step(n: int, timer) -> dict:
         t0 = time.perf_counter()
         first = (n - 1) * cfg.grad_accum
-        mine = range(first + world.rank, first + cfg.grad_accum, world.world_size)  # this rank's share
-        micro = [stream.micro_batch(i) for i in mine]
+        if cfg.grad_accum % world.world_size == 0:  # whole micro-batches, every world_size-th
+            micro = [stream.micro_batch(i) for i in range(first + world.rank, first + cfg.grad_accum, world.world_size)]
+        else:  # fewer micro-batches than ranks (or no equal share): a share of each one's examples
+            micro = [stream.micro_batch(i, (world.rank, world.world_size)) for i in range(first, first + cfg.grad_accum)]
         metrics = trainer.train_step(micro)
         real = world.all_reduce(sum(b.num_real_tokens for b in micro))
         return metrics | {"tokens_per_s": real / (time.perf_counter() - t0), "tokens": real}
