@@ -186,3 +186,20 @@ def test_eval_of_a_folder_without_weights(nano_model_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"posttrain eval: error: model={broken}: could not load the model: ") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, data", [("sft", "train.jsonl"), ("dpo", "pairs_train.jsonl"),
+                                           ("rm", "pairs_train.jsonl")])
+def test_a_tokenizer_without_a_chat_template_is_one_line_exit_2(command, data, nano_model_dir, arith_data_dir,
+                                                                  tmp_path, capsys):
+    from posttrain.cli import main
+
+    model = tmp_path / "no-template"
+    shutil.copytree(nano_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    out = tmp_path / "out"
+    args = [f"model.path={model}", f"data.path={arith_data_dir / data}", f"out_dir={out}", "logging.progress=false"]
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"model.path={model}: the tokenizer has no chat template" in err
+    assert "data.use_chat_template" in err and not out.exists()
