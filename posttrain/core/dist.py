@@ -81,15 +81,6 @@ class World:
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
-    def require_shares(self, key: str, value: int, what: str) -> None:
-        """Refuse (one line, exit 2) a ``value`` that the ranks cannot share equally: every rank must run
-        as many forwards as the others. ``what`` says what each rank takes an equal share of."""
-        if value % self.world_size:
-            from posttrain.errors import UserError
-
-            raise UserError(f"{key}={value}: must be a multiple of the world size ({self.world_size}); "
-                            f"each rank {what}")
-
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
@@ -132,13 +123,14 @@ def current_world() -> World:
 
 
 def shard_range(n: int, world: World) -> range:
-    """The rows ``[start, stop)`` of ``n`` that this rank owns, in order: contiguous equal blocks.
-
-    ``n`` must divide evenly (callers check, with a message naming their setting): every rank runs
-    the same number of forward/backward passes, which sharded training requires.
+    """The rows ``[start, stop)`` of ``n`` that this rank owns, in order: contiguous blocks, the
+    first ``n % world_size`` ranks one row more than the others (none at all when ``n`` is smaller
+    than the world). Sharded forwards run in lock step, so callers give a rank with fewer rows
+    placeholder passes whose loss counts for nothing.
     """
-    per = n // world.world_size
-    return range(world.rank * per, (world.rank + 1) * per)
+    per, extra = divmod(n, world.world_size)
+    start = world.rank * per + min(world.rank, extra)
+    return range(start, start + per + (world.rank < extra))
 
 
 def gather_rows(world: World, *tensors_BT: torch.Tensor) -> list[torch.Tensor]:

@@ -5,11 +5,13 @@
 divided by the step's *global* denominator (token or sequence counts summed over every micro-batch
 of every rank, see ``World.all_reduce``), and metrics already weighted so that their sum over the
 step is the step's value — except extremes (keys ending in ``_max`` / ``_min``), which are the
-micro-batch's own extreme, unweighted, and reduce by max / min over micro-batches and ranks. Then gradient accumulation and sharding change nothing: the summed
-gradient is the gradient of one big batch, at any world size and any micro-batch size.
+micro-batch's own extreme, unweighted, and reduce by max / min over micro-batches and ranks
+(`share_of_step`). Then gradient accumulation and sharding change nothing: the summed gradient is
+the gradient of one big batch, at any world size and any micro-batch size.
 
 Every rank must run the same number of micro-batches (sharded layers all-gather in lock step);
-the trainers split their data so that they do.
+the trainers split their data so that they do, a rank with less data running placeholder
+micro-batches whose loss is multiplied by 0 and whose metrics count for nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ def extreme(key: str) -> str | None:
 
 NEUTRAL = {"max": float("-inf"), "min": float("inf")}
 """What a micro-batch with no data reports for an extreme: it never wins the reduction."""
+
+
+def share_of_step(key: str, value: float, weight: float, live: bool = True) -> float:
+    """A micro-batch's metric as `TrainCore.step` adds it up: a mean weighted by the micro-batch's
+    share of the step; an extreme as it is. A placeholder's (``live`` false: a pass that only keeps
+    its rank in step with the others) counts for nothing and never wins an extreme."""
+    op = extreme(key)
+    if op is None:
+        return value * weight if live else 0.0
+    return value if live else NEUTRAL[op]
 
 
 def accumulate(acc: dict[str, float], metrics: dict) -> dict[str, float]:

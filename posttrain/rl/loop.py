@@ -88,7 +88,7 @@ def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict, list[
         if len(kept) == want:
             break
     info["dynamic_sampling/kept_groups"] = len(kept)
-    if not kept:
+    if len(kept) < run.world.world_size:  # under torchrun every rank trains on at least one whole group
         return ro, outcomes, info | {"dynamic_sampling/starved": 1}, episodes
     ro, outcomes, episodes = concat_groups(kept, G)
     return ro, outcomes, info, episodes
@@ -417,15 +417,15 @@ def ray_engines(cfg: RLConfig, printer=print):
 
 
 def check_world(cfg: RLConfig, world: World) -> None:
-    """What a run under torchrun needs: whole groups in equal shares, the sync driver."""
+    """What a run under torchrun needs: a whole group for every rank, the sync driver."""
     if not world.distributed:
         return
-    world.require_shares("prompts_per_step", cfg.prompts_per_step, "trains on an equal share of the step's groups")
+    if cfg.prompts_per_step < world.world_size:
+        raise UserError(f"prompts_per_step={cfg.prompts_per_step}: fewer than the {world.world_size} processes "
+                        "(each trains on whole groups, at least one)")
     if cfg.mode == "async":
         raise UserError("mode=async: runs in one process (its engine is a child process); under torchrun use "
                         "mode=sync")
-    if cfg.dynamic_sampling.enabled:
-        raise UserError("dynamic_sampling.enabled: runs in one process; under torchrun leave it off")
 
 
 def trainables(run: RLRun) -> dict:

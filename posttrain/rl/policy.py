@@ -39,7 +39,7 @@ import torch
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.core.dist import World
 from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
-from posttrain.core.trainer import NEUTRAL, TrainCore, accumulate, extreme
+from posttrain.core.trainer import TrainCore, accumulate, extreme, share_of_step
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 
@@ -237,15 +237,6 @@ class Policy:
         logits = self.model(input_ids=x).logits[0, :-1].float()
         reshard(self.model)
         return logits.log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
-
-
-def share_of_step(key: str, value: float, weight: float, live: bool) -> float:
-    """A micro-batch's metric as `TrainCore.step` adds it up: a mean weighted by the micro-batch's
-    token share; an extreme as it is (a placeholder's never wins)."""
-    op = extreme(key)
-    if op is None:
-        return value * weight
-    return value if live else NEUTRAL[op]
 
 
 def has_active_dropout(model) -> bool:

@@ -39,11 +39,12 @@ from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
 from posttrain.core.dist import World, current_world, gather_rows
 from posttrain.core.fsdp import reshard, shard_model
-from posttrain.core.trainer import TrainCore
+from posttrain.core.trainer import TrainCore, accumulate, extreme, share_of_step
 from posttrain.models.hf import disable_dropout
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import RLConfig
 from posttrain.rl.losses import reference_kl
+from posttrain.rl.policy import placeholder_rows
 from posttrain.rl.state import RLRun
 from posttrain.core.optim import build_optimizer, build_scheduler
 
@@ -72,8 +73,9 @@ class Critic:
         self.model.eval()
         out = torch.zeros(batch.mask_BT.shape)
         for idx in batch.micro_batches(torch.arange(len(batch)), micro_batch_tokens, self.core.world):
-            v = self.forward(batch.select(idx))
-            out[idx, : v.shape[1]] = v
+            v = self.forward(batch.select(idx if len(idx) else placeholder_rows(batch)))  # empty: runs in step
+            if len(idx):
+                out[idx, : v.shape[1]] = v
         reshard(self.model)
         return out * batch.train_mask_BT
 
@@ -195,10 +197,9 @@ def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> di
     n_updates = 0
     for _ in range(cfg.ppo_epochs):
         for rows in torch.randperm(len(batch), generator=gen).tensor_split(cfg.mini_batches):
-            for k, v in ppo_minibatch(run, batch, targets, rows).items():
-                sums[k] = sums.get(k, 0.0) + v
+            accumulate(sums, ppo_minibatch(run, batch, targets, rows))  # means add up, extremes stay extremes
             n_updates += 1
-    return {k: v / n_updates for k, v in sums.items()}
+    return {k: v if extreme(k) else v / n_updates for k, v in sums.items()}
 
 
 def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.Tensor) -> dict:
@@ -211,24 +212,28 @@ def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.T
     agg = AGGREGATIONS[cfg.aggregation_mode]
 
     def select(idx):
-        mb = batch.select(idx)
+        live = len(idx) > 0  # else a placeholder that keeps this rank in step with the others
+        rows_ = idx if live else placeholder_rows(batch)
+        mb = batch.select(rows_)
         width = mb.mask_BT.shape[1]
-        mb.token_adv_BT = targets.adv_BT[idx, :width]  # the loop's loss, with GAE's per-token advantages
-        return mb, width, float(mb.train_mask_BT.sum()) / tokens
+        mb.token_adv_BT = targets.adv_BT[rows_, :width]  # the loop's loss, with GAE's per-token advantages
+        return mb, rows_, width, float(mb.train_mask_BT.sum()) / tokens, live
 
     def policy_loss(idx):
-        mb, _, share = select(idx)
+        mb, rows_, _, share, live = select(idx)
         loss_BT, pm = run.loss_fn(policy._forward_grad(mb)[0], mb)
         loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=tokens, global_num_seqs=seqs,
-                   norm_constant=float(cfg.rollout.max_new_tokens), seq_num_tokens_B=seq_tokens_B[idx])
-        return loss, {k: float(v) * share for k, v in pm.items()}
+                   norm_constant=float(cfg.rollout.max_new_tokens), seq_num_tokens_B=seq_tokens_B[rows_])
+        return loss if live else loss * 0.0, {k: share_of_step(k, float(v), share, live) for k, v in pm.items()}
 
     def critic_loss(idx):
-        mb, width, share = select(idx)
-        vloss_BT, vm = value_loss(critic.forward(mb), targets.old_values_BT[idx, :width],
-                                  targets.returns_BT[idx, :width], mb.train_mask_BT, clip=cfg.critic.value_clip or None)
+        mb, rows_, width, share, live = select(idx)
+        old_BT, returns_BT = targets.old_values_BT[rows_, :width], targets.returns_BT[rows_, :width]
+        vloss_BT, vm = value_loss(critic.forward(mb), old_BT, returns_BT, mb.train_mask_BT,
+                                  clip=cfg.critic.value_clip or None)
         vloss = AGGREGATIONS["token_mean"](vloss_BT, mb.train_mask_BT, global_num_tokens=tokens)
-        return vloss, {f"critic/{k}": float(v) * share for k, v in vm.items() if k != "explained_variance"}
+        return vloss if live else vloss * 0.0, {f"critic/{k}": share_of_step(k, float(v), share, live)
+                                                for k, v in vm.items() if k != "explained_variance"}
 
     plan = policy.micro_batches(batch, rows)
     out = policy.core.step(plan, policy_loss)

@@ -8,9 +8,10 @@ seen), micro-batches whose losses are divided by the *whole* step's pair count (
 sharding give the gradient of one big batch), clipping, AdamW + schedule, metrics.jsonl with stage
 timers, checkpoints and resume.
 
-Under torchrun the model is sharded with FSDP2 and each rank takes a contiguous, equal block of
-every step's ``batch_pairs`` (which must divide by the world size), so the global batch, and with
-global denominators the update, is the same at any world size. Forward passes that are not
+Under torchrun the model is sharded with FSDP2 and each rank takes a contiguous block of every
+step's ``batch_pairs`` (blocks differ by at most a pair; a rank with fewer micro-batches than its
+peers runs placeholders that weigh nothing), so the global batch, and with global denominators the
+update, is the same at any world size. Forward passes that are not
 training (held-out metrics, DPO's reference log-probs) are split over the ranks by whole batches
 and gathered, so every rank ends with the same numbers; rank 0 writes the metrics.
 """
@@ -28,7 +29,7 @@ from posttrain.core.checkpoint import load_checkpoint, save_checkpoint
 from posttrain.core.dist import World, current_world, init_world, shard_range
 from posttrain.core.loop import Plan, drive, open_run
 from posttrain.core.optim import OptimConfig, build_optimizer, build_scheduler
-from posttrain.core.trainer import TrainCore
+from posttrain.core.trainer import TrainCore, share_of_step
 from posttrain.data.preference import PairBatch, PreferenceDataConfig, TokenizedPair, batch_indices, collate_pairs
 from posttrain.errors import UserError
 from posttrain.models.hf import ModelConfig
@@ -52,7 +53,7 @@ class PairwiseConfig:
     num_steps: int = 200
     """Optimizer steps."""
     batch_pairs: int = 16
-    """Pairs per optimizer step, over all ranks (a multiple of the world size under torchrun)."""
+    """Pairs per optimizer step, over all ranks (under torchrun each takes a contiguous block of them)."""
     micro_batch_pairs: int = 16
     """Pairs per forward/backward on one rank (memory knob; does not change the math)."""
     eval_every: int = 50
@@ -75,11 +76,8 @@ class PairwiseConfig:
 
 
 def pairwise_world(cfg: PairwiseConfig) -> World:
-    """This process's `World` (joining torchrun's process group), refusing a ``batch_pairs`` that
-    the ranks cannot share equally."""
-    world = init_world(cfg.model.device)
-    world.require_shares("batch_pairs", cfg.batch_pairs, "takes an equal share of a step's pairs")
-    return world
+    """This process's `World` (joining torchrun's process group)."""
+    return init_world(cfg.model.device)
 
 
 @dataclasses.dataclass
@@ -96,24 +94,31 @@ class PairwiseRun:
     world: World = dataclasses.field(default_factory=current_world)
 
 
-def micro_batches(run: PairwiseRun, indices: list[int]):
+def micro_batches(run: PairwiseRun, indices: list[int], count: int, placeholder: int):
+    """``(live, batch)``: ``indices`` in ``count`` micro-batches of at most ``micro_batch_pairs``; past
+    the last of them, placeholders (``live`` false) of the pair ``placeholder``, for a rank whose block
+    is shorter than its peers' (sharded forwards run in lock step)."""
     size = run.cfg.micro_batch_pairs
-    for start in range(0, len(indices), size):
-        yield collate_pairs(run.train, indices[start: start + size], run.tokenizer.pad_token_id)
+    for k in range(count):
+        chunk = indices[k * size: (k + 1) * size]
+        yield bool(chunk), collate_pairs(run.train, chunk or [placeholder], run.tokenizer.pad_token_id)
 
 
 def train_step(run: PairwiseRun, core: TrainCore, indices: list[int]) -> dict:
     """One optimizer step over the step's global ``indices`` (this rank runs its block of them);
     metrics are pair-weighted means over the whole step."""
-    total = len(indices)
-    mine = shard_range(total, core.world)
+    total, block = len(indices), shard_range(len(indices), core.world)
+    mine = indices[block.start: block.stop]
+    count = core.world.all_reduce(-(-len(mine) // run.cfg.micro_batch_pairs), "max")  # the most any rank needs
 
-    def loss_fn(batch: PairBatch):
+    def loss_fn(item):
+        live, batch = item
         loss_B, metrics = run.loss_fn(batch)
         share = batch.num_pairs / total
-        return loss_B.sum() / total, {k: float(v) * share for k, v in metrics.items()}
+        loss = loss_B.sum() / total
+        return loss if live else loss * 0.0, {k: share_of_step(k, float(v), share, live) for k, v in metrics.items()}
 
-    return core.step(micro_batches(run, indices[mine.start: mine.stop]), loss_fn)
+    return core.step(micro_batches(run, mine, count, placeholder=indices[0]), loss_fn)
 
 
 def _maybe_resume(run: PairwiseRun, core: TrainCore, run_dir: Path, printer) -> int:

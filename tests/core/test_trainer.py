@@ -44,3 +44,25 @@ def test_step_sums_micro_batch_shares_and_steps_once(nano_model_dir):
         before = sum(float(model(input_ids=ids[[r]], labels=ids[[r]]).loss) for r in (0, 1)) / 2
     assert m["share"] == 1.0 and core.updates == 1 and m["grad_norm"] > 0
     assert m["lr"] == 1e-3 and m["loss"] > before  # the reported loss is the pre-update one
+
+
+def test_step_keeps_extremes_and_a_placeholder_counts_for_nothing(nano_model_dir):
+    """Shares add up, ``*_max`` / ``*_min`` are the extremes over the micro-batches (not a weighted
+    sum of them), and a placeholder micro-batch (a rank with less data) changes neither."""
+    from posttrain.core.trainer import share_of_step
+
+    model = load_model(ModelConfig(path=str(nano_model_dir)))
+    cfg = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant")
+    opt = build_optimizer(model.parameters(), cfg)
+    core = TrainCore(model, opt, build_scheduler(opt, cfg, 10), grad_clip=1.0)
+    ids = torch.arange(2, 34).view(2, 16)
+    values = {0: {"m": 1.0, "r_max": 3.0, "r_min": 0.5}, 1: {"m": 3.0, "r_max": 2.0, "r_min": 0.25}}
+
+    def loss_fn(row):
+        live = row is not None  # None: a placeholder pass on row 0
+        loss = model(input_ids=ids[[row or 0]], labels=ids[[row or 0]]).loss / 2
+        metrics = values[row or 0]
+        return loss if live else loss * 0.0, {k: share_of_step(k, v, 0.5, live) for k, v in metrics.items()}
+
+    m = core.step([0, None, 1], loss_fn)
+    assert m["m"] == 2.0 and m["r_max"] == 3.0 and m["r_min"] == 0.25

@@ -166,3 +166,28 @@ def test_bad_input_exit_2_nothing_written(rl_overrides, rm_dir, tmp_path, capsys
 def test_reward_model_needs_ppo(rl_overrides, rm_dir, capsys):
     assert main(["rl", *rl_overrides(**{"reward_model.path": rm_dir})]) == 2
     assert "reward_model.path: a reward model is used by algorithm=ppo only" in capsys.readouterr().err
+
+
+def test_ppo_extremes_are_the_steps_whatever_the_micro_batching(rl_overrides, rm_dir):
+    """``policy/ratio_max`` over PPO's updates (2 epochs x 2 mini-batches, the later ones off-policy)
+    is the largest ratio of the step at one micro-batch per update as at many; a token-weighted sum
+    of the micro-batches' maxima, averaged over the updates, shrinks with the micro-batches."""
+    from posttrain.rl.batch import build_batch
+    from posttrain.rl.loop import collect, setup
+    from posttrain.rl.ppo import combine_rewards, ppo_update
+
+    out = []
+    for micro_batch_tokens in (8192, 16):
+        cfg = load_config(RLConfig, None, ppo_overrides(rl_overrides, rm_dir, micro_batch_tokens=micro_batch_tokens,
+                                                        **{"optim.lr": 1e-2, "reward_model.weight": 5.0}))
+        run = setup(cfg)
+        ro, outcomes, _, _ = collect(run, 1)
+        batch = build_batch(ro, [o.reward for o in outcomes], [o.is_reward for o in outcomes],
+                            run.tokenizer.pad_token_id)
+        combine_rewards(run, batch)
+        batch.old_logp_BT, batch.ref_logp_BT, _ = run.policy.score(batch)
+        targets, _ = ppo_targets(cfg, batch, run.ppo.critic.values(batch, cfg.micro_batch_tokens))
+        out.append(ppo_update(run, batch, targets, seed=0))
+    assert out[0]["policy/ratio_max"] > 1.0 + 1e-3  # the later updates moved the ratios
+    for k in [k for k in out[0] if k.endswith("_max")]:
+        assert out[1][k] == pytest.approx(out[0][k], rel=1e-5), k

@@ -103,9 +103,39 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
     _assert_close_weights(tmp_path / "one" / ckpt, tmp_path / "two" / ckpt)
 
 
-def test_prompts_not_divisible_by_world_size_is_one_line(rl_overrides, tmp_path, torchrun):
-    r = torchrun(2, "rl", *rl_overrides(prompts_per_step=3), check=False)
-    assert r.returncode != 0 and "prompts_per_step=3: must be a multiple of the world size (2)" in r.stderr
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_groups_the_ranks_cannot_share_equally(rl_overrides, plugin_on_path, tmp_path, torchrun, algorithm):
+    """3 groups: rank 0 trains on 2, rank 1 on 1; a row a micro-batch, so rank 1 runs placeholders
+    for the micro-batches it has no row for (policy, and PPO's critic). The one-process steps."""
+    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", prompts_per_step=3, micro_batch_tokens=16,
+                                    algorithm=algorithm, **{"optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
+    one, two = _run_both(torchrun, args, tmp_path)
+    for a, b in zip(one, two):
+        assert b["reward/mean"] == a["reward/mean"]
+        keys = ("loss", "grad_norm", "entropy", "policy/ratio_max") + (("critic/loss",) if algorithm == "ppo" else ())
+        for key in keys:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=2e-6), (a["step"], key)
+
+
+def test_dynamic_sampling_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
+    """Rank 0 samples until the step has its informative groups and shares them; a step that keeps a
+    number of groups the ranks cannot share equally splits them unequally."""
+    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:half_flat", prompts_per_step=4, num_steps=3, seed=0,
+                                    **{"dynamic_sampling.enabled": True, "dynamic_sampling.max_rounds": 2,
+                                       "optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
+    one, two = _run_both(torchrun, args, tmp_path)
+    kept = [m["dynamic_sampling/kept_groups"] for m in one]
+    assert all(k >= 2 for k in kept) and any(k % 2 for k in kept), kept  # an unequal share, no starved step
+    for a, b in zip(one, two):
+        assert b["dynamic_sampling/kept_groups"] == a["dynamic_sampling/kept_groups"]
+        for key in ("reward/mean", "loss", "grad_norm", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+
+
+def test_fewer_prompts_than_ranks_is_one_line(rl_overrides, tmp_path, torchrun):
+    r = torchrun(2, "rl", *rl_overrides(prompts_per_step=1), check=False)
+    assert r.returncode != 0 and "prompts_per_step=1: fewer than the 2 processes" in r.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("loss", ["full", "sampled"])
