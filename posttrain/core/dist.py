@@ -133,6 +133,17 @@ def shard_range(n: int, world: World) -> range:
     return range(start, start + per + (world.rank < extra))
 
 
+def mini_batch_rows(n: int, mini_batches: int, gen: torch.Generator, world: World) -> list[torch.Tensor]:
+    """This rank's rows (of its ``n``) in each of one pass's ``mini_batches``: one shuffle of the whole
+    step's rows (every rank's, in rank order: each rank holds a contiguous block of the step), split
+    as one process splits it, each rank keeping its own. So the mini-batches are one process's at any
+    world size; a rank may have no row of a mini-batch (it then runs placeholders)."""
+    sizes = world.all_gather_object(n)
+    offset = sum(sizes[: world.rank])
+    order = torch.randperm(sum(sizes), generator=gen)
+    return [mini[(mini >= offset) & (mini < offset + n)] - offset for mini in order.tensor_split(mini_batches)]
+
+
 def gather_rows(world: World, *tensors_BT: torch.Tensor) -> list[torch.Tensor]:
     """Each (rows, width) tensor of every rank, concatenated in rank order and right-padded with 0
     to one width: for a statistic over the whole step (small per-row tensors only)."""

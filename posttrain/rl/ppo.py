@@ -37,7 +37,7 @@ from posttrain.algos import AGGREGATIONS, explained_variance, gae, value_loss
 from posttrain.algos._masked import masked_mean
 from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
-from posttrain.core.dist import World, current_world, gather_rows
+from posttrain.core.dist import World, current_world, gather_rows, mini_batch_rows
 from posttrain.core.fsdp import reshard, shard_model
 from posttrain.core.trainer import TrainCore, accumulate, extreme, share_of_step
 from posttrain.models.hf import disable_dropout
@@ -196,7 +196,7 @@ def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> di
     sums: dict[str, float] = {}
     n_updates = 0
     for _ in range(cfg.ppo_epochs):
-        for rows in torch.randperm(len(batch), generator=gen).tensor_split(cfg.mini_batches):
+        for rows in mini_batch_rows(len(batch), cfg.mini_batches, gen, run.world):  # one process's at any world size
             accumulate(sums, ppo_minibatch(run, batch, targets, rows))  # means add up, extremes stay extremes
             n_updates += 1
     return {k: v if extreme(k) else v / n_updates for k, v in sums.items()}

@@ -106,9 +106,12 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_groups_the_ranks_cannot_share_equally(rl_overrides, plugin_on_path, tmp_path, torchrun, algorithm):
     """3 groups: rank 0 trains on 2, rank 1 on 1; a row a micro-batch, so rank 1 runs placeholders
-    for the micro-batches it has no row for (policy, and PPO's critic). The one-process steps."""
+    for the micro-batches it has no row for (policy, and PPO's critic). The one-process steps; PPO's
+    2 epochs x 2 mini-batches too (each drawn over the whole step's rows, as in one process)."""
+    ppo = {"ppo_epochs": 2, "mini_batches": 2} if algorithm == "ppo" else {}
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", prompts_per_step=3, micro_batch_tokens=16,
-                                    algorithm=algorithm, **{"optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
+                                    algorithm=algorithm, **{"optim.lr": 1e-2, **ADAM, **ppo})
+            if not a.startswith("out_dir=")]
     one, two = _run_both(torchrun, args, tmp_path)
     for a, b in zip(one, two):
         assert b["reward/mean"] == a["reward/mean"]
