@@ -137,8 +137,9 @@ class Access:
     ``api_key``: every route but ``/health`` needs ``Authorization: Bearer <key>`` (None: open, which
     `posttrain serve` allows only on a loopback address). ``weights_root``: reloads read folders
     inside it only (None: reloads are refused). A reload must carry every weight of the model
-    unless ``allow_partial_weights``, and a version at least the loaded one unless
-    ``allow_version_rollback`` (a replayed old request must not roll the policy back)."""
+    unless ``allow_partial_weights``, and a version at least the loaded one, never the loaded one
+    for other weights, unless ``allow_version_rollback`` (a replayed old request must not roll the
+    policy back, nor one version name two sets of weights)."""
 
     api_key: str | None = None
     weights_root: Path | None = None
@@ -161,6 +162,7 @@ class RequireKey:
             if not hmac.compare_digest(sent, self.expected):
                 response = error_response(APIError(401, "missing or wrong API key: send Authorization: Bearer <key>",
                                                    code="invalid_api_key"))
+                response.headers["WWW-Authenticate"] = "Bearer"  # RFC 6750: the scheme the key goes in
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -179,6 +181,8 @@ class ServeState:
     weight_label: str | None = None
     created: int = 0
     access: Access = Access()
+    reloaded: bool = False
+    """Whether the loaded weights came from a reload (their version was then named by a trainer)."""
 
     def __post_init__(self):
         self._token_text: dict[int, str] = {}
@@ -328,6 +332,7 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
         if checksum is not None and checksum != actual:
             raise bad(f"checksum mismatch: expected {checksum}, the tensors in {folder} hash to {actual}; "
                       f"weights left at version {state.version}", "checksum", "checksum_mismatch")
+        _check_not_reused(state, version, actual)
 
         def swap(engine) -> int:
             v = version if version is not None else engine.version + 1
@@ -341,6 +346,7 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
         except WeightSyncError as e:
             raise bad(str(e), "model_path", "weight_sync_error") from None
         state.checksum = actual
+        state.reloaded = True
         state.model_path = folder
         state.weight_label = str(label) if label is not None else None
     msg = f"loaded the weights of {folder} as version {new_version}"
@@ -368,13 +374,30 @@ def _reload_folder(access: Access, model_path: str) -> Path:
                        code="forbidden")
     if not folder.is_dir():
         raise bad(f"model_path={model_path}: not a folder", "model_path")
-    if not safetensors_files(folder):
+    files = safetensors_files(folder)
+    if not files:
         raise bad(f"model_path={folder}: no *.safetensors files", "model_path")
+    for f in files:  # a file may be a link out of the root, too
+        if not f.resolve().is_relative_to(root):
+            raise APIError(403, f"model_path={model_path}: {f.name} links outside the weights root {root}",
+                           param="model_path", code="forbidden")
     return folder
 
 
+def _check_not_reused(state: ServeState, version: int | None, checksum: str) -> None:
+    """409 for other weights under the version a reload already named: clients tell weights apart by
+    version. The same weights again are a replay (harmless); the weights the server started with,
+    at version 0, may be replaced once, as a run's first sync re-sends them as the trainer exports them."""
+    if (version is not None and version == state.version and state.reloaded and checksum != state.checksum
+            and not state.access.allow_version_rollback):
+        raise APIError(409, f"version {version} is loaded with other weights (checksum {state.checksum}): refused "
+                            f"(one version, one set of weights; start the server with --allow-version-rollback "
+                            f"for a new run that restarts the count)", param="version", code="version_reused")
+
+
 def _check_complete(state: ServeState, weights: dict, folder: Path) -> None:
-    """Every weight of the served model, each of its shape (else 400, the served model unchanged)."""
+    """Every weight of the served model, each of its shape and kind of dtype (float to float is cast;
+    integers into a float weight would load as garbage): else 400, the served model unchanged."""
     targets = state.engine.model.state_dict()
     missing = sorted(set(targets) - set(weights))
     if missing and not state.access.allow_partial_weights:
@@ -382,11 +405,16 @@ def _check_complete(state: ServeState, weights: dict, folder: Path) -> None:
                   f"(e.g. {missing[0]}); a partial reload is refused unless the server allows it "
                   f"(--allow-partial-weights)", "model_path", "partial_weights")
     unknown = sorted(set(weights) - set(targets))
-    wrong = [k for k in weights if k in targets and tuple(weights[k].shape) != tuple(targets[k].shape)]
-    if unknown or wrong:
-        name = (unknown or wrong)[0]
-        raise bad(f"model_path={folder}: {'unknown weight' if unknown else 'wrong shape for'} {name}", "model_path",
-                  "weight_mismatch")
+    if unknown:
+        raise bad(f"model_path={folder}: unknown weight {unknown[0]}", "model_path", "weight_mismatch")
+    for name in sorted(weights):
+        got, want = weights[name], targets[name]
+        if tuple(got.shape) != tuple(want.shape):
+            raise bad(f"model_path={folder}: {name} has shape {tuple(got.shape)}, the model's is "
+                      f"{tuple(want.shape)}", "model_path", "weight_mismatch")
+        if got.dtype.is_floating_point != want.dtype.is_floating_point or got.dtype.is_complex != want.dtype.is_complex:
+            raise bad(f"model_path={folder}: {name} is {str(got.dtype).replace('torch.', '')}, the model's is "
+                      f"{str(want.dtype).replace('torch.', '')}", "model_path", "weight_mismatch")
 
 
 # ------------------------------------------------------------------------------ the app

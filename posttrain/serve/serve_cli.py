@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the folder weight reloads may read from (/update_weights_from_disk); without it "
                              "reloads are refused")
     parser.add_argument("--allow-version-rollback", action="store_true",
-                        help="accept a reload whose version is older than the loaded one (a new trainer run "
-                             "against a server that served a previous one)")
+                        help="accept a reload whose version is older than the loaded one, or the loaded one "
+                             "for other weights (a new trainer run against a server that served a previous one)")
     parser.add_argument("--allow-partial-weights", action="store_true",
                         help="accept a reload that carries only some of the model's weights")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],

@@ -63,6 +63,7 @@ def test_without_the_key_nothing_but_health_answers_and_a_reload_changes_nothing
                                    ("POST", "/update_weights_from_disk", {"model_path": str(folder), "version": 1})]:
             r = anon.request(method, path, json=body)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+            assert r.headers["www-authenticate"] == "Bearer"
     assert tokens(authed) == before and authed.get("/health").json()["version"] == 0
 
 
@@ -92,14 +93,63 @@ def test_reloads_from_outside_the_weights_root_are_403(authed, nano_model_dir, r
     assert authed.get("/get_model_info").json() == info
 
 
-def test_a_partial_state_dict_is_refused_and_the_model_kept(authed, nano_model_dir, root):
-    tensors = zeroed(nano_model_dir)
-    tensors.pop("lm_head.weight")
-    folder = write(root / "partial", tensors)
+def test_a_weight_file_linked_from_outside_the_root_is_403(authed, nano_model_dir, root, tmp_path):
+    """The folder lies inside the root, but its safetensors file is a link to one outside it."""
+    outside = write(tmp_path / "elsewhere", zeroed(nano_model_dir))
+    folder = root / f"linked-file-{os.getpid()}"
+    folder.mkdir(exist_ok=True)
+    if not (folder / "model.safetensors").exists():
+        (folder / "model.safetensors").symlink_to(outside / "model.safetensors")
     before, info = tokens(authed), authed.get("/get_model_info").json()
-    r = authed.post("/update_weights_from_disk", json={"model_path": str(folder), "version": 50})
-    assert r.status_code == 400 and "missing" in r.json()["message"] and r.json()["error"]["code"] == "partial_weights"
+    r = authed.post("/update_weights_from_disk", json={"model_path": str(folder), "version": 99})
+    assert r.status_code == 403 and "outside the weights root" in r.json()["message"], r.text
     assert tokens(authed) == before and authed.get("/get_model_info").json() == info
+
+
+def _spoiled(tensors: dict, how: str) -> dict:
+    name = "lm_head.weight"
+    if how == "missing":
+        tensors.pop(name)
+    elif how == "unexpected":
+        tensors["model.extra.weight"] = torch.zeros(2, 2)
+    elif how == "shape":
+        tensors[name] = tensors[name][:-1]
+    else:  # a float weight sent as integers: cast, it would load as garbage
+        tensors[name] = tensors[name].to(torch.int32)
+    return tensors
+
+
+@pytest.mark.parametrize("how,code", [("missing", "partial_weights"), ("unexpected", "weight_mismatch"),
+                                      ("shape", "weight_mismatch"), ("dtype", "weight_mismatch")])
+def test_a_partial_or_mismatched_state_dict_is_refused_and_the_model_kept(authed, nano_model_dir, root, how, code):
+    folder = write(root / f"spoiled-{how}", _spoiled(zeroed(nano_model_dir), how))
+    before, info = tokens(authed), authed.get("/get_model_info").json()
+    r = authed.post("/update_weights_from_disk", json={"model_path": str(folder)})  # the next version
+    assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+    assert "lm_head.weight" in r.json()["message"] or "model.extra.weight" in r.json()["message"]
+    assert tokens(authed) == before and authed.get("/get_model_info").json() == info
+
+
+def test_a_version_once_loaded_is_not_reloaded_with_other_weights(nano_model_dir, tmp_path):
+    """A reload at the loaded version is a replay (same weights: 200, nothing changes) or a 409: a
+    version names one set of weights. The starting weights at version 0 are the exception: a run's
+    first sync confirms them at version 0, as the trainer exports them."""
+    base = load_folder(nano_model_dir)
+    a = write(tmp_path / "a", {k: v + 0.1 for k, v in base.items()})
+    b = write(tmp_path / "b", {k: v - 0.1 for k, v in base.items()})
+    with make_server(nano_model_dir, access=Access(weights_root=tmp_path)) as s, \
+            httpx.Client(base_url=s.url, timeout=60) as c:
+        def reload(folder, version):
+            return c.post("/update_weights_from_disk", json={"model_path": str(folder), "version": version})
+
+        assert reload(b, 0).status_code == 200  # the starting weights, re-sent by a trainer
+        assert reload(a, 0).status_code == 409  # ... but only once: version 0 now names b's weights
+        assert reload(a, 5).status_code == 200
+        at_5, info = tokens(c), c.get("/get_model_info").json()
+        r = reload(b, 5)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "version_reused", r.text
+        assert tokens(c) == at_5 and c.get("/get_model_info").json() == info
+        assert reload(a, 5).status_code == 200 and tokens(c) == at_5  # a replay of what is loaded
 
 
 def test_without_a_weights_root_reloads_are_refused(nano_model_dir, tmp_path):

@@ -91,3 +91,9 @@ def test_listening_beyond_loopback_needs_an_api_key(nano_model_dir):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "--host=0.0.0.0" in lines[0] and "API key" in lines[0]
     assert r.stdout == ""
+
+
+def test_a_weights_root_that_is_not_a_folder_is_one_line_exit_2(nano_model_dir, tmp_path):
+    r = serve(nano_model_dir, "--port", "0", "--weights-root", tmp_path / "nope")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "--weights-root=" in lines[0] and r.stdout == ""
