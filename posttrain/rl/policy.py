@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
-from posttrain.core.dist import World
+from posttrain.core.dist import World, mini_batch_rows
 from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore, accumulate, extreme, share_of_step
 from posttrain.rl.batch import RLBatch
@@ -162,8 +162,8 @@ class Policy:
         counts: dict[str, int] = {}  # a mini-batch where no row trains has no loss metrics
         gen = torch.Generator().manual_seed(seed)
         for _ in range(epochs):
-            order = torch.randperm(len(batch), generator=gen)
-            for mini in order.tensor_split(mini_batches):  # split episodes can make the rows uneven
+            # one process's mini-batches at any world size (split episodes can make them uneven)
+            for mini in mini_batch_rows(len(batch), mini_batches, gen, self.world):
                 metrics = self._update(batch, mini, loss_fn, agg, norm_constant, train_rows)
                 accumulate(sums, metrics)  # means add up here, extremes stay extremes over all updates
                 for k in metrics:

@@ -47,6 +47,7 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
     {"algorithm": "grpo"},
     {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
     {"algorithm": "grpo", "ppo_epochs": 2, "micro_batch_tokens": 64},  # off-policy 2nd epoch: ratios leave 1
+    {"algorithm": "grpo", "mini_batches": 2},  # the step's mini-batches, whichever rank holds their rows
 ])
 def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=3, save_every=3,
@@ -61,7 +62,7 @@ def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path
             tol = 2e-6 if key.startswith("mismatch/") else 1e-7
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=tol), (a["step"], key)
     assert all(m["grad_norm"] > 0 for m in one)
-    if extra.get("ppo_epochs"):
+    if extra.get("ppo_epochs") or extra.get("mini_batches"):
         assert max(m["policy/ratio_max"] for m in one) > 1.0 + 1e-4
     _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-3", tmp_path / "two" / "checkpoints" / "step-3")
 
