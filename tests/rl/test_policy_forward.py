@@ -4,8 +4,11 @@ reusing the scoring forward for a single update gives the same step as running t
 import pytest
 import torch
 
+from posttrain.core.dist import World
+from posttrain.core.fsdp import shard_model
 from posttrain.models.hf import ModelConfig, load_model
 from posttrain.rl.batch import build_batch
+from posttrain.rl import policy as policy_module
 from posttrain.rl.config import RLConfig
 from posttrain.rl.losses import make_loss_fn
 from posttrain.rl.policy import Policy, has_active_dropout
@@ -24,8 +27,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _policy(model_dir, reuse: bool, micro_batch_tokens: int = 1000) -> tuple[Policy, list[int]]:
-    model = load_model(ModelConfig(path=str(model_dir)))
+def _policy(model_dir, reuse: bool, micro_batch_tokens: int = 1000,
+            checkpointing: bool = False) -> tuple[Policy, list[int]]:
+    model = shard_model(load_model(ModelConfig(path=str(model_dir))), World(), activation_checkpointing=checkpointing)
     cfg = OptimConfig(lr=0.1, warmup_steps=0, schedule="constant")
     # plain SGD: the weights then differ by lr x the gradient difference (Adam's first step is
     # about lr x sign(grad), which turns rounding noise in near-zero gradients into lr-sized steps)
@@ -150,6 +154,33 @@ def test_no_reuse_across_micro_or_mini_batches(nano_model_dir, micro_batch_token
     _step(fast, mini_batches)
     assert len(fast_calls) == forwards
     _assert_same_weights(slow, fast)
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_activation_checkpointing_takes_the_same_steps_through_the_shared_prompts(nano_model_dir, reuse):
+    """Each checkpointed layer runs again in backward with the cache it was given: the prompt pass
+    must not append its keys twice nor the completion pass store its own, and the completions'
+    gradient must still reach the one prompt pass. Same loss, gradient norm and weights as the shared
+    forward without checkpointing, and (to summation order) as the full forward, which has no prompt
+    pass whose gradient could go missing in both."""
+    plain, _ = _policy(nano_model_dir, reuse=reuse)
+    full, _ = _policy(nano_model_dir, reuse=reuse)
+    ckpt, _ = _policy(nano_model_dir, reuse=reuse, checkpointing=True)
+    positions = []  # tokens per model forward: the shared path runs the 2 prompts (6 columns) alone
+    ckpt.model.model.embed_tokens.register_forward_hook(lambda m, args, out: positions.append(args[0].numel()))
+    for _ in range(2):
+        m_plain, m_ckpt = _step(plain), _step(ckpt)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(policy_module, "completion_logits", lambda *a, **k: None)
+            m_full = _step(full)
+        assert m_plain["grad_norm"] > 0
+        assert m_ckpt["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-6)
+        assert m_ckpt["loss"] == pytest.approx(m_plain["loss"], rel=1e-6, abs=1e-7)
+        assert m_ckpt["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-4)
+    assert positions.count(2 * 6) >= 2
+    for (name, p), q, f in zip(plain.model.named_parameters(), ckpt.model.parameters(), full.model.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-6, msg=name)
+        torch.testing.assert_close(q, f, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_dropout_turns_reuse_off(nano_model_dir):
