@@ -79,8 +79,9 @@ def off_policy_correction(batch: RLBatch, cfg: RLConfig) -> tuple[torch.Tensor, 
     behaviour -> trainer importance weights. In async mode without decoupled PPO the ratio is anchored
     on the behaviour policy itself (no separate weight): its value is the importance weight, and its
     clip bounds how far a stale sample pushes. The same rule for every algorithm; ``pg`` has no ratio,
-    so it keeps the weight."""
+    so it keeps the weight. The rule is `RLConfig.importance_weighted`, which the config's checks of
+    ``correction.*`` read too."""
     weights, metrics = importance_weights(batch, cfg.correction)
-    if cfg.mode == "async" and not cfg.asynchrony.decoupled_ppo and cfg.policy_loss != "pg":
+    if not cfg.importance_weighted:
         return batch.behaviour_logp_BT, None, metrics
     return batch.old_logp_BT, weights, metrics

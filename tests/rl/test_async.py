@@ -232,9 +232,18 @@ def test_correction_knobs_that_do_nothing_in_async_anchored_mode_are_refused(rl_
 
     with pytest.raises(UserError, match=override.split("=")[0] + ".*has no effect"):
         load_config(RLConfig, None, rl_overrides(mode="async") + [override])
+
+
+def test_async_anchored_mode_says_no_correction_and_accepts_kind_none(rl_overrides, capsys, tmp_path):
+    """There the clip bounds stale samples: kind none is what the mode does, not a risk to refuse,
+    and is what config.yaml records; a knob it ignores exits 2 with one line naming it."""
     cfg = load_config(RLConfig, None, rl_overrides(mode="async"))
-    assert cfg.correction.kind == "none" and not cfg.importance_weighted  # what config.yaml records
+    assert cfg.correction.kind == "none" and not cfg.importance_weighted
     assert load_config(RLConfig, None, rl_overrides(mode="async", **{"correction.kind": "none"})).correction.kind == "none"
+    assert main(["rl", *rl_overrides(mode="async", **{"correction.cap": 1.5})]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "correction.cap" in err and "has no effect" in err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("decoupled", [True, False])
@@ -429,7 +438,12 @@ def test_engine_dying_during_an_update_keeps_that_step(rl_overrides, reward_plug
 
 def test_a_refused_weight_acknowledgement_stops_with_a_checkpoint(rl_overrides, reward_plugin, tmp_path, monkeypatch):
     """From the third sync on, the weights the engine receives are not the ones sent: the run stops
-    with WeightSyncError, and the steps it finished are checkpointed, as after an engine death."""
+    with WeightSyncError, and the last finished step is checkpointed under its own number (no
+    periodic saves: it is the only checkpoint), as after an engine death. A re-run resumes from it
+    and trains every prompt exactly once."""
+    from posttrain.core.checkpoint import load_trainer_state
+    from posttrain.rl.ledger import PromptLedger
+
     pack, calls = worker._pack_weights, []
 
     def corrupting_from_the_third(w):
@@ -441,11 +455,21 @@ def test_a_refused_weight_acknowledgement_stops_with_a_checkpoint(rl_overrides, 
         return pack(w)
 
     monkeypatch.setattr(worker, "_pack_weights", corrupting_from_the_third)
-    notes = []
-    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1,
-                                                   num_steps=6, save_every=0, **{"asynchrony.self_test": False}))
+    notes, run_dir = [], tmp_path / "run"
+    args = rl_overrides(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1, num_steps=6, save_every=0,
+                        **{"asynchrony.self_test": False})
     with pytest.raises(WeightSyncError):
-        run_rl(cfg, printer=notes.append)
+        run_rl(load_config(RLConfig, None, args), printer=notes.append)
     assert notes and notes[-1].startswith("the rollout engine failed; saved a checkpoint at step ")
     step = int(notes[-1].split("checkpoint at step ")[1].split()[0])
-    assert step >= 1 and (tmp_path / "run" / "checkpoints" / f"step-{step}").is_dir()
+    assert 3 <= step < 6  # the third sync follows step 3; its refusal surfaces while a later step runs
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")] == [f"step-{step}"]
+    assert load_trainer_state(run_dir / "checkpoints" / f"step-{step}")["step"] == step
+    assert [r["step"] for r in _rows(run_dir)] == list(range(1, step + 1))  # no self-test, no eval: no step 0
+    monkeypatch.setattr(worker, "_pack_weights", pack)
+    run_rl(load_config(RLConfig, None, args), printer=lambda *_: None)
+    led = PromptLedger()
+    led.load_state_dict(load_trainer_state(run_dir / "checkpoints" / "step-6")["async"]["ledger"])
+    assert {s: len(u) for s, u in led.trained_by_step().items()} == {s: 4 for s in range(1, 7)}
+    assert sorted(u for us in led.trained_by_step().values() for u in us) == list(range(24))
+    assert [r["step"] for r in _rows(run_dir)] == list(range(1, 7))
