@@ -1,6 +1,6 @@
 """The GPU paths, checked and timed on one CUDA device (`bash scripts/gpu_check.sh`).
 
-On a model built here with random weights (the embedded tokenizer and a Llama of ~0.37B
+On a model built here with random weights (the embedded tokenizer and a Llama of ~0.38B
 parameters, `--size 0.5b`; nothing is downloaded), in bf16:
 
 1. the rollout engine against Hugging Face ``model.generate``: the same prompts, the same number

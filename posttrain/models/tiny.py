@@ -37,7 +37,7 @@ SIZES: dict[str, dict] = {
     "small": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                   num_attention_heads=6, num_key_value_heads=2),      # ~10M params, a teacher
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                 num_attention_heads=16, num_key_value_heads=8),      # ~0.37B params, GPU checks
+                 num_attention_heads=16, num_key_value_heads=8),      # ~0.38B params, GPU checks
 }
 VOCAB_SIZE = 512
 MAX_POSITIONS = 512
