@@ -19,6 +19,11 @@ import torch
 import torch.distributed as dist
 
 
+def extreme(key: str) -> str | None:
+    """"max" or "min" for a metric that is an extreme over the step (``*_max``, ``*_min``), else None."""
+    return "max" if key.endswith("_max") else "min" if key.endswith("_min") else None
+
+
 @dataclasses.dataclass(frozen=True)
 class World:
     rank: int = 0
@@ -54,16 +59,23 @@ class World:
         max; in ``_min``: the min)."""
         if not self.distributed:
             return metrics
-        keys = sorted(metrics)
+        keys = sorted(k for k in metrics if extreme(k) is None)
         sums = torch.tensor([float(metrics[k]) * weight for k in keys] + [weight], dtype=torch.float64)
         dist.all_reduce(sums)
-        sign = torch.tensor([-1.0 if k.endswith("_min") else 1.0 for k in keys], dtype=torch.float64)
-        peaks = sign * torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
-        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-        peaks = sign * peaks
         total = max(float(sums[-1]), 1e-12)
-        return {k: float(peaks[i]) if k.endswith(("_max", "_min")) else float(sums[i]) / total
-                for i, k in enumerate(keys)}
+        means = {k: float(sums[i]) / total for i, k in enumerate(keys)}
+        return means | self.extremes({k: v for k, v in metrics.items() if extreme(k)})
+
+    def extremes(self, values: dict) -> dict[str, float]:
+        """Each ``*_max`` value's max and each ``*_min`` value's min over ranks (the same keys on
+        every rank), in one collective: a min is the max of the negatives."""
+        if not self.distributed or not values:
+            return {k: float(v) for k, v in values.items()}
+        keys = sorted(values)
+        sign = torch.tensor([-1.0 if extreme(k) == "min" else 1.0 for k in keys], dtype=torch.float64)
+        peaks = sign * torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        return dict(zip(keys, (sign * peaks).tolist()))
 
     def all_gather_object(self, obj) -> list:
         """Every rank's ``obj``, in rank order (small Python objects: counts, per-row scalars)."""

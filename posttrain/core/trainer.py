@@ -20,15 +20,10 @@ from typing import Callable, Iterable
 
 import torch
 
-from posttrain.core.dist import World, current_world
+from posttrain.core.dist import World, current_world, extreme
 from posttrain.core.fsdp import backward_scale, clip_gradients
 
 LossFn = Callable[[object], tuple[torch.Tensor, dict]]
-
-
-def extreme(key: str) -> str | None:
-    """"max" or "min" for a metric that is an extreme over the step (``*_max``, ``*_min``), else None."""
-    return "max" if key.endswith("_max") else "min" if key.endswith("_min") else None
 
 
 NEUTRAL = {"max": float("-inf"), "min": float("inf")}
@@ -56,6 +51,13 @@ def accumulate(acc: dict[str, float], metrics: dict) -> dict[str, float]:
         else:
             acc[k] = max(acc[k], v) if op == "max" else min(acc[k], v)
     return acc
+
+
+def mean_over_updates(sums: dict[str, float], counts: dict[str, int] | int) -> dict[str, float]:
+    """A step's metrics from the `accumulate`-d metrics of its optimizer updates: each mean over the
+    updates that reported it (``counts``: per key, or one count for all), each extreme as it is."""
+    count = (lambda k: counts[k]) if isinstance(counts, dict) else (lambda k: counts)
+    return {k: v if extreme(k) else v / count(k) for k, v in sums.items()}
 
 
 class TrainCore:
@@ -100,8 +102,5 @@ class TrainCore:
             shares = sorted(k for k in sums if extreme(k) is None)
             total = self.world.all_reduce(torch.tensor([sums[k] for k in shares], dtype=torch.float64))
             out.update(zip(shares, total.tolist()))
-            peaks = sorted(k for k in sums if extreme(k) is not None)  # min is the max of the negatives
-            sign = torch.tensor([1.0 if extreme(k) == "max" else -1.0 for k in peaks], dtype=torch.float64)
-            top = self.world.all_reduce(sign * torch.tensor([sums[k] for k in peaks], dtype=torch.float64), op="max")
-            out.update(zip(peaks, (sign * top).tolist()))
+            out.update(self.world.extremes({k: v for k, v in sums.items() if extreme(k)}))
         return {k: v for k, v in out.items() if extreme(k) is None or abs(v) != float("inf")}

@@ -39,7 +39,7 @@ import torch
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.core.dist import World, mini_batch_rows
 from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
-from posttrain.core.trainer import TrainCore, accumulate, extreme, share_of_step
+from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 
@@ -168,7 +168,7 @@ class Policy:
                 accumulate(sums, metrics)  # means add up here, extremes stay extremes over all updates
                 for k in metrics:
                     counts[k] = counts.get(k, 0) + 1
-        return {k: v if extreme(k) else v / counts[k] for k, v in sums.items()}
+        return mean_over_updates(sums, counts)
 
     def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float,
                 train_rows: torch.Tensor | None = None) -> dict:

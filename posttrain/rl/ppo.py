@@ -39,7 +39,7 @@ from posttrain.errors import UserError
 from posttrain.models.heads import load_reward_model, load_value_model, sequence_scores, token_values
 from posttrain.core.dist import World, current_world, gather_rows, mini_batch_rows
 from posttrain.core.fsdp import reshard, shard_model
-from posttrain.core.trainer import TrainCore, accumulate, extreme, share_of_step
+from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
 from posttrain.models.hf import disable_dropout
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.config import RLConfig
@@ -199,7 +199,7 @@ def ppo_update(run: RLRun, batch: RLBatch, targets: PPOTargets, seed: int) -> di
         for rows in mini_batch_rows(len(batch), cfg.mini_batches, gen, run.world):  # one process's at any world size
             accumulate(sums, ppo_minibatch(run, batch, targets, rows))  # means add up, extremes stay extremes
             n_updates += 1
-    return {k: v if extreme(k) else v / n_updates for k, v in sums.items()}
+    return mean_over_updates(sums, n_updates)
 
 
 def ppo_minibatch(run: RLRun, batch: RLBatch, targets: PPOTargets, rows: torch.Tensor) -> dict:
