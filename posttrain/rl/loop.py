@@ -376,6 +376,7 @@ def http_engine(cfg: RLConfig, tokenizer, printer=print) -> HTTPEngine:
 
     r, path = cfg.rollout, cfg.model.path
     servers, urls = None, r.urls
+    adapter_only = r.backend == "vllm" and cfg.model.lora.enabled  # vLLM loads the adapter itself
     if r.backend == "vllm" and r.vllm.launch:
         model = str(Path(path).resolve()) if Path(path).exists() else path
         spec = ServerSpec(**dataclasses.asdict(r.vllm), model=model,
@@ -387,8 +388,8 @@ def http_engine(cfg: RLConfig, tokenizer, printer=print) -> HTTPEngine:
                             tokenizer=tokenizer, eos_ids=model_eos_ids(path, tokenizer),
                             model_files=path if Path(path).is_dir() else None, request_timeout_s=r.request_timeout_s,
                             sync_timeout_s=r.sync_timeout_s, retries=r.retries, retry_backoff_s=r.retry_backoff_s,
-                            dialect=server_dialect(cfg), adapter_config=None if not (r.backend == "vllm" and
-                            cfg.model.lora.enabled) else lora_adapter_config(cfg.model, path), servers=servers)
+                            dialect=server_dialect(cfg), servers=servers,
+                            adapter_config=lora_adapter_config(cfg.model, path) if adapter_only else None)
     except BaseException:
         if servers is not None:
             servers.stop()
