@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"posttrain {name}: interrupted", file=sys.stderr)
         return 130
-    except RuntimeError as e:  # an unreachable rollout server is an outage, not bad input: one line, exit 1
-        from posttrain.rollout.http import ServerUnreachable
+    except RuntimeError as e:  # rollout servers unreachable or gone: an outage, not bad input: one line, exit 1
+        from posttrain.rollout.http import ServerUnreachable, ServersDown
 
-        if not isinstance(e, ServerUnreachable):
+        if not isinstance(e, (ServerUnreachable, ServersDown)):
             raise
         print(f"posttrain {name}: error: {e}", file=sys.stderr)
         return 1

@@ -342,9 +342,6 @@ class RLConfig:
         if self.runtime == "ray" and self.rollout.backend != "torch":
             raise ConfigValueError("runtime", f"ray places TorchEngine replicas; with rollout.backend="
                                    f"{self.rollout.backend} use runtime=local")
-        if self.mode == "async" and self.rollout.backend != "torch":
-            raise ConfigValueError("mode", f"async runs its own engine process; with rollout.backend="
-                                   f"{self.rollout.backend} use mode=sync")
         if self.max_staleness < 0:
             raise ConfigValueError("max_staleness", "must be >= 0")
         if self.env.name and not self.data.use_chat_template:

@@ -298,8 +298,7 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     cfg, rl = run.cfg, run.rl
     G, world = cfg.rollout.group_size, rl.world
     with timer("rollout"):
-        made = generate_groups(rl, step, 0, cfg.prompts_per_step)[:2] if world.main else (None, None)
-        ro, outcomes, _ = share_step(rl, *made, {})
+        ro, outcomes = share_step(rl, lambda: generate_groups(rl, step, 0, cfg.prompts_per_step)[:2])
     with timer("reward"):
         rows = own_rows(len(ro), G, world)
         mine = ro.select(rows, [i // G for i in range(len(rows))])

@@ -13,6 +13,7 @@ equal get zero advantage (and, with dynamic sampling, are replaced by fresh prom
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine, weights_checksum
 from posttrain.rollout.http import check_servers, model_eos_ids
+from posttrain.rollout.protocol import EngineError
 from posttrain.rollout.types import Rollouts
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
@@ -144,14 +146,25 @@ def reference_due(cfg: RLConfig, step: int) -> bool:
     return cfg.kl.coef > 0 or cfg.kl.track and (step == 1 or step % cfg.kl.track_every == 0)
 
 
-def share_step(run: RLRun, *made):
-    """Rank 0's generated step on every rank (the others pass Nones)."""
-    return run.world.broadcast_object(made if run.world.main else None)
+def share_step(run: RLRun, make):
+    """Rank 0's ``make()`` (its generated step) on every rank. When the rollout engine fails on
+    rank 0, every rank raises it: the others would otherwise wait in the broadcast forever, and the
+    run's last checkpoint needs every rank."""
+    made = None
+    if run.world.main:
+        try:
+            made = make()
+        except EngineError as e:
+            made = e
+    made = run.world.broadcast_object(made)
+    if isinstance(made, EngineError):
+        raise made
+    return made
 
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
     with timer("rollout"):
-        ro, outcomes, info, episodes = share_step(run, *(collect(run, step) if run.world.main else (None,) * 4))
+        ro, outcomes, info, episodes = share_step(run, lambda: collect(run, step))
     return learn(run, step, timer, ro, outcomes, info, episodes)
 
 
@@ -436,9 +449,11 @@ def trainables(run: RLRun) -> dict:
     return out
 
 
-def checkpoint(run: RLRun, step: int, extra: dict | None = None) -> Path:
-    """Every rank calls it: sharded state, the consolidated policy (and critic) folders, the run state."""
-    state = {"step": step, "scheduler": run.policy.scheduler.state_dict(), "prompts": run.source.state_dict(),
+def checkpoint(run: RLRun, step: int, extra: dict | None = None, prompts: dict | None = None) -> Path:
+    """Every rank calls it: sharded state, the consolidated policy (and critic) folders, the run state.
+    ``prompts``: the prompt source's state to save (default: its state now)."""
+    prompts = run.source.state_dict() if prompts is None else prompts
+    state = {"step": step, "scheduler": run.policy.scheduler.state_dict(), "prompts": prompts,
              "engine_version": run.version, **(extra or {})}
     critic = {}
     if run.ppo is not None:
@@ -506,10 +521,13 @@ def drive_rl(run: RLRun, step_fn, *, config, name: str, printer=print, max_token
     watchdog = Watchdog(printer if world.main else (lambda *_: None), zero_variance_warning=name == "rl"
                         and cfg.algorithm != "ppo")
 
+    done = (start, copy.deepcopy(run.source.state_dict()))  # the last step trained, and its prompts' state
+
     def step(n: int, timer: StageTimer) -> dict:
-        nonlocal tokens
+        nonlocal tokens, done
         t0 = time.perf_counter()
         metrics = step_fn(run, n, timer)
+        done = (n, copy.deepcopy(run.source.state_dict()))
         tokens += metrics["tokens/generated"]
         return metrics | {"tokens/total": tokens, "policy_version": run.version,
                           "tokens_per_s": metrics["tokens/generated"] / (time.perf_counter() - t0)}
@@ -520,6 +538,11 @@ def drive_rl(run: RLRun, step_fn, *, config, name: str, printer=print, max_token
                      check=watchdog.check, stop=lambda n, m: 0 < max_tokens <= m["tokens/total"], world=world,
                      describe=lambda m: f"reward {m['reward/mean']:.3f} ent {m['entropy']:.3f} "
                                         f"{m['tokens_per_s']:.0f} tok/s") or first
+    except EngineError:  # the rollout servers are gone: keep what was trained (the step cut short is redone)
+        checkpoint(run, done[0], prompts=done[1])
+        if world.main:
+            printer(f"the rollout engine failed; saved a checkpoint at step {done[0]} (re-run to resume)")
+        raise
     finally:
         if logger is not None:
             logger.close()

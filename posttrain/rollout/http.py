@@ -24,8 +24,20 @@ newest folders are kept.
 Failures: a request that fails (connection error, timeout, an HTTP error, a malformed answer) is
 retried on another server after a backoff, up to ``retries`` times; after that its ``n`` samples
 come back with finish reason ``"error"`` and an empty completion (the RL loop scores them
-INFRA_FAIL: masked and counted, never a reward). A server that does not answer ``GET /health`` when
+INFRA_FAIL: masked and counted, never a reward), or, for a request `submit`-ted by async RL, the
+request comes back `Lost` and its prompts are sent again. A server that does not answer ``GET /health`` when
 the engine starts raises `ServerUnreachable`, a one-line error (exit status 1 from the CLI).
+A server that stops answering mid-run (a request or a push fails and ``/health`` gets no answer) is
+taken out of the rotation; servers this engine launched (``servers``) are relaunched in the
+background, handed the current weights, and put back once they confirm them (at most
+``max_relaunches`` times). With no server left, `ServersDown` (an `EngineError`) ends the run.
+
+Async RL (the `EngineHandle` interface: ``submit`` / ``poll``): each submitted call runs in a
+thread like a `generate`, tagged with the version the client held when it was sent. A weight push
+does not wait for those requests: vLLM pauses them where they are (``mode=keep``), reloads, and
+preempts them so they resume under the new weights, recomputing their caches (their sampler
+log-probs stay those of whatever weights drew each token). So a sample's tokens come from its
+tagged version or newer, and the staleness bound, which counts the tag, holds for every token.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from posttrain.rollout.protocol import EngineError, Generated, Lost
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -56,6 +69,14 @@ _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 class ServerUnreachable(RuntimeError):
     """A rollout server did not answer its health check: an outage, not bad input (exit 1)."""
+
+
+class ServersDown(EngineError):
+    """Every rollout server stopped answering: the run checkpoints and stops (exit 1)."""
+
+
+class _AllTriesFailed(Exception):
+    """A submitted request none of the servers could answer (async: its prompts are sent again)."""
 
 
 class _RequestFailed(Exception):
@@ -186,7 +207,8 @@ class HTTPEngine:
                  eos_ids: list[int] | None = None, model: str | None = None, model_files: str | None = None,
                  request_timeout_s: float = 600.0, sync_timeout_s: float = 600.0, retries: int = 2,
                  retry_backoff_s: float = 1.0, max_inflight: int = 64, keep_versions: int = 2, dialect=None,
-                 adapter_config: dict | None = None, servers=None, api_key: str | None = None):
+                 adapter_config: dict | None = None, servers=None, api_key: str | None = None,
+                 max_relaunches: int = 2, printer=print):
         if retries < 0 or retry_backoff_s < 0 or max_inflight < 1 or keep_versions < 1:
             raise ValueError("retries and retry_backoff_s must be >= 0, max_inflight and keep_versions >= 1")
         self.urls = [_base(u) for u in urls]
@@ -205,6 +227,11 @@ class HTTPEngine:
         self.max_inflight, self.keep_versions = max_inflight, keep_versions
         self.version = 0
         self.stats = {"requests": 0, "retries": 0, "failed": 0}
+        self.max_relaunches, self.printer = max_relaunches, printer
+        self.restarts = 0  # servers relaunched (`EngineHandle.restarts`)
+        self._dead: set[str] = set()  # out of the rotation: not answering, or relaunching
+        self._sync_lock = threading.Lock()  # one push at a time: the trainer's, or a relaunched server's
+        self._last_push: tuple | None = None  # (folder, version, checksum, probe) of the newest version
         self._client = httpx.Client(timeout=request_timeout_s, limits=httpx.Limits(max_connections=max_inflight),
                                     headers=headers)
         self._sync_client = httpx.Client(timeout=sync_timeout_s, headers=headers)
@@ -212,8 +239,18 @@ class HTTPEngine:
         self._inflight = dict.fromkeys(self.urls, 0)
         self._next = 0  # round-robin tie break
         self._written: list[Path] = []
+        self._submitted: dict[int, object] = {}  # rid -> Future of a `submit`-ted call
+        self._rid = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._idle_since: float | None = time.perf_counter()
+        self._idle_total, self._calls = 0.0, 0
+
+    verifies_every_sync = True
+    """`load_weights` returns only once every server confirmed the version (checksum or probe)."""
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
         self._sync_client.close()
         if self.servers is not None:
@@ -227,13 +264,85 @@ class HTTPEngine:
             raise ValueError(f"n must be >= 1, got {n}")
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("no prompts given, or an empty prompt")
-        version = self.version
+        return self._generate(prompts, n, sampling, self.version, lost_if_failed=False)
+
+    def _generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams, version: int,
+                  lost_if_failed: bool) -> Rollouts:
+        """``version``: the weights the client held when the call was made; a sample is tagged with
+        it, or with the newer one its server reports. A prompt no server could answer gives error
+        samples, or with ``lost_if_failed`` raises `_AllTriesFailed`."""
         bodies = [self._body(p, n, sampling, s) for p, s in zip(prompts, sampling.seeds(len(prompts)))]
         with ThreadPoolExecutor(max_workers=min(self.max_inflight, len(prompts))) as pool:
-            groups = list(pool.map(self._complete, bodies))
+            groups = list(pool.map(lambda b: self._complete(b, version), bodies))
+        if lost_if_failed and any(g is None for g in groups):
+            raise _AllTriesFailed(f"{sum(g is None for g in groups)} of {len(groups)} prompts found no server "
+                                  f"that answered in {self.retries + 1} tries")
         parts = [self._rollouts(i, p, n, choices, sampling, version)
                  for i, (p, choices) in enumerate(zip(prompts, groups))]
         return Rollouts.concat(parts)
+
+    # ------------------------------------------------------------------ async RL (EngineHandle)
+
+    def submit(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> int:
+        """Start a `generate` in the background; its answer comes from `poll` (a `Generated`, or
+        `Lost` when no server could answer it)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="http-submit")
+        self._rid += 1
+        with self._lock:
+            self._busy(+1)
+        version, t0 = self.version, time.perf_counter()
+
+        def call() -> Rollouts:
+            try:
+                return self._generate(prompts, n, sampling, version, lost_if_failed=True)
+            finally:
+                with self._lock:
+                    self._busy(-1)
+
+        self._submitted[self._rid] = (self._pool.submit(call), t0)
+        return self._rid
+
+    def poll(self, wait: bool) -> list[Generated | Lost]:
+        """Answers of submitted calls, in submission order; with ``wait``, at least one (or
+        `EngineError` once a call outlasts every try's timeout)."""
+        from concurrent.futures import FIRST_COMPLETED, wait as wait_for
+
+        if wait and self._submitted and not any(f.done() for f, _ in self._submitted.values()):
+            limit = (self.request_timeout_s + self.retry_backoff_s * 2 ** self.retries) * (self.retries + 1)
+            done, _ = wait_for([f for f, _ in self._submitted.values()], timeout=limit, return_when=FIRST_COMPLETED)
+            if not done:
+                raise EngineError(f"no rollout server answered requests {sorted(self._submitted)} within {limit:g} s "
+                                  f"(rollout.request_timeout_s x tries)")
+        elif wait and not self._submitted:
+            raise EngineError("poll(wait=True) with no request in flight would wait forever")
+        out = []
+        for rid in [r for r, (f, _) in self._submitted.items() if f.done()]:
+            future, t0 = self._submitted.pop(rid)
+            try:
+                out.append(Generated(rid, future.result(), time.perf_counter() - t0, self.idle_s))
+            except _AllTriesFailed as e:
+                out.append(Lost(rid, str(e)))
+        return out
+
+    def wait_synced(self) -> None:
+        """Nothing to wait for: `load_weights` returns once every server confirmed."""
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds with no submitted call in flight (what the servers had nothing from us to do)."""
+        with self._lock:
+            since = self._idle_since
+            return self._idle_total + (time.perf_counter() - since if since is not None else 0.0)
+
+    def _busy(self, delta: int) -> None:
+        """Count submitted calls in flight (under ``_lock``), timing the spans with none."""
+        self._calls += delta
+        if self._calls == 0:
+            self._idle_since = time.perf_counter()
+        elif delta > 0 and self._calls == 1 and self._idle_since is not None:
+            self._idle_total += time.perf_counter() - self._idle_since
+            self._idle_since = None
 
     def _body(self, prompt: list[int], n: int, s: SamplingParams, seed: int | None) -> dict:
         body = {"prompt": list(prompt), "n": n, "temperature": s.temperature, "top_p": s.top_p,
@@ -250,7 +359,7 @@ class HTTPEngine:
             body["ignore_eos"] = True
         return self.dialect.body(body)
 
-    def _complete(self, body: dict) -> list[dict] | None:
+    def _complete(self, body: dict, version: int) -> list[dict] | None:
         """The ``n`` parsed choices of one request, retried on other servers; None when every try failed."""
         tried: list[str] = []
         for attempt in range(self.retries + 1):
@@ -259,10 +368,11 @@ class HTTPEngine:
             url = self._acquire(tried)
             tried.append(url)
             try:
-                return self._post_completion(url, body)
+                return self._post_completion(url, body, version)
             except _RequestFailed as e:
                 log.warning("rollout server %s: completion request failed (try %d of %d): %s",
                             url, attempt + 1, self.retries + 1, e)
+                self._check_alive(url)
             finally:
                 self._release(url, retried=attempt > 0)
         with self._lock:
@@ -270,9 +380,14 @@ class HTTPEngine:
         return None
 
     def _acquire(self, tried: list[str]) -> str:
-        """The server with the fewest requests in flight, preferring ones this request has not tried."""
+        """The live server with the fewest requests in flight, preferring ones this request has not
+        tried; `ServersDown` when none is left."""
         with self._lock:
-            fresh = [u for u in self.urls if u not in tried] or self.urls
+            live = [u for u in self.urls if u not in self._dead]
+            if not live:
+                raise ServersDown(f"every rollout server stopped answering ({', '.join(self.urls)}); "
+                                  f"{self._relaunch_note()}")
+            fresh = [u for u in live if u not in tried] or live
             order = fresh[self._next % len(fresh):] + fresh[:self._next % len(fresh)]
             url = min(order, key=lambda u: self._inflight[u])
             self._next += 1
@@ -285,7 +400,7 @@ class HTTPEngine:
             self.stats["requests"] += 1
             self.stats["retries"] += int(retried)
 
-    def _post_completion(self, url: str, body: dict) -> list[dict]:
+    def _post_completion(self, url: str, body: dict, version: int) -> list[dict]:
         try:
             r = self._client.post(f"{url}/v1/completions", json=body)
         except httpx.HTTPError as e:
@@ -302,9 +417,9 @@ class HTTPEngine:
         echoed = data.get("prompt_token_ids", choices[0].get("prompt_token_ids"))
         if echoed is not None and list(echoed) != body["prompt"]:
             raise _RequestFailed("the server's prompt_token_ids differ from the prompt sent")
-        versions = {c["policy_version"] for c in choices if "policy_version" in c}
-        if versions - {self.version}:  # e.g. a server that restarted on its first weights
-            raise _RequestFailed(f"sampled with weights version {sorted(versions)}, expected {self.version}")
+        versions = [int(c["policy_version"]) for c in choices if "policy_version" in c]
+        if versions and min(versions) < version:  # e.g. a server that restarted on its first weights
+            raise _RequestFailed(f"sampled with weights version {min(versions)}, expected {version} or newer")
         return [self._parse_choice(c) for c in choices]
 
     def _parse_choice(self, c: dict) -> dict:
@@ -322,7 +437,8 @@ class HTTPEngine:
             reason = "eos" if ids and ids[-1] in self.eos_ids else "stop"
         elif reason != "length":  # aborted, filtered: no sample to learn from
             return _error_choice()
-        return {"ids": ids, "logprobs": logprobs, "truncated": truncated, "finish": reason, "text": c.get("text", "")}
+        return {"ids": ids, "logprobs": logprobs, "truncated": truncated, "finish": reason, "text": c.get("text", ""),
+                "version": c.get("policy_version")}
 
     def _rollouts(self, index: int, prompt: list[int], n: int, choices: list[dict] | None,
                   sampling: SamplingParams, version: int) -> Rollouts:
@@ -332,7 +448,8 @@ class HTTPEngine:
         return Rollouts(
             prompt_idx=[index] * n, prompt_ids=[list(prompt) for _ in range(n)],
             completion_ids=[c["ids"] for c in choices], logprobs=[c["logprobs"] for c in choices],
-            finish_reason=[c["finish"] for c in choices], policy_version=[version] * n, sampling=sampling,
+            finish_reason=[c["finish"] for c in choices], sampling=sampling,
+            policy_version=[int(c["version"]) if c.get("version") is not None else version for c in choices],
             truncated_logprobs=None if any(t is None for t in truncated) else truncated,
             texts=[self._text(c, sampling.stop) for c in choices])
 
@@ -354,13 +471,19 @@ class HTTPEngine:
         if self.weights_dir is None:
             raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
         folder = self._write(weights, version)
-        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
-            answers = list(pool.map(lambda u: self._push(u, str(folder), version, checksum, probe), self.urls))
-        refused = [f"{url}: {why}" for url, why in zip(self.urls, answers) if why]
-        if refused:
-            raise WeightSyncError(f"version {version} (checksum {checksum[:12]}) was not confirmed by "
-                                  f"{len(refused)} of {len(self.urls)} rollout servers: " + "; ".join(refused))
-        self.version = version
+        push = (str(folder), version, checksum, probe)
+        with self._sync_lock:
+            live = [u for u in self.urls if u not in self._dead]
+            with ThreadPoolExecutor(max_workers=max(len(live), 1)) as pool:
+                answers = list(pool.map(lambda u: self._push(u, *push), live))
+            refused = [f"{url}: {why}" for url, why in zip(live, answers) if why and self._check_alive(url)]
+            if refused:
+                raise WeightSyncError(f"version {version} (checksum {checksum[:12]}) was not confirmed by "
+                                      f"{len(refused)} of {len(live)} rollout servers: " + "; ".join(refused))
+            if len(self._dead) == len(self.urls):
+                raise ServersDown(f"every rollout server stopped answering ({', '.join(self.urls)}); "
+                                  f"{self._relaunch_note()}")
+            self.version, self._last_push = version, push
         self._prune(folder)
 
     def _push(self, url: str, folder: str, version: int, checksum: str, probe) -> str:
@@ -368,6 +491,53 @@ class HTTPEngine:
             return self.dialect.push(self._sync_client, url, folder, version, checksum, probe)
         except httpx.HTTPError as e:
             return f"no answer ({_one_line(e) or type(e).__name__})"
+
+    # ------------------------------------------------------------------------ servers that die
+
+    def _check_alive(self, url: str) -> bool:
+        """False, and the server leaves the rotation (a launched one is relaunched), when it does not
+        answer ``GET /health``: it is gone, not refusing. True while it answers."""
+        try:
+            if self._sync_client.get(f"{url}/health", timeout=5.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        with self._lock:
+            if url in self._dead:
+                return False
+            self._dead.add(url)
+        live = len(self.urls) - len(self._dead)
+        self.printer(f"WARNING [server_lost] rollout server {url} stopped answering; {live} of "
+                     f"{len(self.urls)} left")
+        if self.servers is not None and self.restarts < self.max_relaunches:
+            self.restarts += 1
+            threading.Thread(target=self._relaunch, args=(url,), name="relaunch-server", daemon=True).start()
+        return False
+
+    def _relaunch(self, url: str) -> None:
+        """Start a launched server again, hand it the newest weights, and put it back in rotation."""
+        try:
+            self.servers.restart(self.urls.index(url))
+            with self._sync_lock:  # no push of the trainer's can land between this one and the rotation
+                why = self._push(url, *self._last_push) if self._last_push is not None else ""
+                if why:
+                    raise WeightSyncError(why)
+                with self._lock:
+                    self._dead.discard(url)
+            self.printer(f"[server_back] rollout server {url} relaunched with weights version {self.version}")
+        except Exception as e:  # noqa: BLE001 - a background thread: report, the server stays out
+            self.printer(f"WARNING [server_lost] could not relaunch rollout server {url}: {_one_line(e)}")
+
+    def _relaunch_note(self) -> str:
+        if self.servers is None:
+            return "restart them and resume the run"
+        return f"{self.restarts} relaunched (at most {self.max_relaunches}: asynchrony.max_engine_restarts)"
+
+    @property
+    def live(self) -> int:
+        """Servers in the rotation."""
+        with self._lock:
+            return len(self.urls) - len(self._dead)
 
     def _write(self, weights: dict[str, torch.Tensor], version: int) -> Path:
         from safetensors.torch import save_file

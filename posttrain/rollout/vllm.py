@@ -15,11 +15,15 @@ truncation kept. Without truncation the two are the same and the mismatch metric
 
 Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for each server,
 
-1. ``POST /pause?mode=wait`` — requests in flight finish under the weights that started them, so a
-   sample never mixes two versions (requests that arrive while paused wait for the new weights);
+1. ``POST /pause?mode=keep`` — requests in flight are frozen where they are: a push never waits
+   for a generation to end, so async RL keeps generating across syncs;
 2. ``POST /collective_rpc`` ``reload_weights`` from the folder the engine wrote (or, with LoRA,
    ``/v1/load_lora_adapter`` in place: only the adapter moves);
-3. ``POST /reset_prefix_cache`` — cached prefixes were computed by the old weights;
+3. ``POST /reset_prefix_cache?reset_running_requests=true`` — cached prefixes were computed by
+   the old weights, and the frozen requests are preempted: they resume under the new weights with
+   their caches recomputed, so no token is drawn from old keys under new weights. A sample's tokens
+   then come from the version its request was sent under or a newer one, and its sampler
+   log-probs are those of the weights that drew each token (the loss's behaviour policy);
 4. ``POST /update_weight_version``, then ``POST /resume`` (always, also after a failure);
 5. ``GET /weight_info`` must read the version back, and the server's ``prompt_logprobs`` of a fixed
    probe sequence must equal the trainer's within ``probe_tol``. vLLM's own ``/weight_checker``
@@ -86,13 +90,20 @@ class VLLMDialect:
     # ---------------------------------------------------------------------------------- weights
 
     def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
-        """Pause, reload, reset the prefix cache, set the version, resume; '' or why it failed."""
+        """Pause, reload, reset the caches, set the version, resume; '' or why it failed.
+
+        Requests in flight are frozen where they are (``mode=keep``: the push never waits for a
+        generation to end) and the cache reset preempts them, so they resume under the new weights
+        with their caches recomputed; no token is drawn from a mix of old keys and new weights."""
         why = ""
         try:
-            post_json(client, f"{url}/pause", params={"mode": "wait"})
+            post_json(client, f"{url}/pause", params={"mode": "keep"})
             try:
                 self._reload(client, url, folder)
-                post_json(client, f"{url}/reset_prefix_cache")
+                reset = post_json(client, f"{url}/reset_prefix_cache", params={"reset_running_requests": "true"})
+                if reset.get("success") is False:
+                    raise RuntimeError("reset_prefix_cache answered success=false: cached keys of the old "
+                                       "weights would be reused")
                 post_json(client, f"{url}/update_weight_version", {"new_version": str(version)})
             finally:
                 post_json(client, f"{url}/resume")

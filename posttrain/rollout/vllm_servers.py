@@ -152,26 +152,41 @@ class VLLMServers:
         self.stop()
 
     def start(self) -> list[str]:
-        python = vllm_python(self.spec)
+        vllm_python(self.spec)  # no environment: one line before anything is written or started
         self.log_dir.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
         try:
             for i in range(self.n):
-                port = free_port(self.spec.host)
-                log = open(self.log_dir / f"vllm-{i}.log", "ab")
-                self.procs.append(subprocess.Popen(server_command(self.spec, python, port), env=server_env(self.spec, i),
-                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-                log.close()
-                self.urls.append(f"http://{self.spec.host}:{port}")
+                self.procs.append(self._launch(i, free_port(self.spec.host)))
+                self.urls.append(f"http://{self.spec.host}:{self._port(i)}")
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
         return list(self.urls)
 
-    def wait_ready(self) -> None:
-        """Block until every server answers ``/health``; a server that exits raises with its log's tail."""
-        t0, last, pending = time.monotonic(), 0.0, set(range(self.n))
+    def _port(self, i: int) -> int:
+        return int(self.procs[i].args[self.procs[i].args.index("--port") + 1])
+
+    def _launch(self, i: int, port: int) -> subprocess.Popen:
+        with open(self.log_dir / f"vllm-{i}.log", "ab") as log:
+            return subprocess.Popen(server_command(self.spec, vllm_python(self.spec), port),
+                                    env=server_env(self.spec, i), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def restart(self, i: int) -> None:
+        """Start server ``i`` again on its port (after it died) and wait until it is healthy; it
+        holds the model's starting weights until it is sent the current ones."""
+        self.kill(i)
+        self.printer(f"[vllm] relaunching server {i} ({self.urls[i]})")
+        self.procs[i] = self._launch(i, self._port(i))
+        self.wait_ready([i])
+
+    def wait_ready(self, indices: list[int] | None = None) -> None:
+        """Block until servers ``indices`` (default: all) answer ``/health``; a server that exits
+        raises with its log's tail."""
+        every = range(self.n) if indices is None else indices
+        t0, last, pending = time.monotonic(), 0.0, set(every)
         with httpx.Client(timeout=5.0, headers=auth_headers(None)) as client:
             while pending:
                 for i in sorted(pending):
@@ -189,7 +204,7 @@ class VLLMServers:
                                        f"(rollout.vllm.startup_timeout_s); logs in {self.log_dir}")
                 if waited - last >= 10 or not pending:
                     last = waited
-                    self.printer(f"[vllm] {self.n - len(pending)}/{self.n} servers ready ({waited:.0f} s)")
+                    self.printer(f"[vllm] {len(every) - len(pending)}/{len(every)} servers ready ({waited:.0f} s)")
                 if pending:
                     time.sleep(1.0)
 

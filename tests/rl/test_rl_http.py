@@ -123,3 +123,111 @@ def test_requests_no_server_can_answer_are_infra_fail_masked_and_counted(rl_over
     assert m["outcomes/INFRA_FAIL_frac"] == pytest.approx(1 / k)  # counted, never scored 0
     assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
     assert run.engine.version == 1
+
+
+def _comparable(row: dict) -> dict:
+    """A step's metrics that sync and async K=0 share (async adds its own; sync truncates IS weights)."""
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "selftest/"))
+            and k not in ("tokens_per_s", "is/truncated_frac", "step")}
+
+
+def test_async_through_servers_at_k0_equals_the_sync_run_through_servers(rl_overrides, reward_plugin, nano_model_dir,
+                                                                         tmp_path):
+    """mode=async against two ``posttrain serve`` apps, K=0: the same run as sync, step for step;
+    every server confirmed every version, and the sampler/trainer agree (the self-test ran)."""
+    from posttrain.rl.run import run_rl
+
+    common = dict(verifier=f"{reward_plugin}:letters", num_steps=3, **{"kl.track": False})
+    rows = {}
+    for mode in ("sync", "async"):
+        pair = [real_server(nano_model_dir) for _ in range(2)]
+        try:
+            run_rl(load_config(RLConfig, None, rl_overrides(**common, **_http(pair), mode=mode, max_staleness=0,
+                                                            out_dir=tmp_path / mode)), printer=lambda *_: None)
+            assert [s.app.state.serve.version for s in pair] == [3, 3]
+        finally:
+            for s in pair:
+                s.stop()
+        rows[mode] = [m for m in _metrics(tmp_path / mode) if m["step"] > 0]
+    assert [m["step"] for m in rows["async"]] == [m["step"] for m in rows["sync"]] == [1, 2, 3]
+    assert any(m["grad_norm"] > 0 for m in rows["sync"])
+    for s, a in zip(rows["sync"], rows["async"]):
+        assert _comparable(a) == pytest.approx(_comparable(s), rel=1e-5, abs=1e-7), s["step"]
+        assert a["async/staleness_max"] == 0
+    assert _metrics(tmp_path / "async")[0]["selftest/passed"] == 1
+
+
+def test_async_through_servers_keeps_the_staleness_bound_and_trains_every_prompt_once(rl_overrides, reward_plugin,
+                                                                                      servers, tmp_path):
+    from posttrain.core.checkpoint import load_trainer_state
+    from posttrain.rl.ledger import PromptLedger
+    from posttrain.rl.run import run_rl
+
+    run_rl(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1,
+                                                    num_steps=4, save_every=4, **_http(servers))),
+           printer=lambda *_: None)
+    rows = [m for m in _metrics(tmp_path / "run") if m["step"] > 0]
+    assert [m["step"] for m in rows] == [1, 2, 3, 4]
+    assert all(m["async/staleness_max"] <= 1 for m in rows)
+    assert any(m["async/staleness_max"] == 1 for m in rows)  # groups really were generated ahead of the trainer
+    assert all(m["outcomes/INFRA_FAIL_frac"] == 0 for m in rows)
+    led = PromptLedger()
+    led.load_state_dict(load_trainer_state(tmp_path / "run" / "checkpoints" / "step-4")["async"]["ledger"])
+    trained = [u for us in led.trained_by_step().values() for u in us]
+    assert len(trained) == len(set(trained)) == 16
+
+
+def test_a_server_that_dies_leaves_the_rotation_and_the_run_goes_on(rl_overrides, reward_plugin, servers):
+    run = setup(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=4,
+                                                         **_http(servers))))
+    notes = []
+
+    def step(run, n, timer):
+        if n == 3:
+            servers[1].stop()
+        return rl_step(run, n, timer)
+
+    drive_rl(run, step, config=run.cfg, name="rl", printer=notes.append)
+    rows = _metrics(run.run_dir)
+    assert [m["step"] for m in rows] == [1, 2, 3, 4]
+    assert all(m["outcomes/INFRA_FAIL_frac"] == 0 for m in rows)  # its requests were retried on the other
+    assert run.engine.live == 1 and run.engine.version == 4
+    assert servers[0].app.state.serve.version == 4
+
+
+def test_when_every_server_is_gone_the_run_checkpoints_its_last_step_and_resumes_as_if_never_stopped(
+        rl_overrides, reward_plugin, nano_model_dir, tmp_path):
+    """Both servers stop before step 3: `ServersDown`, a checkpoint of step 2 with the prompt
+    source as it was after step 2 (not after step 3's draw), and a re-run against new servers
+    trains steps 3 and 4 exactly as an uninterrupted run does."""
+    from posttrain.rollout.http import ServersDown
+
+    common = dict(verifier=f"{reward_plugin}:letters", num_steps=4, save_every=0, **{"kl.track": False})
+
+    def run_with(pair, out, step_fn=rl_step, notes=None):
+        try:
+            run = setup(load_config(RLConfig, None, rl_overrides(**common, **_http(pair), out_dir=out)))
+            drive_rl(run, step_fn, config=run.cfg, name="rl", printer=(notes.append if notes is not None
+                                                                        else lambda *_: None))
+        finally:
+            for s in pair:
+                s.stop()
+
+    run_with([real_server(nano_model_dir)], tmp_path / "whole")
+    pair, notes = [real_server(nano_model_dir) for _ in range(2)], []
+
+    def dying(run, n, timer):
+        if n == 3:
+            for s in pair:
+                s.stop()
+        return rl_step(run, n, timer)
+
+    with pytest.raises(ServersDown, match="every rollout server stopped answering"):
+        run_with(pair, tmp_path / "cut", dying, notes)
+    assert notes[-1].endswith("saved a checkpoint at step 2 (re-run to resume)")
+    assert (tmp_path / "cut" / "checkpoints" / "step-2").is_dir()
+    run_with([real_server(nano_model_dir)], tmp_path / "cut")
+    whole, cut = _metrics(tmp_path / "whole"), _metrics(tmp_path / "cut")
+    assert [m["step"] for m in cut] == [1, 2, 3, 4]
+    for a, b in zip(cut, whole):
+        assert _comparable(a) == pytest.approx(_comparable(b), rel=1e-5, abs=1e-7), a["step"]

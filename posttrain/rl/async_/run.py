@@ -31,7 +31,8 @@ from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import checkpoint, held_out_eval, learn, maybe_resume, ray_engines, setup, tokens_so_far
+from posttrain.rl.loop import (checkpoint, held_out_eval, http_engine, learn, maybe_resume, ray_engines, setup,
+                               sync_weights, tokens_so_far)
 from posttrain.tracking import StageTimer, latest_checkpoint
 
 
@@ -43,10 +44,13 @@ def split_threads(cfg: RLConfig) -> tuple[int, int]:
     return engine, trainer
 
 
-def start_engine(cfg: RLConfig, printer=print):
-    """The engine process, or with runtime=ray the engine replicas (`posttrain.distributed.engines`)."""
+def start_engine(cfg: RLConfig, tokenizer, printer=print):
+    """The engine process, or with runtime=ray the engine replicas (`posttrain.distributed.engines`),
+    or with rollout.backend=openai|vllm a client of the servers (`posttrain.rollout.http`)."""
     if cfg.runtime == "ray":
         return ray_engines(cfg, printer)
+    if cfg.rollout.backend in ("openai", "vllm"):
+        return http_engine(cfg, tokenizer, printer)
     engine_threads, _ = split_threads(cfg)
     return ProcessEngine(cfg.model.path, dtype=cfg.rollout.engine_dtype, device=cfg.model.device,
                          threads=engine_threads, timeout_s=cfg.asynchrony.timeout_s,
@@ -80,8 +84,10 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(split_threads(cfg)[1])
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    run.engine = engine = start_engine(cfg, printer)
+    run.engine = engine = start_engine(cfg, run.tokenizer, printer)
     try:
+        if cfg.rollout.backend != "torch":
+            sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
         return _train(run, engine, printer)
     finally:
         engine.close()
