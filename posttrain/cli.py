@@ -16,7 +16,7 @@ from posttrain.errors import UserError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "make-tiny": ("posttrain.models.tiny_cli", "build the embedded tiny Llama model and tokenizer"),
+    "make-tiny": ("posttrain.models.tiny_cli", "build an embedded tiny model (Llama, Qwen3, Mistral, Phi-3, Gemma 2/3) and tokenizer"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
     "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an embedded environment (calculator, code_repair)"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),

@@ -1,11 +1,16 @@
-"""The embedded tiny models: Llama-architecture models and a BPE tokenizer built locally.
+"""The embedded tiny models: random-weight models of several architectures and a BPE tokenizer built locally.
 
 Nothing is downloaded. The tokenizer is a byte-level BPE trained with `tokenizers` on a small
 synthetic corpus (arithmetic traces, chat markup, short Python); digits are split one per token so
 arithmetic is learnable digit by digit. It is wrapped in `PreTrainedTokenizerFast` and saved with
 `save_pretrained`, so `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
-load the pair unchanged. (A Qwen2 config would make AutoTokenizer swap in Qwen2's pre-tokenizer;
-Llama keeps ours.)
+load the pair unchanged. (A Qwen2 config would make AutoTokenizer swap in Qwen2's tokenizer, which
+splits text differently, so there is no ``qwen2`` arch: ``qwen3`` stands for the family; the other
+families keep ours.)
+
+Architectures (`ARCHS`): the same sizes in each family's own config class, so every family the
+rollout engine runs can be tried offline. Families with sliding-window attention get a window
+(`WINDOW`) shorter than a typical rollout, so the window is actually exercised.
 
 Special tokens: ``<|endoftext|>`` (eos and pad), ``<|im_start|>``, ``<|im_end|>`` (ends a chat
 turn). The chat template is ChatML; generation stops at either ``<|endoftext|>`` or ``<|im_end|>``
@@ -15,6 +20,7 @@ turn). The chat template is ChatML; generation stops at either ``<|endoftext|>``
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,7 +34,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# name -> LlamaConfig keyword arguments. Parameter counts are printed by `posttrain make-tiny`.
+# name -> config keyword arguments. Parameter counts (Llama) are printed by `posttrain make-tiny`.
 SIZES: dict[str, dict] = {
     "nano": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),       # ~0.15M params, for tests
@@ -41,6 +47,46 @@ SIZES: dict[str, dict] = {
 }
 VOCAB_SIZE = 512
 MAX_POSITIONS = 512
+WINDOW = 64
+"""Sliding window of the tiny Mistral, Gemma 2 and Gemma 3 models (tokens)."""
+
+
+def _gemma3_layer_types(n: int) -> list[str]:
+    """Five local layers to one global, as Gemma 3; the last layer is global however few there are."""
+    return ["full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention" for i in range(n)]
+
+
+# arch -> (config class in transformers, extra keyword arguments given the size's arguments).
+ARCHS: dict[str, tuple[str, Callable[[dict], dict]]] = {
+    "llama": ("LlamaConfig", lambda size: {}),
+    "qwen3": ("Qwen3Config", lambda size: {}),
+    "mistral": ("MistralConfig", lambda size: {"sliding_window": WINDOW}),
+    "phi3": ("Phi3Config", lambda size: {}),
+    "gemma2": ("Gemma2Config", lambda size: {"sliding_window": WINDOW, "query_pre_attn_scalar": _head_dim(size)}),
+    "gemma3": ("Gemma3TextConfig", lambda size: {"sliding_window": WINDOW, "query_pre_attn_scalar": _head_dim(size),
+                                                 "layer_types": _gemma3_layer_types(size["num_hidden_layers"])}),
+}
+
+
+def _head_dim(size: dict) -> int:
+    return size["hidden_size"] // size["num_attention_heads"]
+
+
+def tiny_config(arch: str, size: str, *, vocab_size: int, eos_ids: list[int] | None, pad_id: int | None):
+    """The config of a tiny ``arch`` model of ``size`` (head_dim pinned: Gemma and Qwen3 default to far
+    larger heads than these sizes have)."""
+    import transformers
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    cls, extra = ARCHS[arch]
+    dims = SIZES[size]
+    return getattr(transformers, cls)(
+        vocab_size=vocab_size, max_position_embeddings=MAX_POSITIONS, bos_token_id=None, eos_token_id=eos_ids,
+        pad_token_id=pad_id, tie_word_embeddings=False, rope_theta=10000.0, head_dim=_head_dim(dims),
+        **dims, **extra(dims))
 
 
 def _corpus(seed: int = 0, n: int = 4000) -> list[str]:
@@ -85,20 +131,18 @@ def build_tokenizer(seed: int = 0):
     return fast
 
 
-def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Build and save a randomly initialised Llama model of `size` with the embedded tokenizer."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0, arch: str = "llama") -> Path:
+    """Build and save a randomly initialised ``arch`` model of `size` with the embedded tokenizer."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    if size not in SIZES or arch not in ARCHS:  # before the tokenizer's training, not after
+        tiny_config(arch, size, vocab_size=VOCAB_SIZE, eos_ids=None, pad_id=None)
     out = Path(out_dir)
     tokenizer = build_tokenizer(seed)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")]
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS,
-                         bos_token_id=None, eos_token_id=eos_ids, pad_token_id=eos_ids[0],
-                         tie_word_embeddings=False, rope_theta=10000.0, **SIZES[size])
+    config = tiny_config(arch, size, vocab_size=len(tokenizer), eos_ids=eos_ids, pad_id=eos_ids[0])
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=eos_ids[0])
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

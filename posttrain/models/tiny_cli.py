@@ -1,4 +1,4 @@
-"""`posttrain make-tiny DIR --size {nano,tiny,small}`: build an embedded tiny model and tokenizer.
+"""`posttrain make-tiny DIR --size {nano,tiny,small,0.5b} --arch {llama,qwen3,...}`: build an embedded tiny model and tokenizer.
 
 The folder it writes is a plain Hugging Face model folder (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, generation_config.json); point `model.path` at it.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from posttrain.models.tiny import SIZES
+from posttrain.models.tiny import ARCHS, SIZES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", help="folder to write the model and tokenizer to")
     parser.add_argument("--size", choices=list(SIZES), default="tiny",
                         help="nano (~0.15M params, tests), tiny (~2.6M, the demo), small (~10M, a teacher)")
+    parser.add_argument("--arch", choices=list(ARCHS), default="llama",
+                        help="model family (random weights in that family's own config class; same tokenizer)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the tokenizer corpus")
 
 
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     from transformers import AutoModelForCausalLM
 
-    path = build_tiny(args.out_dir, args.size, args.seed)
+    path = build_tiny(args.out_dir, args.size, args.seed, arch=args.arch)
     n = count_parameters(AutoModelForCausalLM.from_pretrained(path))
-    print(f"wrote {args.size} model ({n / 1e6:.2f}M params) and tokenizer to {path}")
+    print(f"wrote {args.size} {args.arch} model ({n / 1e6:.2f}M params) and tokenizer to {path}")
     return 0

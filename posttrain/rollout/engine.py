@@ -19,10 +19,11 @@ One `generate` call:
    samples stop costing compute. The threshold trades the copy of the cache against the wasted
    rows: a compaction reads and writes the filled cache once, about what one step's attention reads.
 
-Two decoders sit behind it: `fast_llama.FastLlamaDecoder` for Llama-family models (fused weights,
-no per-step mask building) and `hf_decoder.HFDecoder` for any other Hugging Face causal LM
-(``model.forward`` with a `StaticCache`). ``backend="auto"`` picks the fast one when it supports
-the model.
+Two decoders sit behind it: `fast_llama.FastLlamaDecoder` for Llama-family models (Llama, Mistral,
+Qwen2, Qwen3: fused weights, no per-step mask building) and `hf_decoder.HFDecoder` for other Hugging
+Face causal LMs (``model.forward`` with a static cache and the masks each layer type needs: Gemma
+2/3, Phi-3, ...). ``backend="auto"`` picks the fast one when it supports the model. A model neither
+can run exactly is refused here, when the engine is built (`windows.UnsupportedModel`), not mid-run.
 
 Log-probs: see `posttrain.rollout.types` (``logprob_kind = "full_temperature_scaled"``).
 """

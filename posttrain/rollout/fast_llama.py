@@ -1,4 +1,4 @@
-"""A lean decoder for Llama-family models (Llama, Mistral, Qwen2) with a preallocated KV cache.
+"""A lean decoder for Llama-family models (Llama, Mistral, Qwen2, Qwen3) with a preallocated KV cache.
 
 Why not call the Hugging Face forward at every step: for small and medium models on CPU the
 per-step Python overhead of the generic forward (mask construction, cache bookkeeping, output
@@ -12,6 +12,11 @@ mathematics with fewer kernels:
   write the same column at each step because prompts are left-padded to a common length, so a step
   is a single column write per layer; attention reads only columns ``[0, t]``;
 * padding is an additive bias row per sample built once at prefill and sliced per step;
+* a sliding-window layer (Mistral's ``sliding_window``, Qwen2/3's sliding layers) attends over the
+  last W columns of the cache only, a slice rather than a mask: masked columns contribute exactly
+  zero, so the slice changes the sum's order, not its terms. Old columns stay in the cache, so all
+  layers share one column coordinate;
+* Qwen3's per-head q/k RMSNorm runs on q and k heads in one call, before RoPE as in the model;
 * grouped-query attention multiplies q grouped as (B, n_kv, rep, hd) against K directly, with no
   repeat of K/V;
 * `keep(rows)` compacts the batch (index-selects the live rows of the cache, positions and
@@ -19,9 +24,9 @@ mathematics with fewer kernels:
 
 The mathematics (RMSNorm in float32, rotate-half RoPE with the model's own ``inv_freq`` and
 attention scaling, softmax in float32) mirrors the Hugging Face Llama code, so greedy outputs agree
-with ``model.generate``. Unsupported configurations (other activations, dynamic RoPE, q/k norms,
-sliding windows shorter than the sequence) are rejected by `supports`, and the engine then falls
-back to the generic Hugging Face path.
+with ``model.generate``. Unsupported configurations (other activations, dynamic RoPE, q/k norms
+outside Qwen3, attention `windows.layer_windows` cannot describe) are rejected by `supports`, and
+the engine then falls back to the generic Hugging Face path.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+from posttrain.rollout.windows import UnsupportedModel, layer_windows
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM_MODEL_TYPES = ("qwen3",)
+"""Types whose attention normalises each q and k head (RMSNorm over head_dim) before RoPE."""
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -41,12 +50,15 @@ def supports(model) -> bool:
     rope = getattr(cfg, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
         return False
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+    try:
+        layer_windows(model)
+    except UnsupportedModel:
         return False
     try:
         attn = model.model.layers[0].self_attn
-        return hasattr(attn, "q_proj") and not hasattr(attn, "q_norm") and hasattr(model.model, "rotary_emb")
+        qk_norm = cfg.model_type in QK_NORM_MODEL_TYPES
+        return (hasattr(attn, "q_proj") and hasattr(attn, "q_norm") == qk_norm == hasattr(attn, "k_norm")
+                and hasattr(model.model, "rotary_emb"))
     except AttributeError:
         return False
 
@@ -58,6 +70,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
+
+
+def _head_norm(x: torch.Tensor, weight_HD: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim with a weight per head, as Qwen3's q_norm/k_norm (float32 inside)."""
+    dtype = x.dtype
+    if dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], None, eps) * weight_HD
+    x = x.float()
+    return weight_HD * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -85,8 +106,7 @@ class FastLlamaDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        window = getattr(cfg, "sliding_window", None)
-        self.window = window if (window and getattr(cfg, "use_sliding_window", True)) else None
+        self.windows = layer_windows(model)
         self.rows_seen: list[int] = []
         self.refresh()
 
@@ -98,9 +118,12 @@ class FastLlamaDecoder:
         self.final_norm = m.norm.weight
         self.lm_head = self.model.lm_head.weight
         self.lm_head_bias = self.model.lm_head.bias
-        self.layers = []
+        self.layers, self.qk_norms = [], []
         for layer in m.layers:
             a, mlp = layer.self_attn, layer.mlp
+            if hasattr(a, "q_norm"):  # one (H + n_kv, D) weight: q heads then k heads
+                self.qk_norms.append(torch.cat([a.q_norm.weight.expand(self.n_heads, -1),
+                                                a.k_norm.weight.expand(self.n_kv, -1)]).detach())
             self.layers.append((
                 layer.input_layernorm.weight,
                 torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
@@ -134,17 +157,20 @@ class FastLlamaDecoder:
         out = torch.matmul(probs.view(B, self.n_kv, rep * Q, -1), V_BKTD)
         return out.view(B, H, Q, D).transpose(1, 2).reshape(B, Q, H * D)
 
-    def _layers(self, h_BQE, cos_BQD, sin_BQD, bias_BQT, write) -> torch.Tensor:
-        """Run all decoder layers; ``write(l, k, v)`` stores K/V and returns what to attend over."""
+    def _layers(self, h_BQE, cos_BQD, sin_BQD, write) -> torch.Tensor:
+        """Run all decoder layers; ``write(l, k, v)`` stores K/V and returns (K, V, bias) to attend
+        over, the bias shaped (B, 1, 1, Q, T) for the (B, n_kv, rep, Q, T) scores."""
         B, Q, _ = h_BQE.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         cos, sin = cos_BQD[:, :, None], sin_BQD[:, :, None]
-        bias = bias_BQT[:, None, None]  # shaped once for every layer's (B, n_kv, rep, Q, T) scores
         for l, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, bgu, wd, bd) in enumerate(self.layers):
             qkv = F.linear(_rms_norm(h_BQE, ln1, self.eps), wqkv, bqkv).view(B, Q, H + 2 * KV, D)
-            qk = _rotate(qkv[:, :, : H + KV], cos, sin)  # q and k heads rotated in one go
+            qk = qkv[:, :, : H + KV]
+            if self.qk_norms:
+                qk = _head_norm(qk, self.qk_norms[l], self.eps)
+            qk = _rotate(qk, cos, sin)  # q and k heads rotated in one go
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-            K, V = write(l, k, qkv[:, :, H + KV :].transpose(1, 2))
+            K, V, bias = write(l, k, qkv[:, :, H + KV :].transpose(1, 2))
             h_BQE = h_BQE + F.linear(self._attend(q, K, V, bias), wo, bo)
             gate, up = F.linear(_rms_norm(h_BQE, ln2, self.eps), wgu, bgu).chunk(2, dim=-1)
             h_BQE += F.linear(F.silu(gate).mul_(up), wd, bd)
@@ -158,8 +184,6 @@ class FastLlamaDecoder:
         """Run U left-padded prompts, fill the cache for b = len(expand_b) rows (row i continues
         prompt ``expand_b[i]``) with room for ``total_len`` columns; return (b, V) next-token logits."""
         U, P = ids_UP.shape
-        if self.window is not None and total_len > self.window:
-            raise NotImplementedError(f"sequence of {total_len} tokens exceeds the sliding window {self.window}")
         dtype, b = self.embed.dtype, len(expand_b)
         self.cos_TD, self.sin_TD = self._rope_table(total_len)
         dev = ids_UP.device
@@ -168,16 +192,19 @@ class FastLlamaDecoder:
         neg = torch.finfo(dtype).min
         # Pad queries may see themselves so that no softmax row is empty; real queries never see pads.
         allowed_UPT = (real_UT[:, None, :P] & (cols[None, :P, None] >= cols[None, None, :P])) | torch.eye(P, dtype=torch.bool, device=dev)
-        bias_UPT = torch.zeros(U, P, P, dtype=dtype, device=dev).masked_fill_(~allowed_UPT, neg)
+        bias = {}  # window -> (U, 1, 1, P, P) bias, built once for all layers that share it
+        for w in set(self.windows):
+            allowed = allowed_UPT if w is None else allowed_UPT & (cols[None, None, :P] > cols[None, :P, None] - w)
+            bias[w] = torch.zeros(U, P, P, dtype=dtype, device=dev).masked_fill_(~allowed, neg)[:, None, None]
         pos_UP = (cols[None, :P] - pad_U[:, None]).clamp_(min=0)
         self._set_cache(torch.empty(len(self.layers), b, self.n_kv, total_len, self.head_dim, dtype=dtype, device=dev))
 
         def write(l, k, v):
             self.K_l[l][:, :, :P] = k[expand_b]
             self.V_l[l][:, :, :P] = v[expand_b]
-            return k, v
+            return k, v, bias[self.windows[l]]
 
-        h = self._layers(self.embed[ids_UP], self.cos_TD[pos_UP], self.sin_TD[pos_UP], bias_UPT, write)
+        h = self._layers(self.embed[ids_UP], self.cos_TD[pos_UP], self.sin_TD[pos_UP], write)
         self.rows_seen.append(U)
         self.col = P
         self.pos_b = pos_UP[expand_b, -1] + 1
@@ -188,16 +215,19 @@ class FastLlamaDecoder:
     def step(self, token_b: torch.Tensor) -> torch.Tensor:
         """Append one token per row; return (b, V) next-token logits."""
         c, b = self.col, len(token_b)
-        bias = self.bias_bT[:, None, : c + 1]
+        # A window W sees columns c-W+1 .. c; full attention sees 0 .. c.
+        first = {w: 0 if w is None else max(0, c - w + 1) for w in set(self.windows)}
+        bias = {w: self.bias_bT[:, None, None, None, lo: c + 1] for w, lo in first.items()}
         cos, sin = self.cos_TD[self.pos_b][:, None], self.sin_TD[self.pos_b][:, None]
 
         def write(l, k, v):
             K, V = self.K_l[l], self.V_l[l]
             K[:, :, c] = k[:, :, 0]
             V[:, :, c] = v[:, :, 0]
-            return K[:, :, : c + 1], V[:, :, : c + 1]
+            w = self.windows[l]
+            return K[:, :, first[w]: c + 1], V[:, :, first[w]: c + 1], bias[w]
 
-        h = self._layers(self.embed[token_b][:, None], cos, sin, bias, write)
+        h = self._layers(self.embed[token_b][:, None], cos, sin, write)
         self.rows_seen.append(b)
         self.col += 1
         self.pos_b += 1
