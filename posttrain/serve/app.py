@@ -9,7 +9,13 @@
 * ``POST /update_weights_from_disk`` -> SGLang's route: load a folder's safetensors, verify the
   checksum, swap them in between two generation rounds
 * ``GET /get_model_info`` (and ``/model_info``) -> path, version and checksum of the loaded weights
+  (SGLang's ``weight_version`` among them)
 * ``GET /server_info`` -> batching counters and limits
+* SGLang's other routes a rollout client uses (`posttrain.rollout.sglang`): ``POST /generate`` (token
+  ids in; the sample and, from ``logprob_start_len``, the prompt's own log-probs out),
+  ``POST /pause_generation`` / ``POST /continue_generation`` (generation requests that arrive in
+  between wait; a round in flight finishes under the weights it started with, so nothing needs
+  retracting or aborting) and ``GET|POST /flush_cache`` (no cache outlives a request here)
 
 Only the `EngineWorker` thread touches the engine. Handlers run on the event loop; they tokenize
 with their own tokenizer object (the engine decodes with another), so no tokenizer is shared
@@ -31,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -51,8 +58,10 @@ from posttrain.serve.protocol import (
     get_bool,
     get_int,
     get_str,
+    native_body,
     parse_chat,
     parse_completion,
+    parse_native,
 )
 from posttrain.serve.weights import folder_checksum, load_folder, resolve_model_dir, safetensors_files
 
@@ -90,7 +99,8 @@ def error_response(e: APIError, **extra) -> JSON:
     return JSON({**e.body(), **extra}, status_code=e.status)
 
 
-async def read_json(request: Request) -> dict:
+async def read_json(request: Request, empty_ok: bool = False) -> dict:
+    """The body's JSON object; with ``empty_ok``, no body at all reads as ``{}``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
@@ -101,6 +111,8 @@ async def read_json(request: Request) -> dict:
             raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
         chunks.append(chunk)
     raw = b"".join(chunks)
+    if not raw.strip() and empty_ok:
+        return {}
     if not raw.strip():
         raise bad("request body is empty; send a JSON object", code="invalid_json")
     try:
@@ -187,6 +199,8 @@ class ServeState:
     def __post_init__(self):
         self._token_text: dict[int, str] = {}
         self.update_lock = asyncio.Lock()
+        self.generating = asyncio.Event()  # cleared by /pause_generation: new generations wait
+        self.generating.set()
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
@@ -234,6 +248,7 @@ def _routes(state: ServeState) -> list[Route]:
         payload = await read_json(request)
         check_model(payload, state.served_name)
         req = parse(payload, state.limits)
+        await state.generating.wait()
         r = await state.worker.generate(req.prompts, req.n, req.sampling)
         return JSON(body(rid=f"{rid_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=state.served_name,
                          req=req, choices=choices_of(r, req), token_text=state.token_text))
@@ -263,7 +278,52 @@ def _routes(state: ServeState) -> list[Route]:
         return JSON({"generate_calls": w.generate_calls, "requests_served": w.requests_served,
                      "max_batch_prompts": w.max_batch_prompts, "batch_wait_ms": w.batch_wait_s * 1000,
                      "batch_seeded": w.batch_seeded,
-                     "max_samples_per_request": state.limits.max_samples_per_request, "version": state.version})
+                     "max_samples_per_request": state.limits.max_samples_per_request, "version": state.version,
+                     "paused": not state.generating.is_set()})
+
+    @endpoint
+    async def native_generate(request: Request) -> Response:
+        native = parse_native(await read_json(request), state.limits)
+        await state.generating.wait()
+
+        def run(engine):  # the sample and the prompt's log-probs under one set of weights
+            r = engine.generate(native.req.prompts, 1, native.req.sampling)
+            lp = prompt_logprobs(engine, native.req.prompts[0]) if native.logprob_start_len >= 0 else None
+            return r, lp
+
+        r, lp = await state.worker.call(run)
+        return JSON(native_body(rid=native.rid or uuid.uuid4().hex, native=native,
+                                choice=choices_of(r, native.req)[0], prompt_logprobs=lp,
+                                weight_version=state.weight_label or str(r.policy_version[0])))
+
+    @endpoint
+    async def pause_generation(request: Request) -> Response:
+        body = _known(await read_json(request, empty_ok=True), {"mode"})
+        mode = get_str(body, "mode", "abort")
+        if mode not in ("retract", "in_place"):
+            raise bad(f"mode={mode!r}: only retract or in_place (a round in flight here always finishes under the "
+                      f"weights it started with; nothing is aborted)", "mode", "unsupported_parameter")
+        state.generating.clear()
+        return JSON({"message": "Generation paused successfully.", "status": "ok"})
+
+    @endpoint
+    async def continue_generation(request: Request) -> Response:
+        get_bool(_known(await read_json(request, empty_ok=True), {"torch_empty_cache"}), "torch_empty_cache", True)
+        state.generating.set()
+        return JSON({"message": "Generation continued successfully.", "status": "ok"})
+
+    @endpoint
+    async def flush_cache(request: Request) -> Response:
+        _known(await read_json(request, empty_ok=True), set())
+        _known(dict(request.query_params), {"timeout"})
+        timeout = request.query_params.get("timeout", "0")
+        try:
+            ok = float(timeout) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise bad(f"timeout={timeout!r} must be a number >= 0", "timeout")
+        return JSON({"success": True, "message": "Cache flushed (this server keeps no cache between requests)."})
 
     async def update_weights(request: Request) -> Response:
         try:
@@ -284,7 +344,27 @@ def _routes(state: ServeState) -> list[Route]:
         Route("/get_model_info", model_info, methods=["GET"]),
         Route("/model_info", model_info, methods=["GET"]),
         Route("/server_info", server_info, methods=["GET"]),
+        Route("/generate", native_generate, methods=["POST"]),
+        Route("/pause_generation", pause_generation, methods=["POST"]),
+        Route("/continue_generation", continue_generation, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
     ]
+
+
+def _known(body: dict, fields: set[str]) -> dict:
+    """``body``, once it holds no field outside ``fields`` (else 400 naming the first)."""
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise bad(f"unknown field {unknown[0]!r}", unknown[0], "unknown_parameter")
+    return body
+
+
+@torch.no_grad()
+def prompt_logprobs(engine, ids: list[int]) -> list[float]:
+    """log p(ids[t] | ids[:t]) at temperature 1 for t >= 1, from the engine's model."""
+    x = torch.tensor([ids], device=engine.device)
+    logits = engine.model(input_ids=x).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
 
 
 # SGLang's request fields with nothing to do here (one engine, no KV cache kept between requests).

@@ -283,6 +283,56 @@ def parse_completion(body: dict, limits: Limits, tokenize) -> GenerateRequest:
                            stop_strings=sampling.stop)
 
 
+# SGLang's native /generate, as far as a rollout client uses it: one prompt of token ids, one sample,
+# and the prompt's own log-probs from ``logprob_start_len``.
+NATIVE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                 "stream", "rid"}
+NATIVE_SAMPLING_FIELDS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "ignore_eos", "n",
+                          "sampling_seed"}
+
+
+@dataclass
+class NativeRequest:
+    """A validated ``/generate`` request: ``logprob_start_len`` -1 asks for no prompt log-probs."""
+
+    req: GenerateRequest
+    logprob_start_len: int
+    rid: str | None
+
+
+def parse_native(body: dict, limits: Limits) -> NativeRequest:
+    unknown = sorted(set(body) - NATIVE_FIELDS)
+    if unknown:
+        raise bad(f"unknown field {unknown[0]!r}", unknown[0], "unknown_parameter")
+    for key, neutral in (("stream", False), ("top_logprobs_num", 0)):
+        if body.get(key) not in (None, neutral):
+            raise bad(f"{key}={body[key]!r} is not supported by this server (only {neutral!r})", key,
+                      "unsupported_parameter")
+    ids = body.get("input_ids")
+    if ids is None:
+        raise bad("input_ids is required (token ids; text prompts go to /v1/completions)", "input_ids",
+                  "missing_required_parameter")
+    if not isinstance(ids, list) or not ids or not all(_is_int(t) for t in ids):
+        raise bad("input_ids must be a non-empty list of integer token ids (one prompt)", "input_ids", "invalid_type")
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise bad("sampling_params must be an object", "sampling_params", "invalid_type")
+    unknown = sorted(set(sp) - NATIVE_SAMPLING_FIELDS)
+    if unknown:
+        raise bad(f"unknown field sampling_params.{unknown[0]}", f"sampling_params.{unknown[0]}", "unknown_parameter")
+    if get_int(sp, "n", 1, lo=1) != 1:
+        raise bad("sampling_params.n > 1 is not supported on /generate here; use /v1/completions", "n",
+                  "unsupported_parameter")
+    max_tokens = get_int(sp, "max_new_tokens", 128, lo=1)
+    seed = get_int(sp, "sampling_seed", None)
+    sampling = _sampling({k: v for k, v in sp.items() if k != "sampling_seed"} | {"seed": seed}, max_tokens)
+    _check_prompts([ids], limits, max_tokens)
+    start = get_int(body, "logprob_start_len", -1, lo=-1, hi=len(ids) - 1)
+    req = GenerateRequest(prompts=[list(ids)], n=1, sampling=sampling,
+                          logprobs=get_bool(body, "return_logprob", False), return_token_ids=True,
+                          include_stop_str=False, stop_strings=sampling.stop)
+    return NativeRequest(req=req, logprob_start_len=start if req.logprobs else -1, rid=get_str(body, "rid", None))
+
 def _message_text(content, i: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
@@ -434,3 +484,24 @@ def chat_body(*, rid: str, created: int, model: str, req: GenerateRequest, choic
         items.append(item | extensions(c, req))
     return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": items,
             "usage": usage(req, choices)}
+
+
+def native_body(*, rid: str, native: NativeRequest, choice: Choice, prompt_logprobs: list[float] | None,
+                weight_version: str) -> dict:
+    """SGLang's ``/generate`` answer. ``prompt_logprobs[t - 1]`` is log p(prompt[t] | prompt[:t]);
+    log-prob entries are ``[logprob, token_id, null]``, the first prompt entry's logprob null."""
+    prompt = native.req.prompts[0]
+    if choice.finish_reason == "length":
+        finish = {"type": "length", "length": len(choice.token_ids)}
+    else:  # the stop string matched, else the EOS id
+        finish = {"type": "stop", "matched": choice.stop_reason if choice.stop_reason is not None
+                  else choice.token_ids[-1]}
+    meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompt),
+            "completion_tokens": len(choice.token_ids), "weight_version": weight_version}
+    if native.req.logprobs:
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(choice.logprobs, choice.token_ids)]
+    start = native.logprob_start_len
+    if start >= 0:
+        meta["input_token_logprobs"] = [[None, prompt[start], None]] + [
+            [prompt_logprobs[t - 1], prompt[t], None] for t in range(start + 1, len(prompt))]
+    return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}
