@@ -344,6 +344,9 @@ class RLConfig:
                                    f"{self.rollout.backend} use runtime=local")
         if self.max_staleness < 0:
             raise ConfigValueError("max_staleness", "must be >= 0")
+        if self.mode == "async" and self.rollout.backend == "vllm" and self.rollout.vllm.sleep_during_update:
+            raise ConfigValueError("rollout.vllm.sleep_during_update", "sync mode only: asleep, a server "
+                                   "generates nothing while the trainer trains, which is all async overlaps")
         if self.env.name and not self.data.use_chat_template:
             raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
                                    "turns are rendered by the model's chat template (roles, tool replies)")

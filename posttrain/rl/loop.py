@@ -165,7 +165,9 @@ def share_step(run: RLRun, make):
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
     with timer("rollout"):
         ro, outcomes, info, episodes = share_step(run, lambda: collect(run, step))
-    return learn(run, step, timer, ro, outcomes, info, episodes)
+    asleep = run.cfg.rollout.backend == "vllm" and run.cfg.rollout.vllm.sleep_during_update and run.world.main
+    return learn(run, step, timer, ro, outcomes, info, episodes,
+                 during=run.engine.asleep() if asleep else contextlib.nullcontext())
 
 
 def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict,
@@ -402,7 +404,8 @@ def http_engine(cfg: RLConfig, tokenizer, printer=print) -> HTTPEngine:
                             model_files=path if Path(path).is_dir() else None, request_timeout_s=r.request_timeout_s,
                             sync_timeout_s=r.sync_timeout_s, retries=r.retries, retry_backoff_s=r.retry_backoff_s,
                             dialect=server_dialect(cfg), servers=servers,
-                            adapter_config=lora_adapter_config(cfg.model, path) if adapter_only else None)
+                            adapter_config=lora_adapter_config(cfg.model, path) if adapter_only else None,
+                            max_relaunches=cfg.asynchrony.max_engine_restarts, printer=printer)
     except BaseException:
         if servers is not None:
             servers.stop()

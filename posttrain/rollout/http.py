@@ -42,6 +42,7 @@ tagged version or newer, and the staleness bound, which counts the tag, holds fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -231,6 +232,8 @@ class HTTPEngine:
         self.restarts = 0  # servers relaunched (`EngineHandle.restarts`)
         self._dead: set[str] = set()  # out of the rotation: not answering, or relaunching
         self._sync_lock = threading.Lock()  # one push at a time: the trainer's, or a relaunched server's
+        self._open = threading.Event()  # cleared while a push needs its servers to itself (probe_alone)
+        self._open.set()
         self._last_push: tuple | None = None  # (folder, version, checksum, probe) of the newest version
         self._client = httpx.Client(timeout=request_timeout_s, limits=httpx.Limits(max_connections=max_inflight),
                                     headers=headers)
@@ -401,6 +404,7 @@ class HTTPEngine:
             self.stats["retries"] += int(retried)
 
     def _post_completion(self, url: str, body: dict, version: int) -> list[dict]:
+        self._open.wait()
         try:
             r = self._client.post(f"{url}/v1/completions", json=body)
         except httpx.HTTPError as e:
@@ -472,7 +476,7 @@ class HTTPEngine:
             raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
         folder = self._write(weights, version)
         push = (str(folder), version, checksum, probe)
-        with self._sync_lock:
+        with self._sync_lock, self._alone():
             live = [u for u in self.urls if u not in self._dead]
             with ThreadPoolExecutor(max_workers=max(len(live), 1)) as pool:
                 answers = list(pool.map(lambda u: self._push(u, *push), live))
@@ -491,6 +495,32 @@ class HTTPEngine:
             return self.dialect.push(self._sync_client, url, folder, version, checksum, probe)
         except httpx.HTTPError as e:
             return f"no answer ({_one_line(e) or type(e).__name__})"
+
+    @contextlib.contextmanager
+    def asleep(self):
+        """The servers sleep inside the block (their accelerator memory freed for the trainer) and
+        wake at its end, before the next push: dialects with ``sleep``/``wake`` only (vLLM)."""
+        live = [u for u in self.urls if u not in self._dead]
+        for url in live:
+            self.dialect.sleep(self._sync_client, url)
+        try:
+            yield
+        finally:
+            for url in live:
+                self.dialect.wake(self._sync_client, url)
+
+    @contextlib.contextmanager
+    def _alone(self):
+        """Hold new completion requests back for the push when the dialect needs the servers to
+        itself (`VLLMDialect.probe_alone`); requests already sent are the dialect's to drain."""
+        if not getattr(self.dialect, "probe_alone", False):
+            yield
+            return
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._open.set()
 
     # ------------------------------------------------------------------------ servers that die
 
@@ -518,7 +548,7 @@ class HTTPEngine:
         """Start a launched server again, hand it the newest weights, and put it back in rotation."""
         try:
             self.servers.restart(self.urls.index(url))
-            with self._sync_lock:  # no push of the trainer's can land between this one and the rotation
+            with self._sync_lock, self._alone():  # no push of the trainer's lands between this one and the rotation
                 why = self._push(url, *self._last_push) if self._last_push is not None else ""
                 if why:
                     raise WeightSyncError(why)

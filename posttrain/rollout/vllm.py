@@ -16,7 +16,9 @@ truncation kept. Without truncation the two are the same and the mismatch metric
 Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for each server,
 
 1. ``POST /pause?mode=keep`` — requests in flight are frozen where they are: a push never waits
-   for a generation to end, so async RL keeps generating across syncs;
+   for a generation to end, so async RL keeps generating across syncs (with a LoRA adapter,
+   ``mode=wait``: they finish first, and no new request is sent until the probe has answered,
+   because vLLM's LoRA path cannot compute the probe's prompt log-probs beside decoding requests);
 2. ``POST /collective_rpc`` ``reload_weights`` from the folder the engine wrote (or, with LoRA,
    ``/v1/load_lora_adapter`` in place: only the adapter moves);
 3. ``POST /reset_prefix_cache?reset_running_requests=true`` — cached prefixes were computed by
@@ -49,6 +51,12 @@ class VLLMDialect:
     def __init__(self, probe_tol: float = 1e-4, lora_name: str | None = None):
         self.probe_tol = probe_tol
         self.lora_name = lora_name
+        # With LoRA, vLLM (0.32, CPU) crashes its engine computing prompt log-probs in a batch that
+        # also decodes (the LoRA logits op indexes the decode batch's rows): the probe must run
+        # alone. So in-flight requests are drained (``wait``) and `HTTPEngine` holds new ones back
+        # until the probe has answered; without LoRA, requests are frozen in place (``keep``).
+        self.probe_alone = lora_name is not None
+        self.pause_mode = "wait" if self.probe_alone else "keep"
 
     # ------------------------------------------------------------------------------------ start
 
@@ -94,10 +102,11 @@ class VLLMDialect:
 
         Requests in flight are frozen where they are (``mode=keep``: the push never waits for a
         generation to end) and the cache reset preempts them, so they resume under the new weights
-        with their caches recomputed; no token is drawn from a mix of old keys and new weights."""
+        with their caches recomputed; no token is drawn from a mix of old keys and new weights.
+        With LoRA they are drained instead (``probe_alone``)."""
         why = ""
         try:
-            post_json(client, f"{url}/pause", params={"mode": "keep"})
+            post_json(client, f"{url}/pause", params={"mode": self.pause_mode})
             try:
                 self._reload(client, url, folder)
                 reset = post_json(client, f"{url}/reset_prefix_cache", params={"reset_running_requests": "true"})
@@ -115,6 +124,15 @@ class VLLMDialect:
         except (httpx.HTTPError, RuntimeError, ValueError, KeyError, TypeError) as e:
             why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         return why
+
+    @staticmethod
+    def sleep(client: httpx.Client, url: str) -> None:
+        """Free the server's accelerator memory (weights to host memory, KV cache dropped)."""
+        post_json(client, f"{url}/sleep", params={"level": 1, "mode": "wait"})
+
+    @staticmethod
+    def wake(client: httpx.Client, url: str) -> None:
+        post_json(client, f"{url}/wake_up")
 
     def _reload(self, client: httpx.Client, url: str, folder: str) -> None:
         if self.lora_name:

@@ -69,6 +69,11 @@ class VLLMConfig:
     probe_tol: float = 1e-4
     """Largest difference allowed between a server's and the trainer's log-probs of the probe
     sequence after a sync (fp32 on both sides agrees to ~1e-6; bf16 servers need ~0.05)."""
+    sleep_during_update: bool = False
+    """Servers that share the trainer's GPU sleep while it computes (``POST /sleep?level=1``: their
+    weights go to host memory, their KV cache is freed) and wake before the weight sync
+    (``/wake_up``). Launched servers get ``--enable-sleep-mode``. vLLM's sleep mode needs CUDA or
+    ROCm; sync mode only (asleep, a server generates nothing, which is all async overlaps)."""
 
     def __post_init__(self):
         if self.launch < 0:
@@ -77,6 +82,9 @@ class VLLMConfig:
             raise ConfigValueError("dtype", "must be float32, bfloat16 or float16")
         if self.max_model_len < 1 or self.kv_cache_gib < 1:
             raise ConfigValueError("max_model_len" if self.max_model_len < 1 else "kv_cache_gib", "must be >= 1")
+        if self.sleep_during_update and self.launch and not self.gpus:
+            raise ConfigValueError("sleep_during_update", "vLLM's sleep mode needs GPUs: list the servers' "
+                                   "gpus (it is not available on CPU builds)")
         if self.startup_timeout_s <= 0 or not self.probe_tol > 0:
             raise ConfigValueError("startup_timeout_s" if self.startup_timeout_s <= 0 else "probe_tol", "must be > 0")
 
@@ -115,6 +123,8 @@ def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
            "--disable-log-stats", "--uvicorn-log-level", "warning"]
     if spec.enforce_eager:
         cmd.append("--enforce-eager")
+    if spec.sleep_during_update:
+        cmd.append("--enable-sleep-mode")
     if spec.lora_rank > 0:
         cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank), "--max-loras", "1"]
     if os.environ.get(API_KEY_ENV):  # vLLM reads it as VLLM_API_KEY too, but says so in its argv nowhere

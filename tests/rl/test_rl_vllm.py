@@ -66,25 +66,135 @@ def test_grpo_against_vllm(base_restored, vllm_model_dir, arith_data_dir, reward
                      else ["config.json", "generation_config.json", "model.safetensors"])
 
 
-def test_launched_servers_run_and_stop_with_the_run(vllm_model_dir, arith_data_dir, reward_plugin, tmp_path,
-                                                    monkeypatch):
+def test_two_launched_servers_one_killed_mid_run_relaunches_with_the_current_adapter(
+        vllm_model_dir, arith_data_dir, reward_plugin, tmp_path, monkeypatch):
+    """``rollout.vllm.launch=2`` with a LoRA policy, async K=1. Server 1 gets SIGKILL at step 3:
+    its requests go to server 0, it leaves the rotation, is relaunched in the background, handed
+    the newest adapter (verified by the probe) and put back; the run finishes with every prompt
+    trained once, within the staleness bound, and stops both servers at the end."""
+    import time
+
+    from posttrain.rl.async_.controller import AsyncController
+    from posttrain.rl.run import run_rl
     from posttrain.rollout.vllm_servers import VLLMServers
 
-    launched = []
-    start = VLLMServers.start
+    launched, notes = [], []
+    start, take = VLLMServers.start, AsyncController.take
 
     def record(self):
         launched.append(self)
         return start(self)
 
+    def take_killing_then_waiting(self, step):
+        if step == 3:
+            self.engine.servers.kill(1)
+        if step == 6:  # let the relaunch finish (a CPU server takes 30-100 s to start)
+            deadline = time.monotonic() + 300
+            while self.engine.live < 2 and time.monotonic() < deadline:
+                time.sleep(1)
+        return take(self, step)
+
     monkeypatch.setattr(VLLMServers, "start", record)
+    monkeypatch.setattr(AsyncController, "take", take_killing_then_waiting)
+    steps = 8
     cfg = load_config(RLConfig, None, _overrides(vllm_model_dir, arith_data_dir, tmp_path / "run", reward_plugin,
-                                                 **{"rollout.vllm.launch": 1, "rollout.vllm.max_model_len": 256,
-                                                    "num_steps": 2}))
-    run_sync(cfg, printer=lambda *_: None)
-    assert [m["step"] for m in _metrics(tmp_path / "run")] == [1, 2]
+                                                 **{"rollout.vllm.launch": 2, "rollout.vllm.max_model_len": 256,
+                                                    "model.lora.enabled": "true", "model.lora.r": 8,
+                                                    "optim.lr": 1e-2, "mode": "async", "max_staleness": 1,
+                                                    "num_steps": steps, "save_every": steps}))
+    run_rl(cfg, printer=notes.append)
+    rows = [m for m in _metrics(tmp_path / "run") if m["step"] > 0]
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    assert all(m["async/staleness_max"] <= 1 for m in rows)  # (stale samples differ from the trainer: no mismatch bound)
+    trained = _ledger_trained(tmp_path / "run", steps)
+    assert len(trained) == len(set(trained)) == steps * cfg.prompts_per_step  # none lost, none twice
+    assert rows[-1]["async/engine_restarts"] == 1
+    assert any("[server_lost]" in n and "1 of 2 left" in n for n in notes), notes
+    assert any("[server_back]" in n for n in notes), notes  # relaunched and confirmed the newest adapter
     [servers] = launched
-    assert (tmp_path / "run" / "vllm_logs" / "vllm-0.log").stat().st_size > 0
+    assert (tmp_path / "run" / "vllm_logs" / "vllm-1.log").stat().st_size > 0
     assert all(p.poll() is not None for p in servers.procs)  # stopped with the run
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"{servers.urls[0]}/health", timeout=2)
+    for url in servers.urls:
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=2)
+
+
+def _ledger_trained(run_dir, step: int) -> list[int]:
+    from posttrain.core.checkpoint import load_trainer_state
+    from posttrain.rl.ledger import PromptLedger
+
+    led = PromptLedger()
+    led.load_state_dict(load_trainer_state(run_dir / "checkpoints" / f"step-{step}")["async"]["ledger"])
+    return [u for us in led.trained_by_step().values() for u in us]
+
+
+def test_async_k1_against_vllm_keeps_the_bound_with_requests_in_flight_across_syncs(
+        vllm_server, vllm_model_dir, arith_data_dir, reward_plugin, tmp_path, monkeypatch):
+    """mode=async, K=1: pushes do not wait for generations (vLLM pauses them in place, preempts and
+    resumes them under the new weights), so requests are in flight across syncs; every sample is
+    still within one version of the weights that train on it, and every prompt trains once."""
+    from posttrain.rl.run import run_rl
+
+    in_flight_at_push = []
+    load = HTTPEngine.load_weights
+
+    def counting(self, *args, **kwargs):
+        in_flight_at_push.append(self._calls)
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(HTTPEngine, "load_weights", counting)
+    steps = 6
+    cfg = load_config(RLConfig, None, _overrides(vllm_model_dir, arith_data_dir, tmp_path / "run", reward_plugin,
+                                                 **{"rollout.urls": json.dumps(vllm_server.urls), "mode": "async",
+                                                    "max_staleness": 1, "num_steps": steps, "save_every": steps,
+                                                    "rollout.max_new_tokens": 48}))
+    run_rl(cfg, printer=lambda *_: None)
+    rows = [m for m in _metrics(tmp_path / "run") if m["step"] > 0]
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    assert all(m["async/staleness_max"] <= 1 for m in rows) and any(m["async/staleness_max"] == 1 for m in rows)
+    assert all(m["outcomes/INFRA_FAIL_frac"] == 0 for m in rows)
+    assert sum(n > 0 for n in in_flight_at_push) >= 2, in_flight_at_push  # syncs met generations in flight
+    trained = _ledger_trained(tmp_path / "run", steps)
+    assert len(trained) == len(set(trained)) == steps * cfg.prompts_per_step
+    assert httpx.get(f"{vllm_server.urls[0]}/weight_info").json()["weight_version"] == str(steps)
+
+
+def test_a_trainer_killed_with_sigkill_resumes_against_the_same_server(vllm_server, vllm_model_dir, arith_data_dir,
+                                                                       reward_plugin, tmp_path):
+    """``kill -9`` of ``posttrain rl`` after its step-2 checkpoint; the re-run resumes there, hands
+    the server the checkpoint's weights again (verified by the probe) and finishes: one metrics row
+    per step, each sampled by the weights it was meant to be."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    steps, out = 5, tmp_path / "run"
+    args = _overrides(vllm_model_dir, arith_data_dir, out, reward_plugin,
+                      **{"rollout.urls": json.dumps(vllm_server.urls), "num_steps": steps, "save_every": 1})
+    env = {**os.environ, "PYTHONPATH": f"{reward_plugin_dir(reward_plugin)}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain", "rl", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / "step-2").is_dir():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no step-2 checkpoint within 300 s"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = subprocess.run([sys.executable, "-m", "posttrain", "rl", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout
+    rows = _metrics(out)
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    assert all(m["mismatch/logprob_abs_diff_max"] < 1e-4 for m in rows)  # the server held each version's weights
+    assert httpx.get(f"{vllm_server.urls[0]}/weight_info").json()["weight_version"] == str(steps)
+
+
+def reward_plugin_dir(module: str) -> str:
+    import importlib
+    from pathlib import Path
+
+    return str(Path(importlib.import_module(module).__file__).parent)

@@ -27,7 +27,7 @@ from posttrain.rollout import (
     WeightSyncError,
     weights_checksum,
 )
-from posttrain.rollout.http import WEIGHTS_FILE, model_eos_ids
+from posttrain.rollout.http import WEIGHTS_FILE, PosttrainDialect, model_eos_ids
 from posttrain.rollout.types import prompt_seed
 from posttrain.verifiers.evaluate import score
 
@@ -328,3 +328,50 @@ def test_posttrain_eval_through_a_server_equals_the_in_process_eval(nano_model_d
     local = evaluate(tmp_path / "local")
     assert remote[1] == local[1] and len(local[1]) == 5
     assert remote[0][0].pass_at_k == local[0][0].pass_at_k
+
+
+class SleepyDialect(PosttrainDialect):
+    """Our dialect plus vLLM's sleep/wake, recording the order of events."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def sleep(self, client, url):
+        self.events.append(("sleep", url))
+
+    def wake(self, client, url):
+        self.events.append(("wake", url))
+
+    def push(self, client, url, folder, version, checksum, probe):
+        self.events.append(("push", url))
+        return super().push(client, url, folder, version, checksum, probe)
+
+
+def test_servers_sleep_through_the_block_and_wake_before_the_next_push(servers, tmp_path, tokenizer, nano_model_dir):
+    events = []
+    engine = engine_for(servers, tmp_path, tokenizer, dialect=SleepyDialect(events))
+    state = TorchEngine(str(nano_model_dir)).model.state_dict()
+    with engine.asleep():
+        events.append(("update", None))
+    engine.load_weights(state, 1, weights_checksum(state))
+    urls = sorted(s.url for s in servers)
+    assert sorted(u for e, u in events[:2]) == urls and {e for e, _ in events[:2]} == {"sleep"}
+    assert events[2] == ("update", None)
+    assert {e for e, _ in events[3:5]} == {"wake"} and {e for e, _ in events[5:]} == {"push"}
+    events.clear()
+    with pytest.raises(RuntimeError), engine.asleep():  # a failed update still wakes them
+        raise RuntimeError("update failed")
+    assert [e for e, _ in events] == ["sleep", "sleep", "wake", "wake"]
+
+
+def test_sleeping_servers_is_refused_without_gpus_and_in_async_mode():
+    from posttrain.config import load_config
+    from posttrain.errors import UserError
+    from posttrain.rl.config import RLConfig
+
+    with pytest.raises(UserError, match="rollout.vllm.sleep_during_update: vLLM's sleep mode needs GPUs"):
+        load_config(RLConfig, None, ["rollout.backend=vllm", "rollout.vllm.launch=1",
+                                     "rollout.vllm.sleep_during_update=true"])
+    with pytest.raises(UserError, match="rollout.vllm.sleep_during_update: sync mode only"):
+        load_config(RLConfig, None, ["mode=async", "rollout.backend=vllm", "rollout.urls=[http://h:1]",
+                                     "rollout.vllm.sleep_during_update=true"])

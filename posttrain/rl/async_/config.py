@@ -17,8 +17,9 @@ class AsyncConfig:
     """Longest wait on the engine process (start, a generate request, a weight-sync answer) before
     the run stops with an error naming what hung."""
     max_engine_restarts: int = 2
-    """A dead engine process (with runtime=ray: a dead replica, sync or async) is restarted from the
-    last weights this many times; then the run stops cleanly with a checkpoint."""
+    """A dead engine process (with runtime=ray: a dead replica; with rollout.vllm.launch: a dead vLLM
+    server; sync or async) is restarted from the last weights this many times; then the run stops
+    cleanly with a checkpoint."""
     decoupled_ppo: bool = False
     """false: clip the ratio directly around the sampler's log-probs (the stale behaviour policy),
     whose value is the importance weight itself. true: decoupled PPO, clip around the trainer's own
