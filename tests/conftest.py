@@ -75,14 +75,29 @@ def vllm_model_dir(tmp_path_factory):
     return build_tiny(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
 
 
+def _vllm_session_server(tmp_path_factory, model_dir, lora_rank: int):
+    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+
+    spec = ServerSpec(model=str(model_dir), max_model_len=512, lora_rank=lora_rank)
+    servers = VLLMServers(spec, 1, tmp_path_factory.mktemp("vllm-logs"), printer=lambda *_: None)
+    servers.start()
+    return servers
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, vllm_model_dir):
     """One real vLLM server (from .venv-vllm, `bash scripts/setup.sh vllm`) on the tiny model for
-    the whole test session: start-up costs 30-100 s. Yields the `VLLMServers` (``.urls[0]``)."""
-    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+    the whole test session: start-up costs 30-100 s. Yields the `VLLMServers` (``.urls[0]``).
+    LoRA is off: a server with LoRA on runs the sync probe alone (`VLLMDialect.probe_alone`), so
+    pushes that freeze requests in flight are tested here."""
+    servers = _vllm_session_server(tmp_path_factory, vllm_model_dir, lora_rank=0)
+    yield servers
+    servers.stop()
 
-    spec = ServerSpec(model=str(vllm_model_dir), max_model_len=512, lora_rank=8)
-    servers = VLLMServers(spec, 1, tmp_path_factory.mktemp("vllm-logs"), printer=lambda *_: None)
-    servers.start()
+
+@pytest.fixture(scope="session")
+def vllm_lora_server(tmp_path_factory, vllm_model_dir):
+    """A second session server, started with runtime LoRA (rank 8) for the adapter tests."""
+    servers = _vllm_session_server(tmp_path_factory, vllm_model_dir, lora_rank=8)
     yield servers
     servers.stop()

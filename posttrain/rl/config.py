@@ -42,10 +42,10 @@ class RolloutConfig:
     backend=torch only (a server holds the weights in its own dtype)."""
     backend: str = "torch"
     """torch (the in-process TorchEngine), openai (`posttrain serve` servers at `urls`;
-    docs/rollout.md) or vllm (vLLM servers: at `urls`, or started by the run with `vllm.launch`;
-    docs/vllm.md)."""
+    docs/rollout.md), vllm (vLLM servers: at `urls`, or started by the run with `vllm.launch`;
+    docs/vllm.md) or sglang (SGLang servers at `urls`; docs/vllm.md)."""
     urls: list[str] = dataclasses.field(default_factory=list)
-    """backend=openai|vllm: the servers, e.g. [http://host:8000, http://host:8001]; each prompt's
+    """backend=openai|vllm|sglang: the servers, e.g. [http://host:8000, http://host:8001]; each prompt's
     group goes to one of them."""
     vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)
     """backend=vllm: servers to launch, their flags, and how closely a sync must match (docs/vllm.md)."""
@@ -79,10 +79,11 @@ class RolloutConfig:
             raise ConfigValueError("temperature", "must be > 0 for RL sampling")
         if self.engine_dtype not in DTYPES:
             raise ConfigValueError("engine_dtype", f"must be one of {', '.join(DTYPES)}")
-        if self.backend not in ("torch", "openai", "vllm"):
-            raise ConfigValueError("backend", "must be torch, openai or vllm")
-        if self.backend == "openai" and not self.urls:
-            raise ConfigValueError("urls", "backend=openai needs at least one server, e.g. [http://localhost:8000]")
+        if self.backend not in ("torch", "openai", "vllm", "sglang"):
+            raise ConfigValueError("backend", "must be torch, openai, vllm or sglang")
+        if self.backend in ("openai", "sglang") and not self.urls:
+            raise ConfigValueError("urls", f"backend={self.backend} needs at least one server, "
+                                           "e.g. [http://localhost:8000]")
         if self.backend == "vllm" and bool(self.urls) == bool(self.vllm.launch):
             raise ConfigValueError("urls", "backend=vllm needs either running servers in urls or vllm.launch=N "
                                            "(servers the run starts), not both")

@@ -253,15 +253,16 @@ def score_weights(batch: RLBatch, train_rows: torch.Tensor | None) -> torch.Tens
 
 def sync_weights(run: RLRun, version: int | None = None) -> None:
     """Hand the policy's weights to the engine (on rank 0) as the next version, checksummed: the
-    full weights, or only the LoRA adapter for vLLM servers. vLLM is also handed the trainer's
-    log-probs of a probe sequence, which the servers' must match (`posttrain.rollout.vllm`)."""
+    full weights, or only the LoRA adapter for vLLM servers. vLLM and SGLang are also handed the
+    trainer's log-probs of a probe sequence, which the servers' must match (they have no
+    trustworthy checksum: `posttrain.rollout.vllm`)."""
     run.version = run.version + 1 if version is None else version
-    vllm = run.cfg.rollout.backend == "vllm"
+    backend = run.cfg.rollout.backend
     # collectives when sharded: every rank calls them
-    adapter_only = vllm and run.cfg.model.lora.enabled
+    adapter_only = backend == "vllm" and run.cfg.model.lora.enabled
     weights = run.policy.export_adapter() if adapter_only else run.policy.export_weights()
     probe = None
-    if vllm:
+    if backend in ("vllm", "sglang"):
         ids = probe_ids(run.tokenizer)
         probe = (ids, run.policy.probe_logprobs(ids))
     if run.engine is not None:
@@ -304,7 +305,7 @@ def setup(cfg: RLConfig) -> RLRun:
         if cfg.data.eval_path else []
     verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
     code.configure(cfg.sandbox, cfg.runtime, cfg.ray)  # where code is judged; the pool starts on first use
-    if cfg.rollout.backend == "openai" or cfg.rollout.urls and cfg.rollout.backend == "vllm":
+    if cfg.rollout.backend != "torch" and cfg.rollout.urls:
         check_servers(cfg.rollout.urls, dialect=server_dialect(cfg))  # every rank, before any model loads
     tokenizer = load_tokenizer(cfg.model.path, chat_template=
                                "env.name (environments render their turns with it)" if cfg.env.name else
@@ -336,7 +337,7 @@ def setup(cfg: RLConfig) -> RLRun:
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env)
     if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
         sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
-    elif cfg.rollout.backend in ("openai", "vllm"):
+    elif cfg.rollout.backend != "torch":
         sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo
@@ -365,7 +366,7 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
     if cfg.runtime == "ray":
         return ray_engines(cfg)
     r = cfg.rollout
-    if r.backend in ("openai", "vllm"):
+    if r.backend != "torch":
         return http_engine(cfg, tokenizer)
     return TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
                        dtype=getattr(torch, r.engine_dtype))
@@ -373,8 +374,11 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
 
 def server_dialect(cfg: RLConfig):
     from posttrain.rollout.http import PosttrainDialect
+    from posttrain.rollout.sglang import SGLangDialect
     from posttrain.rollout.vllm import VLLMDialect
 
+    if cfg.rollout.backend == "sglang":
+        return SGLangDialect(cfg.rollout.vllm.probe_tol)
     if cfg.rollout.backend != "vllm":
         return PosttrainDialect()
     return VLLMDialect(cfg.rollout.vllm.probe_tol, lora_name=ADAPTER_NAME if cfg.model.lora.enabled else None)

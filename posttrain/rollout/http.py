@@ -232,8 +232,11 @@ class HTTPEngine:
         self.restarts = 0  # servers relaunched (`EngineHandle.restarts`)
         self._dead: set[str] = set()  # out of the rotation: not answering, or relaunching
         self._sync_lock = threading.Lock()  # one push at a time: the trainer's, or a relaunched server's
-        self._open = threading.Event()  # cleared while a push needs its servers to itself (probe_alone)
-        self._open.set()
+        # While a push needs the servers to itself (`VLLMDialect.probe_alone`), new completion
+        # requests wait at the gate and the push waits for those on the wire to come back.
+        self._gate = threading.Condition()
+        self._held = False
+        self._posting = 0
         self._last_push: tuple | None = None  # (folder, version, checksum, probe) of the newest version
         self._client = httpx.Client(timeout=request_timeout_s, limits=httpx.Limits(max_connections=max_inflight),
                                     headers=headers)
@@ -404,11 +407,17 @@ class HTTPEngine:
             self.stats["retries"] += int(retried)
 
     def _post_completion(self, url: str, body: dict, version: int) -> list[dict]:
-        self._open.wait()
+        with self._gate:
+            self._gate.wait_for(lambda: not self._held)
+            self._posting += 1
         try:
             r = self._client.post(f"{url}/v1/completions", json=body)
         except httpx.HTTPError as e:
             raise _RequestFailed(_one_line(e) or type(e).__name__) from None
+        finally:
+            with self._gate:
+                self._posting -= 1
+                self._gate.notify_all()
         if r.status_code != 200:
             raise _RequestFailed(f"HTTP {r.status_code}: {_one_line(r.text)}")
         try:
@@ -511,16 +520,22 @@ class HTTPEngine:
 
     @contextlib.contextmanager
     def _alone(self):
-        """Hold new completion requests back for the push when the dialect needs the servers to
-        itself (`VLLMDialect.probe_alone`); requests already sent are the dialect's to drain."""
+        """The servers to this push alone when the dialect needs them so (`VLLMDialect.probe_alone`):
+        new completion requests are held back and the ones already sent are awaited first. Waiting
+        here rather than in the server's pause matters: a request sent just before the pause is
+        queued by the server and would run beside the probe after the resume."""
         if not getattr(self.dialect, "probe_alone", False):
             yield
             return
-        self._open.clear()
+        with self._gate:
+            self._held = True
+            self._gate.wait_for(lambda: self._posting == 0)
         try:
             yield
         finally:
-            self._open.set()
+            with self._gate:
+                self._held = False
+                self._gate.notify_all()
 
     # ------------------------------------------------------------------------ servers that die
 

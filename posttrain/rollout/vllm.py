@@ -16,8 +16,8 @@ truncation kept. Without truncation the two are the same and the mismatch metric
 Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for each server,
 
 1. ``POST /pause?mode=keep`` — requests in flight are frozen where they are: a push never waits
-   for a generation to end, so async RL keeps generating across syncs (with a LoRA adapter,
-   ``mode=wait``: they finish first, and no new request is sent until the probe has answered,
+   for a generation to end, so async RL keeps generating across syncs (on a server started with
+   LoRA on, the requests sent finish first and no new one is sent until the probe has answered,
    because vLLM's LoRA path cannot compute the probe's prompt log-probs beside decoding requests);
 2. ``POST /collective_rpc`` ``reload_weights`` from the folder the engine wrote (or, with LoRA,
    ``/v1/load_lora_adapter`` in place: only the adapter moves);
@@ -51,12 +51,16 @@ class VLLMDialect:
     def __init__(self, probe_tol: float = 1e-4, lora_name: str | None = None):
         self.probe_tol = probe_tol
         self.lora_name = lora_name
-        # With LoRA, vLLM (0.32, CPU) crashes its engine computing prompt log-probs in a batch that
-        # also decodes (the LoRA logits op indexes the decode batch's rows): the probe must run
-        # alone. So in-flight requests are drained (``wait``) and `HTTPEngine` holds new ones back
-        # until the probe has answered; without LoRA, requests are frozen in place (``keep``).
+        # A server started with LoRA on (vLLM 0.32, CPU) crashes its engine computing prompt
+        # log-probs in a batch that also decodes (the LoRA logits op indexes the decode batch's
+        # rows), adapter or not: the probe must run alone. `HTTPEngine` then holds new requests back
+        # and awaits those in flight before the push; without LoRA, requests are frozen in place.
+        # `check_server` reads each server's config to know.
         self.probe_alone = lora_name is not None
-        self.pause_mode = "wait" if self.probe_alone else "keep"
+
+    @property
+    def pause_mode(self) -> str:
+        return "wait" if self.probe_alone else "keep"
 
     # ------------------------------------------------------------------------------------ start
 
@@ -70,6 +74,7 @@ class VLLMDialect:
             raise RuntimeError("GET /weight_info is 404: start the server with VLLM_SERVER_DEV_MODE=1 "
                                "(weight sync needs vLLM's dev routes)")
         self._check_processed_logprobs(client, url, probe_prompt)
+        self.probe_alone = self.probe_alone or _lora_enabled(client, url)
         return parse_version(info.json().get("weight_version"))
 
     def _check_processed_logprobs(self, client: httpx.Client, url: str, prompt: list[int]) -> None:
@@ -158,6 +163,15 @@ def prompt_logprobs(client: httpx.Client, url: str, ids: list[int], model: str |
         body["model"] = model
     entries = post_json(client, f"{url}/v1/completions", body)["choices"][0]["prompt_logprobs"]
     return [float(e[str(t)]["logprob"]) for e, t in zip(entries[1:], ids[1:])]
+
+
+def _lora_enabled(client: httpx.Client, url: str) -> bool:
+    """Whether the server runs with ``--enable-lora`` (dev route ``/server_info``; unknown counts as on)."""
+    try:
+        r = client.get(f"{url}/server_info", params={"config_format": "json"})
+        return r.status_code != 200 or r.json()["vllm_config"].get("lora_config") is not None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return True
 
 
 def post_json(client: httpx.Client, url: str, body: dict | None = None, params: dict | None = None) -> dict:

@@ -231,3 +231,29 @@ def test_when_every_server_is_gone_the_run_checkpoints_its_last_step_and_resumes
     assert [m["step"] for m in cut] == [1, 2, 3, 4]
     for a, b in zip(cut, whole):
         assert _comparable(a) == pytest.approx(_comparable(b), rel=1e-5, abs=1e-7), a["step"]
+
+
+def test_grpo_through_servers_spoken_to_in_sglang_dialect(rl_overrides, reward_plugin, servers, tmp_path):
+    """``rollout.backend=sglang`` against two ``posttrain serve`` apps, which answer SGLang's routes:
+    each sync is read back by ``weight_version`` and verified by the probe, and the sampler's
+    log-probs stay the trainer's at every step (a server left on old weights would show in both)."""
+    steps = 3
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=steps,
+                                                   out_dir=tmp_path / "run", **{"kl.track": False},
+                                                   **_http(servers, **{"rollout.backend": "sglang"})))
+    run = setup(cfg)
+    assert isinstance(run.engine, HTTPEngine) and run.engine.dialect.name == "sglang"
+    drive_rl(run, rl_step, config=cfg, name="rl", printer=lambda *_: None)
+    rows = _metrics(tmp_path / "run")
+    assert [m["policy_version"] for m in rows] == list(range(1, steps + 1))
+    assert all(m["mismatch/logprob_abs_diff_max"] < 1e-4 and m["outcomes/INFRA_FAIL_frac"] == 0 for m in rows)
+    assert any(m["grad_norm"] > 0 for m in rows)
+    assert all(s.app.state.serve.version == steps for s in servers)
+
+
+@pytest.mark.parametrize("backend", ["openai", "sglang"])
+def test_a_server_backend_without_servers_is_refused_naming_the_key(backend):
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match=rf"rollout.urls: backend={backend} needs at least one server"):
+        load_config(RLConfig, None, [f"rollout.backend={backend}"])

@@ -41,8 +41,8 @@ def base_restored(vllm_server, vllm_model_dir):
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_grpo_against_vllm(base_restored, vllm_model_dir, arith_data_dir, reward_plugin, tmp_path, lora):
-    url = base_restored.urls[0]
+def test_grpo_against_vllm(request, vllm_model_dir, arith_data_dir, reward_plugin, tmp_path, lora):
+    url = request.getfixturevalue("vllm_lora_server" if lora else "base_restored").urls[0]
     extra = {"model.lora.enabled": "true", "model.lora.r": 8, "optim.lr": 1e-2} if lora else {}
     cfg = load_config(RLConfig, None, _overrides(vllm_model_dir, arith_data_dir, tmp_path / "run", reward_plugin,
                                                  **{"rollout.urls": json.dumps([url]), **extra}))

@@ -9,6 +9,7 @@ misreport a checksum. The last test runs the engine against the real ``posttrain
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 import threading
@@ -70,6 +71,8 @@ class FakeServer:
         self.name = name
         self.served: list[tuple[tuple[int, ...], int]] = []  # (prompt, n) of every answered request
         self.fail = lambda prompt: False  # answer HTTP 500 to these prompts
+        self.delay_s = 0.0  # before answering a completion
+        self.events: list[tuple[str, float]] = []  # ("arrive" | "answer", time) of completions
         self.lie_about_checksum = False
         self.http = InThread(Starlette(routes=[
             Route("/health", self.health), Route("/v1/completions", self.completions, methods=["POST"]),
@@ -87,6 +90,8 @@ class FakeServer:
         prompt, n = [int(t) for t in body["prompt"]], int(body.get("n", 1))
         if self.fail(prompt):
             return self.json({"error": {"message": f"{self.name}: told to fail"}}, status_code=500)
+        self.events.append(("arrive", time.monotonic()))
+        await asyncio.sleep(self.delay_s)
         sampling = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
                                   top_k=max(0, body.get("top_k", 0)), max_new_tokens=body.get("max_tokens", 16),
                                   stop=body.get("stop") or [], seed=body.get("seed"),
@@ -99,6 +104,7 @@ class FakeServer:
                     "token_ids": ids, "truncated_logprobs": tl, "prompt_token_ids": prompt}
                    for j, (ids, lp, tl, why) in enumerate(zip(ro.completion_ids, ro.logprobs,
                                                               ro.truncated_logprobs, ro.finish_reason))]
+        self.events.append(("answer", time.monotonic()))
         return self.json({"object": "text_completion", "choices": choices, "prompt_token_ids": prompt,
                           "server": self.name})
 
@@ -362,6 +368,52 @@ def test_servers_sleep_through_the_block_and_wake_before_the_next_push(servers, 
     with pytest.raises(RuntimeError), engine.asleep():  # a failed update still wakes them
         raise RuntimeError("update failed")
     assert [e for e, _ in events] == ["sleep", "sleep", "wake", "wake"]
+
+
+class AloneDialect(PosttrainDialect):
+    """Our dialect, asking for the servers to itself during a push (as vLLM's does with LoRA on)."""
+
+    probe_alone = True
+
+    def __init__(self, spans: list):
+        self.spans = spans
+
+    def push(self, client, url, folder, version, checksum, probe):
+        start = time.monotonic()
+        time.sleep(0.5)
+        why = super().push(client, url, folder, version, checksum, probe)
+        self.spans.append((start, time.monotonic()))
+        return why
+
+
+def test_a_push_that_needs_the_servers_alone_awaits_requests_sent_and_holds_new_ones(servers, tmp_path, tokenizer,
+                                                                                     prompts, nano_model_dir):
+    """A request on the wire when the push starts is answered before the push reaches any server,
+    and one submitted during the push reaches a server only after the push: no completion overlaps
+    a push (a request sent just before a server-side pause would otherwise run beside the probe)."""
+    spans = []
+    engine = engine_for(servers[:1], tmp_path, tokenizer, dialect=AloneDialect(spans))
+    server, state = servers[0], TorchEngine(str(nano_model_dir)).model.state_dict()
+    server.delay_s = 1.0
+    s = SamplingParams(temperature=0.0, max_new_tokens=2)
+    first = engine.submit(prompts[:1], 1, s)
+    while not server.events:
+        time.sleep(0.01)
+    pusher = threading.Thread(target=engine.load_weights, args=(state, 1, weights_checksum(state)))
+    pusher.start()
+    time.sleep(0.2)
+    second = engine.submit(prompts[1:2], 1, s)
+    pusher.join()
+    got = []
+    while len(got) < 2:
+        got += engine.poll(wait=True)
+    assert sorted(g.rid for g in got) == sorted([first, second])
+    (start, end), = spans
+    arrive = [t for e, t in server.events if e == "arrive"]
+    answer = [t for e, t in server.events if e == "answer"]
+    assert answer[0] <= start  # the push waited for the request already sent
+    assert arrive[1] >= end  # and held the new one back until it was done
+    engine.close()
 
 
 def test_sleeping_servers_is_refused_without_gpus_and_in_async_mode():

@@ -69,6 +69,17 @@ def test_greedy_equals_torch_engine(vllm_server, tmp_path, tokenizer, vllm_model
     assert all(len(c) == 32 for c in theirs.completion_ids)
 
 
+def test_the_probe_runs_alone_exactly_on_a_server_with_lora_on(vllm_server, vllm_lora_server, tmp_path, tokenizer,
+                                                              vllm_model_dir):
+    """vLLM's CPU LoRA path cannot compute prompt log-probs beside decodes, adapter or not: the
+    client learns from the server's config (not from its own LoRA setting) to hold requests for
+    the probe, and keeps freezing requests in place on a server without LoRA."""
+    plain = engine(vllm_server, tmp_path / "a", tokenizer, vllm_model_dir).dialect
+    lora = engine(vllm_lora_server, tmp_path / "b", tokenizer, vllm_model_dir).dialect
+    assert (plain.probe_alone, plain.pause_mode) == (False, "keep")
+    assert (lora.probe_alone, lora.pause_mode) == (True, "wait")
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.3, 40, 0.8), (0.7, 0, 0.8)])
 def test_sampled_logprobs_are_the_behaviour_policy(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model,
                                                   temperature, top_k, top_p):
@@ -114,7 +125,7 @@ def test_a_sync_the_probe_contradicts_is_refused(vllm_server, tmp_path, tokenize
     assert eng.version == 0
 
 
-def test_lora_adapter_sync(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
+def test_lora_adapter_sync(vllm_lora_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
     base = type(hf_model)(hf_model.config)
@@ -128,7 +139,7 @@ def test_lora_adapter_sync(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_
     config = peft_model.peft_config["default"].to_dict()
     config["target_modules"] = sorted(config["target_modules"])
     config["peft_type"], config["task_type"] = "LORA", "CAUSAL_LM"
-    eng = HTTPEngine(vllm_server.urls, weights_dir=str(tmp_path / "w"), tokenizer=tokenizer,
+    eng = HTTPEngine(vllm_lora_server.urls, weights_dir=str(tmp_path / "w"), tokenizer=tokenizer,
                      dialect=VLLMDialect(lora_name="policy"), adapter_config=config)
     eng.load_weights(adapter, 1, weights_checksum(adapter), probe=probe_of(peft_model.eval()))
     s = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)

@@ -46,10 +46,10 @@ def split_threads(cfg: RLConfig) -> tuple[int, int]:
 
 def start_engine(cfg: RLConfig, tokenizer, printer=print):
     """The engine process, or with runtime=ray the engine replicas (`posttrain.distributed.engines`),
-    or with rollout.backend=openai|vllm a client of the servers (`posttrain.rollout.http`)."""
+    or with rollout.backend=openai|vllm|sglang a client of the servers (`posttrain.rollout.http`)."""
     if cfg.runtime == "ray":
         return ray_engines(cfg, printer)
-    if cfg.rollout.backend in ("openai", "vllm"):
+    if cfg.rollout.backend != "torch":
         return http_engine(cfg, tokenizer, printer)
     engine_threads, _ = split_threads(cfg)
     return ProcessEngine(cfg.model.path, dtype=cfg.rollout.engine_dtype, device=cfg.model.device,
