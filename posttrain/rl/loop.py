@@ -147,19 +147,38 @@ def reference_due(cfg: RLConfig, step: int) -> bool:
 
 
 def share_step(run: RLRun, make):
-    """Rank 0's ``make()`` (its generated step) on every rank. When the rollout engine fails on
-    rank 0, every rank raises it: the others would otherwise wait in the broadcast forever, and the
-    run's last checkpoint needs every rank."""
+    """Rank 0's ``make()`` (its generated step, say) on every rank. When it raises on rank 0, every
+    rank raises it: the others would otherwise wait in the next collective forever, and the run's
+    last checkpoint (after an `EngineError`) needs every rank."""
     made = None
     if run.world.main:
         try:
             made = make()
-        except EngineError as e:
-            made = e
+        except Exception as e:
+            if run.world.distributed:
+                run.world.broadcast_object(_Raised(e))
+            raise
     made = run.world.broadcast_object(made)
-    if isinstance(made, EngineError):
-        raise made
+    if isinstance(made, _Raised):
+        raise made.error
     return made
+
+
+class _Raised:
+    """An exception on its way from rank 0 to the others (as itself when it pickles)."""
+
+    def __init__(self, error: Exception):
+        import pickle
+
+        for candidate in (lambda: error, lambda: type(error)(str(error))):
+            try:
+                self.error = candidate()
+                pickle.loads(pickle.dumps(self.error))
+                return
+            except Exception:  # noqa: BLE001 - e.g. an error holding a lock or a client
+                continue
+        self.error = (EngineError if isinstance(error, EngineError) else RuntimeError)(
+            f"{type(error).__name__}: {error}")
 
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
@@ -265,8 +284,11 @@ def sync_weights(run: RLRun, version: int | None = None) -> None:
     if backend in ("vllm", "sglang"):
         ids = probe_ids(run.tokenizer)
         probe = (ids, run.policy.probe_logprobs(ids))
-    if run.engine is not None:
-        extra = {"probe": probe} if probe is not None else {}
+    extra = {"probe": probe} if probe is not None else {}
+    if run.world.distributed:  # a refused sync on rank 0 stops every rank
+        share_step(run, lambda: run.engine and run.engine.load_weights(weights, run.version,
+                                                                       weights_checksum(weights), **extra))
+    elif run.engine is not None:
         run.engine.load_weights(weights, run.version, weights_checksum(weights), **extra)
 
 
@@ -444,9 +466,6 @@ def check_world(cfg: RLConfig, world: World) -> None:
     if cfg.prompts_per_step < world.world_size:
         raise UserError(f"prompts_per_step={cfg.prompts_per_step}: fewer than the {world.world_size} processes "
                         "(each trains on whole groups, at least one)")
-    if cfg.mode == "async":
-        raise UserError("mode=async: runs in one process (its engine is a child process); under torchrun use "
-                        "mode=sync")
 
 
 def trainables(run: RLRun) -> dict:

@@ -332,3 +332,43 @@ def test_environments_refuse_plain_prompts(nano_model_dir, arith_data_dir, tmp_p
     with pytest.raises(UserError, match="data.use_chat_template"):
         load_config(RLConfig, None, [f"model.path={nano_model_dir}", f"data.path={arith_data_dir}/prompts_train.jsonl",
                                      "env.name=calculator", "data.use_chat_template=false"])
+
+
+def test_an_error_on_rank_0_reaches_every_rank_as_itself_or_as_its_message():
+    """`share_step` under torchrun: what rank 0's work raises is broadcast and raised on every rank
+    (the others would wait in the next collective forever); an error that does not pickle arrives
+    as its type and message, an engine error stays an `EngineError` (the ranks checkpoint on it)."""
+    import threading
+    import types
+
+    from posttrain.errors import UserError
+    from posttrain.rl.loop import share_step
+    from posttrain.rollout.protocol import EngineError
+
+    sent = []
+
+    def world(main: bool):
+        def broadcast_object(obj):
+            if main:
+                sent.append(obj)
+                return obj
+            return sent[-1]
+        return types.SimpleNamespace(main=main, distributed=True, broadcast_object=broadcast_object)
+
+    class Unpicklable(EngineError):
+        def __init__(self, msg):
+            super().__init__(msg)
+            self.lock = threading.Lock()
+
+    def fail(error):
+        def make():
+            raise error
+        return make
+
+    for error, kind in ((UserError("bad"), UserError), (Unpicklable("engine gone"), EngineError),
+                        (ValueError("x"), ValueError)):
+        for main in (True, False):
+            with pytest.raises(kind, match=str(error)):
+                share_step(types.SimpleNamespace(world=world(main)), fail(error))
+    assert share_step(types.SimpleNamespace(world=world(True)), lambda: 7) == 7
+    assert share_step(types.SimpleNamespace(world=world(False)), lambda: 0) == 7

@@ -116,6 +116,48 @@ def test_weight_sync_serves_the_new_weights(vllm_server, tmp_path, tokenizer, vl
     assert eng.generate(PROMPTS, 1, greedy).completion_ids == before
 
 
+def test_a_push_meets_a_generation_in_flight_which_finishes_under_the_new_weights(vllm_server, tmp_path, tokenizer,
+                                                                                 vllm_model_dir, hf_model):
+    """A push while a long completion is generating (``pause?mode=keep``, then the cache reset that
+    preempts it): its tokens split at one point — those before the push were drawn, and are
+    scored, by the old weights; every one after by the new, with the cache recomputed (a token
+    drawn from old keys under new weights would match neither). Each try pushes the other of two
+    weight sets; a try whose push missed the generation (the machine's timing) is tried again."""
+    import time
+
+    eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
+    base = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    twin = type(hf_model)(hf_model.config).eval()
+    twin.load_state_dict(perturbed(hf_model, seed=2))
+    models = [hf_model, twin]
+    s = SamplingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True, seed=3)
+    prompt, switches = PROMPTS[1], []
+    try:
+        for version in range(1, 5):
+            old, new = models[(version - 1) % 2], models[version % 2]
+            eng.submit([prompt], 2, s)
+            while eng._posting == 0:
+                time.sleep(0.01)
+            weights = {k: v.clone() for k, v in new.state_dict().items()}
+            eng.load_weights(weights, version, weights_checksum(weights), probe=probe_of(new))
+            (got,) = eng.poll(wait=True)
+            for completion, sampled in zip(got.rollouts.completion_ids, got.rollouts.logprobs):
+                assert len(completion) == 400
+                ids, target = torch.tensor([prompt + completion]), torch.tensor(completion)[:, None]
+                with torch.no_grad():
+                    by_old, by_new = ((m(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+                                       .gather(-1, target).squeeze(-1) - torch.tensor(sampled)).abs() < 1e-4
+                                      for m in (old, new))
+                switch = int(by_old.logical_not().nonzero().min()) if not by_old.all() else len(completion)
+                assert by_old[:switch].all() and by_new[switch:].all(), (version, switch)
+                switches.append(switch)
+            if any(0 < w < 400 for w in switches):
+                break
+    finally:  # the session's server goes back to the model it started with
+        eng.load_weights(base, 9, weights_checksum(base), probe=probe_of(hf_model))
+    assert any(0 < w < 400 for w in switches), f"no push met a generation in flight: {switches}"
+
+
 def test_a_sync_the_probe_contradicts_is_refused(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
     eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
     base = {k: v.clone() for k, v in hf_model.state_dict().items()}

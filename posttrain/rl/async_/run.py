@@ -15,6 +15,8 @@ checkpoint of the last finished step and an error that names what failed.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -32,7 +34,7 @@ from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
 from posttrain.rl.loop import (checkpoint, held_out_eval, http_engine, learn, maybe_resume, ray_engines, setup,
-                               sync_weights, tokens_so_far)
+                               share_step, sync_weights, tokens_so_far)
 from posttrain.tracking import StageTimer, latest_checkpoint
 
 
@@ -57,25 +59,44 @@ def start_engine(cfg: RLConfig, tokenizer, printer=print):
                          max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer)
 
 
-def save(run, ctl: AsyncController, step: int) -> None:
-    checkpoint(run, step, extra={"async": ctl.state_dict()})
+def save(run, ctl: AsyncController | None, step: int) -> None:
+    """Every rank calls it (the checkpoint is a collective); rank 0 adds the controller's state."""
+    checkpoint(run, step, extra={"async": ctl.state_dict() if ctl is not None else None})
+    if ctl is None:
+        return
     tmp = run.run_dir / "ledger.json.tmp"
     tmp.write_text(json.dumps(ctl.ledger.summary()))
     tmp.replace(run.run_dir / "ledger.json")
 
 
-def one_step(run, ctl: AsyncController, step: int, timer: StageTimer) -> dict:
-    groups = ctl.take(step)
+def one_step(run, ctl: AsyncController | None, step: int, timer: StageTimer) -> dict:
+    """Under torchrun the controller lives on rank 0 (``ctl`` is None on the others): it takes the
+    step's groups and hands every rank all of them; each rank trains its own (`learn`)."""
+    groups, info = share_step(run, lambda: _take(run, ctl, step))
     if not groups:
-        return {"update/skipped": 1, "dynamic_sampling/starved": 1, "tokens/generated": 0} | ctl.step_metrics([])
-    async_metrics = ctl.step_metrics(groups)  # staleness against the version that trains on them
-    ro, outcomes, episode_of_row = groups_to_rollouts(groups, ctl.G)
-    info = {"dynamic_sampling/rounds": 1}
-    if run.env is not None:
+        return {"update/skipped": 1, "dynamic_sampling/starved": 1, "tokens/generated": 0} | info
+    ro, outcomes, episode_of_row = groups_to_rollouts(groups, run.cfg.rollout.group_size)
+    during = ctl.while_training() if ctl is not None else contextlib.nullcontext()
+    metrics = learn(run, step, timer, ro, outcomes, info, episode_of_row, during=during)
+
+    def refill() -> dict:
+        ctl.fill()
+        return metrics | ctl.overlap
+
+    return share_step(run, refill)  # every rank logs and checks the same row: rank 0's
+
+
+def _take(run, ctl: AsyncController, step: int) -> tuple[list, dict]:
+    """Rank 0: the step's groups (their episodes, which stay here, reduced to env/* metrics) and
+    the step's async metrics."""
+    groups = ctl.take(step)
+    info = ctl.step_metrics(groups)  # staleness against the version that trains on them
+    if groups:
+        info["dynamic_sampling/rounds"] = 1
+    if run.env is not None and groups:
         info |= episode_metrics([e for g in groups for e in g.episodes])
-    metrics = learn(run, step, timer, ro, outcomes, info, episode_of_row, during=ctl.while_training())
-    ctl.fill()
-    return metrics | async_metrics | ctl.overlap
+        groups = [dataclasses.replace(g, episodes=None) for g in groups]
+    return groups, info
 
 
 def run_async(cfg: RLConfig, printer=print) -> dict:
@@ -84,21 +105,29 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(split_threads(cfg)[1])
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    run.engine = engine = start_engine(cfg, run.tokenizer, printer)
+    # under torchrun, rank 0 alone holds the engine (or the client of engines apart) and the controller
+    started = {}
+
+    def start() -> None:
+        started["engine"] = start_engine(cfg, run.tokenizer, printer)
+
+    share_step(run, start)  # an engine that cannot start stops every rank
+    run.engine = engine = started.get("engine")
     try:
         if cfg.rollout.backend != "torch":
             sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
         return _train(run, engine, printer)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
         torch.set_num_threads(threads)
 
 
 def _train(run, engine, printer) -> dict:
     cfg = run.cfg
     start = maybe_resume(run, printer)
-    ctl = AsyncController(run, engine)
-    if start:
+    ctl = AsyncController(run, engine) if run.world.main else None
+    if start and ctl is not None:
         ctl.load_state_dict(load_trainer_state(latest_checkpoint(run.run_dir))["async"])
     logger = open_run(run.run_dir, cfg, start, run.world)
     first = self_test(run, engine) if cfg.asynchrony.self_test else {}
@@ -106,7 +135,7 @@ def _train(run, engine, printer) -> dict:
         printer(f"async self-test passed: mismatch KL {first['selftest/mismatch_kl']:.1e}, "
                 f"IS ratio {first['selftest/is_ratio_mean']:.4f}, weight sync reached the engine")
     first |= held_out_eval(run) if start == 0 else {}
-    if first and start == 0:
+    if first and start == 0 and run.world.main:
         logger.log({"step": 0, "tokens/total": 0, **first})
     watchdog = Watchdog(printer, zero_variance_warning=cfg.algorithm != "ppo")
     done, tokens = start, tokens_so_far(run, start)
@@ -130,8 +159,9 @@ def _train(run, engine, printer) -> dict:
         printer(f"the rollout engine failed; saved a checkpoint at step {done} (re-run to resume)")
         raise
     finally:
-        logger.close()
-    if ctl.failure is not None:  # during the last step: every step trained, nothing is lost
+        if logger is not None:
+            logger.close()
+    if ctl is not None and ctl.failure is not None:  # during the last step: every step trained, nothing is lost
         printer(f"WARNING [engine_failed] the rollout engine failed during the last step, after its groups "
                 f"were generated; the run is complete ({ctl.failure})")
     return last or first

@@ -58,20 +58,26 @@ def perturbed(weights: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torc
 def self_test(run, engine) -> dict:
     """Checks 1-4 of the module docstring. An engine that verifies every sync itself
     (``verifies_every_sync``: rollout servers, by checksum or by probe log-probs) runs check 2 only:
-    pushing perturbed weights under a version it already confirmed is what those servers refuse."""
+    pushing perturbed weights under a version it already confirmed is what those servers refuse.
+
+    Under torchrun the engine is rank 0's: it samples, every rank scores the samples (the trainer's
+    forward is a collective) and a failure on rank 0 stops every rank."""
     from posttrain.rl.config import sampling_params
-    from posttrain.rl.loop import encode_prompts
+    from posttrain.rl.loop import encode_prompts, share_step
 
     cfg = run.cfg
-    weights = {k: v.clone() for k, v in run.policy.export_weights().items()}
-    version = engine.version
-    verified = getattr(engine, "verifies_every_sync", False)
-    if not verified:
-        _push(engine, weights, version)
+    weights = {k: v.clone() for k, v in run.policy.export_weights().items()}  # every rank; {} off rank 0
+    verified = share_step(run, lambda: getattr(engine, "verifies_every_sync", False))
     prompts = [run.train_prompts[i] for i in sorted(run.train_prompts)[:2]] or \
         encode_prompts(run.tokenizer, run.source.examples[:2], cfg.data.use_chat_template)  # environments
     sp = dataclasses.replace(sampling_params(cfg, cfg.seed + 12_345), max_new_tokens=min(cfg.rollout.max_new_tokens, 16))
-    first = engine.generate(prompts, 2, sp)
+
+    def sample():
+        if not verified:
+            _push(engine, weights, engine.version)
+        return engine.generate(prompts, 2, sp)
+
+    first = share_step(run, sample)
     m = agreement(run, first)
     max_kl = cfg.asynchrony.self_test_max_kl
     if not m["selftest/mismatch_kl"] <= max_kl or abs(m["selftest/is_ratio_mean"] - 1) > math.sqrt(2 * max_kl):
@@ -79,9 +85,15 @@ def self_test(run, engine) -> dict:
                             f"{m['selftest/mismatch_kl']:.2e} (limit {max_kl:g}), IS ratio mean "
                             f"{m['selftest/is_ratio_mean']:.4f}; check rollout.engine_dtype, the temperature, "
                             f"and asynchrony.self_test_max_kl")
-    if verified:
-        return m | {"selftest/passed": 1}
-    _push(engine, perturbed(weights, cfg.seed), version)
+    if not verified:
+        share_step(run, lambda: _sync_reaches_the_sampler(engine, weights, prompts, sp, first, cfg.seed))
+    return m | {"selftest/passed": 1}
+
+
+def _sync_reaches_the_sampler(engine, weights: dict, prompts, sp, first, seed: int) -> None:
+    """Checks 3 and 4: perturbed weights change the samples, the true ones restore them."""
+    version = engine.version
+    _push(engine, perturbed(weights, seed), version)
     probe = engine.generate(prompts, 2, sp)
     if probe.completion_ids == first.completion_ids and probe.logprobs == first.logprobs:
         raise SelfTestError("a weight sync did not reach the engine's sampler: perturbed weights were "
@@ -91,4 +103,3 @@ def self_test(run, engine) -> dict:
     if again.completion_ids != first.completion_ids or again.logprobs != first.logprobs:
         raise SelfTestError("restoring the weights did not restore the engine's samples: "
                             "the engine holds weights other than the trainer's")
-    return m | {"selftest/passed": 1}

@@ -1,0 +1,108 @@
+"""Async RL under torchrun: rank 0 runs the controller (ledger, bound, receiver) against an engine
+apart — the engine process, or rollout servers — and hands every rank the step's groups; each rank
+trains its own. 2 ranks (gloo) equal 1 process; a killed run resumes with every prompt trained once."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli import main
+from tests.rl.test_async import _comparable
+from tests.rl.test_rl_distributed import ADAM, _kill_after_checkpoint
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the ranks import the user's reward module too
+    return reward_plugin
+
+
+def _args(rl_overrides, plugin, **extra) -> list[str]:
+    return [a for a in rl_overrides(verifier=f"{plugin}:letters", mode="async", **{"optim.lr": 1e-2, **ADAM, **extra})
+            if not a.startswith("out_dir=")]
+
+
+def test_async_k0_at_two_ranks_equals_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
+    """The engine process on rank 0, K=0: the same samples, and the same update split over two
+    ranks (loss, grad norm within 1e-5), step for step, self-test included."""
+    args = _args(rl_overrides, plugin_on_path, max_staleness=0, num_steps=3)
+    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
+    assert two[0]["selftest/passed"] == 1
+    assert all(r["grad_norm"] > 0 for r in one[1:])
+    for a, b in zip(one, two):
+        assert b.get("reward/mean") == a.get("reward/mean")  # the same samples
+        assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
+
+
+def test_async_k1_at_two_ranks_killed_and_resumed_trains_every_prompt_once(rl_overrides, plugin_on_path, tmp_path,
+                                                                          torchrun):
+    """K=1 under torchrun, SIGKILL after the step-2 checkpoint, resumed under torchrun: one metrics
+    row per step, every sample within the bound, and the ledger shows each drawn prompt trained once."""
+    from posttrain.core.checkpoint import load_trainer_state
+    from posttrain.rl.ledger import PromptLedger
+
+    steps, out = 5, tmp_path / "run"
+    args = [*_args(rl_overrides, plugin_on_path, max_staleness=1, num_steps=steps, save_every=1, keep_last=10),
+            f"out_dir={out}"]
+    _kill_after_checkpoint(args, out, step=2)
+    torchrun(2, "rl", *args)
+    rows = [r for r in _rows(out) if r["step"] > 0]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    ledger = PromptLedger()
+    ledger.load_state_dict(load_trainer_state(out / "checkpoints" / f"step-{steps}")["async"]["ledger"])
+    trained = [u for us in ledger.trained_by_step().values() for u in us]
+    assert len(trained) == len(set(trained)) == steps * 4
+
+
+def test_async_k0_at_two_ranks_against_two_servers_equals_one_process(rl_overrides, plugin_on_path, nano_model_dir,
+                                                                     tmp_path, torchrun):
+    """Rank 0 a client of two ``posttrain serve`` apps (loopback HTTP), the other rank only trains:
+    the same run as one process against the same servers."""
+    from tests.rl.test_rl_http import _http
+    from tests.rollout.test_http_engine import real_server
+
+    args = _args(rl_overrides, plugin_on_path, max_staleness=0, num_steps=3, **{"kl.track": False})
+    rows = {}
+    for ranks in (1, 2):
+        pair = [real_server(nano_model_dir) for _ in range(2)]
+        try:
+            http = [f"{k}={v}" for k, v in _http(pair).items()]
+            out = f"out_dir={tmp_path / str(ranks)}"
+            if ranks == 1:
+                assert main(["rl", *args, *http, out]) == 0
+            else:
+                torchrun(2, "rl", *args, *http, out)
+            assert [s.app.state.serve.version for s in pair] == [3, 3]
+        finally:
+            for s in pair:
+                s.stop()
+        rows[ranks] = _rows(tmp_path / str(ranks))
+    assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]] == [0, 1, 2, 3]
+    assert all(r["grad_norm"] > 0 for r in rows[1][1:])
+    for a, b in zip(rows[1], rows[2]):
+        assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_async_k0_at_two_ranks_with_ray_replicas_equals_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun,
+                                                                   replicas):
+    """Rank 0 drives engine replicas on a Ray it starts (runtime=ray): the same run as one process."""
+    pytest.importorskip("ray")
+    args = _args(rl_overrides, plugin_on_path, max_staleness=0, num_steps=2, runtime="ray",
+                 **{"rollout.replicas": replicas, "ray.num_cpus": 4})
+    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}", timeout=600)
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2]
+    for a, b in zip(one, two):
+        assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
