@@ -41,6 +41,9 @@ class EnvConfig:
     generates at most rollout.max_new_tokens."""
     step_timeout_s: float = 30.0
     """Wall-clock limit of one reset or step of the environment; past it the episode is INFRA_FAIL."""
+    episode_timeout_s: float = 0.0
+    """Wall-clock limit of a whole episode, the model's turns included (0 = none); past it the
+    episode ends as INFRA_FAIL (episode_timeout, masked), so a straggler never holds its group."""
     tools_style: str = ""
     """How a tool environment offers its tools when the chat template has no tool format: json
     (schemas in a system message), compact (one line per tool) or none; empty = the environment's default."""
@@ -59,6 +62,8 @@ class EnvConfig:
             raise ConfigValueError("max_total_tokens", "must be >= 2")
         if self.step_timeout_s <= 0:
             raise ConfigValueError("step_timeout_s", "must be > 0")
+        if self.episode_timeout_s < 0:
+            raise ConfigValueError("episode_timeout_s", "must be >= 0 (0 = no limit)")
         if self.tools_style and self.tools_style not in TOOLS_STYLES:
             raise ConfigValueError("tools_style", f"must be one of {', '.join(TOOLS_STYLES)} (or empty)")
         if self.on_malformed_tool_call not in MALFORMED_POLICIES:
@@ -69,7 +74,8 @@ class EnvConfig:
     @property
     def limits(self) -> EpisodeLimits:
         return EpisodeLimits(max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
-                             step_timeout_s=self.step_timeout_s, split_on_prefix_break=self.split_on_prefix_break)
+                             step_timeout_s=self.step_timeout_s, episode_timeout_s=self.episode_timeout_s,
+                             split_on_prefix_break=self.split_on_prefix_break)
 
 
 def _resolve(spec: str) -> Callable[..., Environment]:

@@ -49,6 +49,9 @@ class EpisodeLimits:
     """Most tokens in a sample (prompt + model turns + environment replies)."""
     step_timeout_s: float = 30.0
     """Wall-clock limit of one reset or step; past it the episode is INFRA_FAIL (env_timeout)."""
+    episode_timeout_s: float = 0.0
+    """Wall-clock limit of a whole episode, its model turns included (0 = none); past it the
+    episode ends as INFRA_FAIL (episode_timeout): a straggler never holds its group forever."""
     split_on_prefix_break: bool = True
     """Close the sample and start a new one where the template re-renders the history differently;
     False: end the episode there as INFRA_FAIL (prefix_break) instead."""
@@ -108,10 +111,11 @@ class EpisodeRunner:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     # ------------------------------------------------------------------------------------ calls
-    def _call_all(self, fns: list[Callable[[], object]]) -> list[object]:
+    def _call_all(self, fns: list[Callable[[], object]], until: float = float("inf")) -> list[object]:
         """Run ``fns`` in parallel daemon threads; each result is its value, the exception it
-        raised, or `concurrent.futures.TimeoutError` when it overran the limit (its thread is left
-        behind: a daemon, so a hung environment cannot keep the process alive)."""
+        raised, or `concurrent.futures.TimeoutError` when it overran the limit or the monotonic
+        time ``until`` (its thread is left behind: a daemon, so a hung environment cannot keep the
+        process alive)."""
         out: list[object] = [cf.TimeoutError()] * len(fns)
 
         def work(i: int) -> None:
@@ -123,7 +127,7 @@ class EpisodeRunner:
         threads = [threading.Thread(target=work, args=(i,), daemon=True, name="env-step") for i in range(len(fns))]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + self.limits.step_timeout_s
+        deadline = min(time.monotonic() + self.limits.step_timeout_s, until)
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         return [cf.TimeoutError() if t.is_alive() else r for t, r in zip(threads, out)]
@@ -139,17 +143,21 @@ class EpisodeRunner:
         engine drives it: `drive` with a blocking ``generate``, or async RL's controller with
         ``submit`` and ``poll`` while the trainer trains (`posttrain.rl.async_.controller`)."""
         lives = [_Live(Episode(example_idx=i, segments=[]), self.make_env()) for i in range(len(examples)) for _ in range(n)]
-        opened = self._call_all([lambda lv=lv: lv.env.reset(examples[lv.episode.example_idx]) for lv in lives])
+        limit = self.limits.episode_timeout_s
+        until = time.monotonic() + limit if limit > 0 else float("inf")
+        opened = self._call_all([lambda lv=lv: lv.env.reset(examples[lv.episode.example_idx]) for lv in lives], until)
         for lv, messages in zip(lives, opened):
             self._open(lv, messages)
         turn = 0
         try:
-            while live := [lv for lv in lives if lv.episode.outcome is None]:
+            while live := self._in_time([lv for lv in lives if lv.episode.outcome is None], until):
                 yield from self._model_turn(live, n if turn == 0 and len(live) == len(lives) else 1, sampling, turn)
                 stepping = [lv for lv in live if lv.episode.outcome is None]
-                results = self._call_all([lambda lv=lv: lv.env.step(lv.episode.turn_texts[-1]) for lv in stepping])
+                results = self._call_all([lambda lv=lv: lv.env.step(lv.episode.turn_texts[-1]) for lv in stepping],
+                                         until)
                 for lv, res in zip(stepping, results):
                     self._after_step(lv, res)
+                self._in_time(stepping, until)
                 turn += 1
         finally:
             for lv in lives:
@@ -159,6 +167,17 @@ class EpisodeRunner:
                     except Exception:  # closing is best effort; the verdict stands
                         pass
         return [lv.episode for lv in lives]
+
+    def _in_time(self, live: list[_Live], until: float) -> list[_Live]:
+        """``live`` once the episodes past ``episode_timeout_s`` have ended (INFRA_FAIL, masked)."""
+        if time.monotonic() < until:
+            return live
+        for lv in live:
+            if lv.episode.outcome is None or lv.episode.outcome.reason == "env_timeout":
+                lv.episode.outcome = None
+                lv.finish(Outcome.infra_fail("episode_timeout", f"the episode ran past episode_timeout_s="
+                                                                f"{self.limits.episode_timeout_s:g}"))
+        return []
 
     def _open(self, lv: _Live, messages) -> None:
         if isinstance(messages, BaseException) or not isinstance(messages, list):

@@ -212,6 +212,36 @@ def test_environment_failures_are_infra_or_task_fail_and_only_end_their_own_epis
     assert "KeyError" in eps[0].outcome.detail and "not StepResult" in eps[8].outcome.detail
 
 
+class Slow(Environment):
+    """Each step takes 0.2 s and the episode never ends by itself ("straggler"); "quick" ends at once."""
+
+    def reset(self, example):
+        self.kind = example["prompt"]
+        return [{"role": "user", "content": self.kind}]
+
+    def step(self, text):
+        if self.kind == "quick":
+            return StepResult(reward=1.0, done=True)
+        time.sleep(0.2)
+        return StepResult(observation=[{"role": "user", "content": "more"}], reward=0.0)
+
+
+def test_a_straggler_episode_is_cut_at_its_wall_clock_limit_and_the_others_keep_their_verdicts(nano_tokenizer,
+                                                                                               scripted):
+    """Each step is within ``step_timeout_s``, the turns within ``max_turns``; only the episode's
+    own wall-clock limit stops it: INFRA_FAIL (masked, never a reward of 0), the quick one passes."""
+    t0 = time.perf_counter()
+    eps = run_episodes(scripted(lambda p, i: "ok"), nano_tokenizer, Slow, [{"prompt": "slow"}, {"prompt": "quick"}], 2,
+                       SamplingParams(), EpisodeLimits(max_turns=1000, step_timeout_s=5, episode_timeout_s=0.7))
+    assert time.perf_counter() - t0 < 2.5
+    assert [(e.outcome.cls, e.outcome.reason) for e in eps] == [(OutcomeClass.INFRA_FAIL, "episode_timeout")] * 2 + \
+        [(OutcomeClass.PASS, "")] * 2
+    assert 2 <= eps[0].turns <= 5
+    unlimited = run_episodes(scripted(lambda p, i: "ok"), nano_tokenizer, Slow, [{"prompt": "slow"}], 1,
+                             SamplingParams(), EpisodeLimits(max_turns=3, step_timeout_s=5))
+    assert unlimited[0].outcome.cls is OutcomeClass.MODEL_FAIL  # without the limit: max_turns, the model's
+
+
 def test_a_tool_raising_an_infra_error_is_infra_fail(nano_tokenizer, scripted):
     (e,) = run_episodes(scripted(lambda p, i: format_call("down", {"x": 1})), nano_tokenizer, lambda: Tools(),
                         [{"prompt": "x"}], 1, SamplingParams())
