@@ -106,3 +106,27 @@ def test_async_k0_at_two_ranks_with_ray_replicas_equals_one_process(rl_overrides
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2]
     for a, b in zip(one, two):
         assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
+
+
+def test_async_k0_with_the_calculator_at_two_ranks_equals_one_process(nano_model_dir, tmp_path, torchrun, monkeypatch):
+    """Multi-turn episodes in async mode under torchrun: rank 0 drives the episodes' turns and
+    hands the ranks their rows (episodes stay on rank 0, reduced to env/* metrics); the same run
+    as one process, step for step."""
+    from posttrain.envs.calculator import write_calculator_data
+    from tests.envs.test_rl_env import PLUGIN, overrides
+
+    (tmp_path / "rl_test_envs.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    data = write_calculator_data(tmp_path / "calc", n_train=16, n_eval=4, tools_style="none")
+    args = [a for a in overrides(nano_model_dir, tmp_path, tmp_path, **{
+        "data.path": data["prompts_train"], "num_steps": 2, "env.name": "rl_test_envs:DenseCalculator",
+        "env.max_turns": 2, "env.tools_style": "none", "rollout.max_new_tokens": 8, "mode": "async",
+        "max_staleness": 0, **ADAM}) if not a.startswith("out_dir=")]
+    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2]
+    assert all(r["env/turns_mean"] >= 1 and r["grad_norm"] > 0 for r in one[1:])
+    for a, b in zip(one, two):
+        assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
