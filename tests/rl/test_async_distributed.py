@@ -42,6 +42,7 @@ def test_async_k0_at_two_ranks_equals_one_process(rl_overrides, plugin_on_path, 
         assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
 
 
+@pytest.mark.slow
 def test_async_k1_at_two_ranks_killed_and_resumed_trains_every_prompt_once(rl_overrides, plugin_on_path, tmp_path,
                                                                           torchrun):
     """K=1 under torchrun, SIGKILL after the step-2 checkpoint, resumed under torchrun: one metrics
