@@ -69,6 +69,10 @@ class RolloutConfig:
     after the last its samples are INFRA_FAIL (masked, counted in outcomes/INFRA_FAIL_frac)."""
     retry_backoff_s: float = 1.0
     """backend=openai: wait before the first retry, doubled before each next one."""
+    colocate: bool = True
+    """Under torchrun (sync mode, backend=torch, runtime=local, no environment): every rank holds
+    its own engine and generates its own whole groups, with the full weights broadcast to it after
+    each update; false: rank 0 alone generates the step (docs/rl.md)."""
 
     def __post_init__(self):
         if self.group_size < 1:

@@ -131,8 +131,10 @@ class DistillConfig:
                 raise ConfigValueError(key, "must be >= 1")
 
     def rl_config(self) -> RLConfig:
-        """The RL run this distillation rides on (no reference model, one update per step)."""
-        return RLConfig(model=self.model, data=self.data, rollout=self.rollout, optim=self.optim,
+        """The RL run this distillation rides on (no reference model, one update per step; under
+        torchrun rank 0 generates, as `distill_step` expects)."""
+        return RLConfig(model=self.model, data=self.data, rollout=dataclasses.replace(self.rollout, colocate=False),
+                        optim=self.optim,
                         logging=self.logging, verifier=self.verifier, prompts_per_step=self.prompts_per_step,
                         num_steps=self.num_steps, micro_batch_tokens=self.micro_batch_tokens,
                         eval_every=self.eval_every, save_every=self.save_every, keep_last=self.keep_last,

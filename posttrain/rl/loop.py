@@ -57,6 +57,10 @@ def generate_groups(run: RLRun, step: int, round_: int, k: int) -> tuple[Rollout
     if run.env is not None:  # a row per sample of an episode: model and environment tokens, the model's masked in
         ro, outcomes, episode_of_row = run.env.generate(run.engine, examples, run.cfg.rollout.group_size,
                                                         sampling_params(run.cfg, seed))
+    elif run.colocated:
+        ro, outcomes = colocated_groups(run, [run.train_prompts[i] for i, _ in picked], examples,
+                                        sampling_params(run.cfg, seed))
+        episode_of_row = list(range(len(ro)))
     else:
         prompts = [run.train_prompts[i] for i, _ in picked]
         ro = run.engine.generate(prompts, run.cfg.rollout.group_size, sampling_params(run.cfg, seed))
@@ -66,13 +70,29 @@ def generate_groups(run: RLRun, step: int, round_: int, k: int) -> tuple[Rollout
     return ro, outcomes, episode_of_row
 
 
+def colocated_groups(run: RLRun, prompts: list[list[int]], examples: list[dict],
+                     sampling) -> tuple[Rollouts, list[Outcome]]:
+    """Every rank samples and judges its own block of the step's prompts (the block it trains on)
+    with its own engine, then every rank gets the whole step. Each prompt keeps the seed it has in
+    the whole call (`SamplingParams.for_prompts`), so the step does not depend on the world size."""
+    k, G = len(prompts), run.cfg.rollout.group_size
+    mine = list(shard_range(k, run.world))
+    part = run.engine.generate([prompts[i] for i in mine], G, sampling.for_prompts(mine, k))
+    judged = score(run.verifier, part.completion_texts(), [examples[mine[i]] for i in part.prompt_idx],
+                   part.finish_reason)
+    part = part.select(list(range(len(part))), [mine[i] for i in part.prompt_idx])
+    parts = [p for p in run.world.all_gather_object((part, judged)) if len(p[0])]
+    return Rollouts.concat([p for p, _ in parts]), [o for _, os in parts for o in os]
+
+
 def collect(run: RLRun, step: int) -> tuple[Rollouts, list[Outcome], dict, list[int]]:
     """One generation round, or with dynamic sampling several, keeping informative groups only:
     ``(rollouts, outcomes, info, episode_of_row)`` as `generate_groups`."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     want = cfg.prompts_per_step
     ro, outcomes, episodes = generate_groups(run, step, 0, want)
-    info = {"dynamic_sampling/rounds": 1} | (run.env.metrics() if run.env is not None else {})
+    info = {"dynamic_sampling/rounds": 1, "rollout/generating_ranks": run.world.world_size if run.colocated else 1} \
+        | (run.env.metrics() if run.env is not None else {})
     if not cfg.dynamic_sampling.enabled:
         return ro, outcomes, info, episodes
     kept = []
@@ -183,7 +203,7 @@ class _Raised:
 
 def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
     with timer("rollout"):
-        ro, outcomes, info, episodes = share_step(run, lambda: collect(run, step))
+        ro, outcomes, info, episodes = collect(run, step) if run.colocated else share_step(run, lambda: collect(run, step))
     asleep = run.cfg.rollout.backend == "vllm" and run.cfg.rollout.vllm.sleep_during_update and run.world.main
     return learn(run, step, timer, ro, outcomes, info, episodes,
                  during=run.engine.asleep() if asleep else contextlib.nullcontext())
@@ -285,7 +305,10 @@ def sync_weights(run: RLRun, version: int | None = None) -> None:
         ids = probe_ids(run.tokenizer)
         probe = (ids, run.policy.probe_logprobs(ids))
     extra = {"probe": probe} if probe is not None else {}
-    if run.world.distributed:  # a refused sync on rank 0 stops every rank
+    if run.colocated:  # every rank's engine gets the full weights
+        checksum = run.world.broadcast_object(weights_checksum(weights) if run.world.main else None)
+        run.engine.load_weights(broadcast_weights(weights, run.world), run.version, checksum)
+    elif run.world.distributed:  # a refused sync on rank 0 stops every rank
         share_step(run, lambda: run.engine and run.engine.load_weights(weights, run.version,
                                                                        weights_checksum(weights), **extra))
     elif run.engine is not None:
@@ -356,7 +379,8 @@ def setup(cfg: RLConfig) -> RLRun:
                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
                 eval_examples=eval_examples,
                 eval_prompts=[] if env else encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
-                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env)
+                verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env,
+                colocated=colocates(cfg, world))
     if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
         sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
     elif cfg.rollout.backend != "torch":
@@ -383,7 +407,7 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
     """Rank 0's rollout engine, by ``rollout.backend``: the in-process `TorchEngine`, or a client of
     OpenAI-compatible servers that receives new weights through ``rollout.weights_dir``. None on
     the other ranks and in async mode (its engine runs in its own process, started by run_async)."""
-    if cfg.mode != "sync" or not world.main:
+    if cfg.mode != "sync" or not (world.main or colocates(cfg, world)):
         return None
     if cfg.runtime == "ray":
         return ray_engines(cfg)
@@ -392,6 +416,27 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
         return http_engine(cfg, tokenizer)
     return TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
                        dtype=getattr(torch, r.engine_dtype))
+
+
+def colocates(cfg: RLConfig, world: World) -> bool:
+    """Whether every rank generates its own groups with its own engine (``rollout.colocate``):
+    under torchrun, sync, with the in-process engine; environments generate on rank 0."""
+    r = cfg.rollout
+    return (world.distributed and cfg.mode == "sync" and r.colocate and r.backend == "torch"
+            and cfg.runtime == "local" and not cfg.env.name)
+
+
+def broadcast_weights(weights: dict[str, torch.Tensor], world: World) -> dict[str, torch.Tensor]:
+    """Rank 0's ``weights`` on every rank, one tensor at a time (names, shapes and dtypes first)."""
+    import torch.distributed as dist
+
+    meta = world.broadcast_object([(k, v.shape, v.dtype) for k, v in weights.items()] if world.main else None)
+    out = {}
+    for name, shape, dtype in meta:
+        t = weights[name].to(world.device) if world.main else torch.empty(shape, dtype=dtype, device=world.device)
+        dist.broadcast(t, src=0)
+        out[name] = t.cpu()
+    return out
 
 
 def server_dialect(cfg: RLConfig):
@@ -509,7 +554,7 @@ def maybe_resume(run: RLRun, printer=print) -> int:
 
 def held_out_eval(run: RLRun) -> dict:
     """Greedy pass@1 on the held-out prompts, by the engine on rank 0 (other ranks: {})."""
-    if not run.eval_examples or run.engine is None:
+    if not run.eval_examples or run.engine is None or not run.world.main:
         return {}
     greedy = dataclasses.replace(sampling_params(run.cfg, run.cfg.seed), temperature=0.0)
     if run.env is not None:

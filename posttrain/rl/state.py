@@ -33,3 +33,4 @@ class RLRun:
     version: int = 0  # the policy version the engine holds (every rank keeps count; rank 0 has the engine)
     ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
     env: object = None  # env.name set: episodes in a multi-turn environment (posttrain.envs.session.EnvSession)
+    colocated: bool = False  # under torchrun every rank has an engine and generates its own groups

@@ -1,5 +1,5 @@
-"""RL under torchrun: 2 ranks (gloo, FSDP2; rank 0 generates, each rank trains its own groups)
-equal 1 process, step by step, for the GRPO family (same rollouts) and PPO's critic."""
+"""RL under torchrun: 2 ranks (gloo, FSDP2; by default each rank generates and trains its own
+groups) equal 1 process, step by step, for the GRPO family (same rollouts) and PPO's critic."""
 
 import json
 from pathlib import Path
@@ -48,11 +48,14 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
     {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
     {"algorithm": "grpo", "ppo_epochs": 2, "micro_batch_tokens": 64},  # off-policy 2nd epoch: ratios leave 1
     {"algorithm": "grpo", "mini_batches": 2},  # the step's mini-batches, whichever rank holds their rows
+    {"algorithm": "grpo", "rollout.colocate": False},  # rank 0 generates the whole step and shares it
 ])
 def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=3, save_every=3,
                                     **{"optim.lr": 1e-2, "kl.track_every": 1, **ADAM, **extra}) if not a.startswith("out_dir=")]
     one, two = _run_both(torchrun, args, tmp_path)
+    # colocated by default: each rank sampled its own groups, with the seeds the one process gave them
+    assert {m["rollout/generating_ranks"] for m in two} == {1 if extra.get("rollout.colocate") is False else 2}
     for a, b in zip(one, two):
         assert b["reward/mean"] == a["reward/mean"]  # the same rollouts
         extremes = [k for k in a if k.endswith(("_max", "_min"))]  # the step's, at any world size
@@ -92,6 +95,8 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
                                        **ADAM})
             if not a.startswith("out_dir=")]
     one, two = _run_both(torchrun, args, tmp_path)
+    assert all(m["rollout/generating_ranks"] == 2 for m in two) and all(m["reward/mean"] == n["reward/mean"]
+                                                                       for m, n in zip(one, two))
     for a, b in zip(one, two):
         # PPO's first loss is -mean(A) over whitened advantages: O(1) terms cancelling to ~0, so its
         # float32 rounding depends on the ranks' summation order (seen: 3.5e-7 vs -1.5e-8); the
@@ -122,12 +127,14 @@ def test_groups_the_ranks_cannot_share_equally(rl_overrides, plugin_on_path, tmp
 
 
 def test_dynamic_sampling_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
-    """Rank 0 samples until the step has its informative groups and shares them; a step that keeps a
-    number of groups the ranks cannot share equally splits them unequally."""
+    """Each round every rank samples its own groups and all see the round's; rounds go on until the
+    step has its informative groups; a step that keeps a number of groups the ranks cannot share
+    equally splits them unequally."""
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:half_flat", prompts_per_step=4, num_steps=3, seed=0,
                                     **{"dynamic_sampling.enabled": True, "dynamic_sampling.max_rounds": 2,
                                        "optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
     one, two = _run_both(torchrun, args, tmp_path)
+    assert all(m["rollout/generating_ranks"] == 2 for m in two)
     kept = [m["dynamic_sampling/kept_groups"] for m in one]
     assert all(k >= 2 for k in kept) and any(k % 2 for k in kept), kept  # an unequal share, no starved step
     for a, b in zip(one, two):
