@@ -16,6 +16,7 @@ from posttrain.rl.curriculum import CurriculumConfig
 from posttrain.sandbox.worker import SandboxConfig
 from posttrain.tracking import LoggingConfig
 from posttrain.core.optim import OptimConfig
+from posttrain.verifiers.judge import JudgeConfig
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 # Each algorithm's default way of turning per-token losses into a scalar.
@@ -268,7 +269,11 @@ class RLConfig:
     cispo_clip_high: float = 0.28
     """policy_loss=cispo: the IS weight is at most 1 + cispo_clip_high."""
     verifier: str = "arithmetic"
-    """Reward: a registered verifier (arithmetic, math, code, format) or package.module:function."""
+    """Reward: a registered verifier (arithmetic, math, code, format), package.module:function, or
+    judge (a judge model grades with a rubric: the judge section)."""
+    judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
+    """A judge model on OpenAI-compatible servers: the reward with verifier=judge, or added to the
+    verifier's with judge.weight when judge.urls is set (docs/envs.md, "Judge rewards")."""
     format_weight: float = 0.0
     """Weight of the format reward added to the verifier's (e.g. 0.05)."""
     prompts_per_step: int = 8
@@ -321,6 +326,9 @@ class RLConfig:
     judges on that many sandbox actors of sandbox.cpus CPUs each (the verifier farm; docs/ray.md)."""
 
     def __post_init__(self):
+        if self.verifier == "judge" and not self.judge.urls:
+            raise ConfigValueError("judge.urls", "verifier=judge needs the judge model's servers, "
+                                                 "e.g. [http://localhost:8000]")
         if self.algorithm not in ALGORITHMS:
             raise ConfigValueError("algorithm", f"must be one of {', '.join(ALGORITHMS)}")
         if self.reward_model.path and self.algorithm != "ppo":

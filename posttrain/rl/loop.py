@@ -35,6 +35,7 @@ from posttrain.rl.batch import RLBatch, concat_groups, group_outcomes, outcome_b
 from posttrain.rl.config import RLConfig, sampling_params
 from posttrain.rl.diagnostics import Watchdog, rollout_metrics
 from posttrain.verifiers.code import farm_metrics
+from posttrain.verifiers.registry import verifier_metrics
 from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
@@ -230,7 +231,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         batch.episode_B = torch.tensor([episode_of_row[r] - first for r in rows], dtype=torch.long)
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     # The curriculum's view before `during`: the async controller moves the source while the trainer computes.
-    metrics |= run.source.metrics() | farm_metrics() if world.main else {}
+    metrics |= run.source.metrics() | farm_metrics() | verifier_metrics(run.verifier) if world.main else {}
     with during:  # async: the controller keeps receiving and admitting groups meanwhile
         with timer("logprobs"):
             train_rows, with_ref = rows_to_train(cfg, batch, outcomes, first), reference_due(cfg, step)
@@ -348,7 +349,12 @@ def setup(cfg: RLConfig) -> RLRun:
     train_examples = load_prompt_records(cfg.data.path)
     eval_examples = load_prompt_records(cfg.data.eval_path)[: cfg.data.eval_max_prompts] \
         if cfg.data.eval_path else []
-    verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight)
+    judge = None
+    if cfg.judge.urls:
+        from posttrain.verifiers.judge import Judge
+
+        judge = Judge(cfg.judge)
+    verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight, judge=judge)
     code.configure(cfg.sandbox, cfg.runtime, cfg.ray)  # where code is judged; the pool starts on first use
     if cfg.rollout.backend != "torch" and cfg.rollout.urls:
         check_servers(cfg.rollout.urls, dialect=server_dialect(cfg))  # every rank, before any model loads

@@ -115,29 +115,58 @@ def combine(verifiers_with_weights: list[tuple[Verifier, float]]) -> Verifier:
     """A verifier whose reward is ``sum(w_i * reward_i)`` and whose class is the first verifier's.
 
     The first entry is the correctness verifier. INFRA_FAIL (then TASK_FAIL) from any entry
-    dominates: if any part could not judge, the sum is meaningless and is masked.
+    dominates: if any part could not judge, the sum is meaningless and is masked. Its ``batch``
+    judges a whole batch with each part's own batch form (a judge grades in parallel), and its
+    ``metrics`` are its parts'.
     """
     if not verifiers_with_weights:
         raise ValueError("combine needs at least one (verifier, weight)")
+    weights = [w for _, w in verifiers_with_weights]
 
     def combined(completion: str, example: dict) -> Outcome:
-        outcomes = [safe_verify(fn, completion, example) for fn, _ in verifiers_with_weights]
-        for bad in (OutcomeClass.INFRA_FAIL, OutcomeClass.TASK_FAIL):
-            failed = next((o for o in outcomes if o.cls is bad), None)
-            if failed is not None:
-                return failed
-        main = outcomes[0]
-        reward = sum(w * o.reward for (_, w), o in zip(verifiers_with_weights, outcomes))
-        detail = "; ".join(o.detail for o in outcomes if o.detail)
-        return Outcome(main.cls, reward, main.reason, detail)
+        return _merge([safe_verify(fn, completion, example) for fn, _ in verifiers_with_weights], weights)
+
+    def batch(completions: list[str], examples: list[dict]) -> list[Outcome]:
+        parts = [score_batch(fn, completions, examples) for fn, _ in verifiers_with_weights]
+        return [_merge(list(outcomes), weights) for outcomes in zip(*parts)]
+
+    def metrics() -> dict:
+        return {k: v for fn, _ in verifiers_with_weights for k, v in verifier_metrics(fn).items()}
 
     combined.__name__ = "+".join(getattr(fn, "__name__", "verifier") for fn, _ in verifiers_with_weights)
+    combined.batch, combined.metrics = batch, metrics
     return combined
 
 
-def build_reward(spec: str, format_weight: float = 0.0) -> Verifier:
-    """The verifier named by ``spec``, plus ``format_weight`` × the format reward when non-zero."""
-    fn = resolve_verifier(spec)
-    if format_weight == 0:
-        return fn
-    return combine([(fn, 1.0), (basic.format_reward, format_weight)])
+def _merge(outcomes: list[Outcome], weights: list[float]) -> Outcome:
+    for bad in (OutcomeClass.INFRA_FAIL, OutcomeClass.TASK_FAIL):
+        failed = next((o for o in outcomes if o.cls is bad), None)
+        if failed is not None:
+            return failed
+    main = outcomes[0]
+    reward = sum(w * o.reward for w, o in zip(weights, outcomes))
+    detail = "; ".join(o.detail for o in outcomes if o.detail)
+    return Outcome(main.cls, reward, main.reason, detail)
+
+
+def verifier_metrics(fn: Verifier) -> dict:
+    """What a verifier counts of itself (a judge's cache hit rate, ...), or nothing."""
+    metrics = getattr(fn, "metrics", None)
+    return metrics() if callable(metrics) else {}
+
+
+def build_reward(spec: str, format_weight: float = 0.0, judge: Verifier | None = None) -> Verifier:
+    """The verifier named by ``spec`` (``judge``: the ``judge`` alone), plus the judge's weighted
+    grade when one is given with another verifier, plus ``format_weight`` × the format reward."""
+    if spec == "judge":
+        if judge is None:
+            raise UserError("verifier=judge: set judge.urls to the judge model's servers")
+        fn = judge
+    else:
+        fn = resolve_verifier(spec)
+    parts = [(fn, 1.0)]
+    if judge is not None and spec != "judge":
+        parts.append((judge, judge.cfg.weight))
+    if format_weight != 0:
+        parts.append((basic.format_reward, format_weight))
+    return fn if len(parts) == 1 else combine(parts)
