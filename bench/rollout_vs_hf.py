@@ -21,6 +21,8 @@ decoder 3.1x its floor (attention reads the whole, longer cache every step).
     .venv/bin/python bench/rollout_vs_hf.py            # default grid
     .venv/bin/python bench/rollout_vs_hf.py --batch 64 --new 128 --repeats 3
     .venv/bin/python bench/rollout_vs_hf.py --batch 64 --new 32 --threads 1   # the step vs its floor
+    .venv/bin/python bench/rollout_vs_hf.py --arch qwen3 --backend fast   # Qwen3 (q/k norms), fast decoder
+    .venv/bin/python bench/rollout_vs_hf.py --arch qwen3 --backend hf     # ... and the generic one
 """
 
 from __future__ import annotations
@@ -35,8 +37,18 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from posttrain.rollout import SamplingParams, TorchEngine
 
 
-def build_model() -> LlamaForCausalLM:
+def build_model(arch: str = "llama"):
     torch.manual_seed(0)
+    if arch != "llama":  # the same dimensions in another family's config (`posttrain make-tiny --arch`)
+        from transformers import AutoModelForCausalLM
+
+        from posttrain.models.tiny import tiny_config
+
+        model = AutoModelForCausalLM.from_config(tiny_config(arch, "tiny", vocab_size=512, eos_ids=None,
+                                                             pad_id=0)).eval()
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        return model
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                       bos_token_id=None, eos_token_id=None, pad_token_id=0)
@@ -152,12 +164,14 @@ def main() -> None:
     parser.add_argument("--new", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"])
+    parser.add_argument("--arch", default="llama", help="llama, or a family of `posttrain make-tiny --arch` "
+                        "(e.g. qwen3) at the tiny size; the step-vs-floor table is Llama's only")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (0: torch's default); 1 on a loaded machine, see bench/grpo_vs_trl.py")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build_model()
+    model = build_model(args.arch)
     engine = TorchEngine(model, backend=args.backend)
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e6:.2f}M params, torch threads {torch.get_num_threads()}, engine backend {engine.backend}")
@@ -170,6 +184,8 @@ def main() -> None:
             assert n_hf == n_en == batch * new, (n_hf, n_en, batch * new)
             hf_rate, en_rate = n_hf / t_hf, n_en / t_en
             print(f"{batch:>7} {new:>4} {hf_rate:>10.0f} {en_rate:>13.0f} {en_rate / hf_rate:>5.2f}x")
+    if args.arch != "llama":
+        return
     print("\nper decode step (ms; ratio to the matmul floor):")
     print(f"{'prompts':>7} {'new':>4} {'floor':>7} {'decoder':>8} {'ratio':>6} {'engine':>7} {'ratio':>6}")
     for batch in args.batch:
