@@ -91,8 +91,8 @@ def _take(run, ctl: AsyncController, step: int) -> tuple[list, dict]:
     the step's async metrics."""
     groups = ctl.take(step)
     info = ctl.step_metrics(groups)  # staleness against the version that trains on them
-    if groups:
-        info["dynamic_sampling/rounds"] = 1
+    if groups:  # rank 0's engine (or the engines apart it drives) generates every group
+        info |= {"dynamic_sampling/rounds": 1, "rollout/generating_ranks": 1}
     if run.env is not None and groups:
         info |= episode_metrics([e for g in groups for e in g.episodes])
         groups = [dataclasses.replace(g, episodes=None) for g in groups]
