@@ -18,7 +18,8 @@ from posttrain.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("posttrain.models.tiny_cli", "build an embedded tiny model (Llama, Qwen3, Mistral, Phi-3, Gemma 2/3) and tokenizer"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
-    "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an embedded environment (calculator, code_repair)"),
+    "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an embedded environment (calculator, code_repair, repo)"),
+    "env-audit": ("posttrain.envs.audit_cli", "audit repository tasks: the reference fix scores, no-ops and hacks do not"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
     "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family, PPO)"),
     "rm": ("posttrain.train.rm_cli", "reward model on pairwise preferences (Bradley-Terry)"),

@@ -6,7 +6,11 @@ Files written (JSONL):
   ``data.path`` / ``data.eval_path`` with ``env.name=ENV``);
 - ``sft_train.jsonl``: the conversations a good episode holds, as ``{"messages": [...]}`` for
   `posttrain sft` — calculator: the tool call, the tool's result and the answer; code_repair: a
-  direct solution, or a wrong first version, the sandbox's feedback and the fix.
+  direct solution, or a wrong first version, the sandbox's feedback and the fix; repo: run the
+  tests, read the module, replace the buggy line, submit.
+
+For ``repo`` the prompts are whole tasks (the project's files, hidden tests, the reference fix):
+`posttrain env-audit` checks them.
 
 Train and eval never share a problem (the tasks' hash splits).
 """
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from posttrain.errors import UserError
 
-ENVS = ("calculator", "code_repair")
+ENVS = ("calculator", "code_repair", "repo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--digits", default="3,3", help="calculator: digits of the two operands (default 3,3)")
     parser.add_argument("--tools-style", default="compact", choices=["json", "compact", "none"],
-                        help="calculator: how the traces offer the tool, as env.tools_style offers it in rl and "
+                        help="calculator, repo: how the traces offer the tools, as env.tools_style offers it in rl and "
                              "eval (default compact, the environment's default; none keeps a tiny model's prompts short)")
     parser.add_argument("--direct-frac", type=float, default=0.0,
                         help="calculator: share of traces that answer at once, without the tool (default 0)")
@@ -51,6 +55,14 @@ def run(args: argparse.Namespace) -> int:
                                             direct_frac=args.direct_frac)
         except ValueError as e:
             raise UserError(f"calculator: {e}") from None
+    elif args.env == "repo":
+        from posttrain.envs.repo_tasks import write_repo_data
+
+        try:
+            written = write_repo_data(Path(args.out_dir), n_train=args.n_train, n_eval=args.n_eval, seed=args.seed,
+                                      tools_style=args.tools_style)
+        except ValueError as e:
+            raise UserError(f"repo: {e}") from None
     else:
         from posttrain.envs.code_repair import write_code_repair_data
 

@@ -142,10 +142,10 @@ class EpisodeRunner:
         turn, is sent the `Rollouts` the engine answers, and returns the episodes. Whoever holds the
         engine drives it: `drive` with a blocking ``generate``, or async RL's controller with
         ``submit`` and ``poll`` while the trainer trains (`posttrain.rl.async_.controller`)."""
-        lives = [_Live(Episode(example_idx=i, segments=[]), self.make_env()) for i in range(len(examples)) for _ in range(n)]
+        lives = [self._make(i) for i in range(len(examples)) for _ in range(n)]
         limit = self.limits.episode_timeout_s
         until = time.monotonic() + limit if limit > 0 else float("inf")
-        opened = self._call_all([lambda lv=lv: lv.env.reset(examples[lv.episode.example_idx]) for lv in lives], until)
+        opened = self._call_all([lambda lv=lv: self._reset(lv, examples[lv.episode.example_idx]) for lv in lives], until)
         for lv, messages in zip(lives, opened):
             self._open(lv, messages)
         turn = 0
@@ -167,6 +167,20 @@ class EpisodeRunner:
                     except Exception:  # closing is best effort; the verdict stands
                         pass
         return [lv.episode for lv in lives]
+
+    def _make(self, example_idx: int) -> _Live:
+        t0 = time.perf_counter()
+        lv = _Live(Episode(example_idx=example_idx, segments=[]), self.make_env())
+        lv.episode.reset_s = time.perf_counter() - t0
+        return lv
+
+    @staticmethod
+    def _reset(lv: _Live, example: dict):
+        t0 = time.perf_counter()
+        try:
+            return lv.env.reset(example)
+        finally:
+            lv.episode.reset_s += time.perf_counter() - t0
 
     def _in_time(self, live: list[_Live], until: float) -> list[_Live]:
         """``live`` once the episodes past ``episode_timeout_s`` have ended (INFRA_FAIL, masked)."""

@@ -55,6 +55,7 @@ class EnvSession:
         episodes = self.episodes(engine, examples, 1, sampling)
         head = f"eval/{bench}/greedy"
         passed = sum(e.outcome.cls is OutcomeClass.PASS for e in episodes) / max(len(episodes), 1)
-        env = {f"{head}/{k}": v for k, v in episode_metrics(episodes).items() if not k.endswith("pass_frac")}
+        env = {f"{head}/{k}": v for k, v in episode_metrics(episodes).items()
+               if not k.endswith("pass_frac") and not k.startswith("time/")}
         return {f"{head}/pass@1": passed, f"{head}/mean_length": sum(e.model_tokens for e in episodes) / max(len(episodes), 1),
                 **env}

@@ -59,6 +59,8 @@ class Episode:
     tool_errors: int = 0
     prefix_breaks: int = 0
     policy_version: int = 0
+    reset_s: float = 0.0
+    """Seconds to make the episode's environment and reset it (its start-up overhead)."""
 
     @property
     def turns(self) -> int:
@@ -102,7 +104,9 @@ def episodes_to_rollouts(episodes: list[Episode], sampling: SamplingParams, *,
 
 
 def episode_metrics(episodes: list[Episode], prefix: str = "env") -> dict:
-    """Per-step (or per-evaluation) means: turns, tool calls and the tool-error fraction, tokens."""
+    """Per-step (or per-evaluation) means: turns, tool calls and the tool-error fraction, tokens;
+    and ``time/env_reset_ms_mean``, an episode's start-up (making and resetting its environment:
+    1000 / it is the resets per second one thread makes)."""
     n = max(len(episodes), 1)
     calls = sum(e.tool_calls for e in episodes)
     return {
@@ -115,4 +119,5 @@ def episode_metrics(episodes: list[Episode], prefix: str = "env") -> dict:
         f"{prefix}/segments_mean": sum(len(e.segments) for e in episodes) / n,
         f"{prefix}/pass_frac": sum(e.outcome is not None and e.outcome.cls is OutcomeClass.PASS
                                    for e in episodes) / n,
+        "time/env_reset_ms_mean": 1000 * sum(e.reset_s for e in episodes) / n,
     }

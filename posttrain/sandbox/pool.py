@@ -43,7 +43,9 @@ class CircuitOpen(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One program to judge. Function-call form: ``entry_point`` + ``tests`` (defining
-    ``check(candidate)``) + optional trusted ``prelude``. Stdin/stdout form: ``io`` pairs."""
+    ``check(candidate)``) + optional trusted ``prelude``. Stdin/stdout form: ``io`` pairs.
+    ``capture``: a stdin/stdout run whose output is not compared but returned, as the detail of a
+    PASS that says only "the program ran to the end" (a tool that shows a program's output)."""
 
     program: str
     entry_point: str = ""
@@ -51,6 +53,7 @@ class Job:
     prelude: str = ""
     io: tuple[tuple[str, str], ...] = ()
     timeout_s: float | None = None
+    capture: bool = False
 
     def request(self, cfg: SandboxConfig) -> dict:
         req = {"program": self.program, "timeout_s": self.timeout_s or cfg.timeout_s,
@@ -66,6 +69,8 @@ class Job:
             return Outcome(_CLS[reply["cls"]], 1.0 if reply["cls"] == "PASS" else 0.0,
                            reply["reason"], reply["detail"])
         for k, case in enumerate(reply["cases"]):
+            if self.capture and case["status"] == "ok":
+                return Outcome.passed(detail=case["stdout"])
             if case["status"] != "ok":
                 return Outcome.model_fail(case["status"], detail=f"case {k}: {case['stderr'][-200:]}")
             if normalize_output(case["stdout"]) != normalize_output(self.io[k][1]):

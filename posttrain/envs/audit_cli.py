@@ -1,0 +1,79 @@
+"""`posttrain env-audit TASKS.jsonl --out DIR`: audit repository tasks before training on them.
+
+Plays the oracle (the reference fix), the null policy (submit unchanged) and the known hacks
+(`posttrain.envs.audit`) through the repository environment, each task in the code sandbox.
+``TASKS`` is a JSONL file of tasks (docs/envs.md) or ``embedded`` (``--n`` embedded tasks of
+``--split``). Writes ``DIR/clean.jsonl`` (the tasks without flags), ``DIR/audit.jsonl`` (one row
+per task: flags and each policy's verdict) and ``DIR/summary.json``; prints each policy's pass rate
+(oracle 1.0, every other 0.0 on a sound task set). Exit 0 when every task is clean, 1 when some
+were flagged (they are left out of clean.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from posttrain.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tasks", help="JSONL repository tasks, or 'embedded'")
+    parser.add_argument("--out", default="env-audit", help="output directory (default: env-audit)")
+    parser.add_argument("--n", type=int, default=50, help="embedded: number of tasks (default 50)")
+    parser.add_argument("--split", choices=("train", "eval"), default="train", help="embedded: split (default train)")
+    parser.add_argument("--workers", type=int, default=0, help="parallel sandboxes (default: one per core)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per sandbox run (default 10)")
+
+
+def read_tasks(args) -> list[dict]:
+    if args.tasks == "embedded":
+        from posttrain.envs.repo_tasks import sample_tasks
+
+        if args.n < 1:
+            raise UserError(f"--n must be >= 1, got {args.n}")
+        return sample_tasks(args.n, split=args.split)
+    from posttrain.envs.base import EnvTaskError
+    from posttrain.envs.repo import check_task
+    from posttrain.jsonl import read_jsonl
+
+    tasks = []
+    for line, rec in read_jsonl(args.tasks):
+        try:
+            check_task(rec)
+        except EnvTaskError as e:
+            raise UserError(f"{args.tasks}:{line}: {e}") from None
+        tasks.append(rec)
+    return tasks
+
+
+def run(args) -> int:
+    from posttrain.envs.audit import audit_tasks, pass_rates
+    from posttrain.envs.repo import RepoEnv
+    from posttrain.sandbox.audit import write_audit
+    from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+    from posttrain.sandbox.worker import SandboxConfig
+    from posttrain.tracking import progress_bar
+
+    if args.timeout <= 0 or args.workers < 0:
+        raise UserError("--timeout must be > 0 and --workers >= 0")
+    tasks = read_tasks(args)
+    try:
+        pool = SandboxPool(SandboxConfig(workers=args.workers))
+    except SandboxUnavailable as e:
+        raise UserError(f"{args.tasks}: cannot run the tasks here: {e}") from None
+    with pool, progress_bar(sys.stderr.isatty()) as bar:
+        job = bar.add_task("audit", total=None, info="")
+        rows = audit_tasks(tasks, lambda: RepoEnv(timeout_s=args.timeout, pool=pool),
+                           workers=2 * pool.cfg.n_workers,
+                           progress=lambda: bar.advance(job))
+    summary = write_audit(tasks, rows, Path(args.out))
+    summary["pass_rate"] = pass_rates(rows)
+    (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for name, rate in summary["pass_rate"].items():
+        want = "1.0" if name == "oracle" else "0.0"
+        print(f"{name:>13}: {rate:6.1%} of tasks pass (sound: {want})")
+    print(json.dumps({k: summary[k] for k in ("records", "clean", "flags")}))
+    return 0 if summary["clean"] == summary["records"] else 1

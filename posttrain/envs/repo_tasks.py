@@ -1,0 +1,164 @@
+"""The embedded repository tasks: a small package with one seeded bug, its tests, its fix.
+
+Each task is a package ``pkg`` with a module ``ops.py`` of three small functions drawn from a
+catalogue (add a constant, scale, count the items above a bound, clamp, take a prefix, test
+divisibility; each with its own constant), one of which carries a seeded one-line bug (the
+constant off by one, or a wrong operator). ``tests/test_ops.py`` (visible) has one assert per
+function and fails on the buggy one; the hidden tests (``check(call)``) try four inputs of every
+function, so a fix that breaks another function does not pass either. ``fix`` is the correct
+``ops.py`` (the audit's oracle). Every generated task is checked here when it is made: the correct
+module passes all its tests and the buggy one fails a visible and a hidden test.
+
+Train and held-out tasks never share a (catalogue choice, bug, constants) combination: a task's
+split is a hash of its id. `sft_record` writes the trace of a good episode (run the tests, read
+the module, replace the buggy line, submit) for a warm start by `posttrain sft`, with the tool
+outputs exactly as `posttrain.envs.repo` prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+from posttrain.envs.repo import report_line
+from posttrain.envs.tools import format_call, with_tools_message
+
+# name -> (body with K, parameter, bugs (body with K), visible input, hidden inputs)
+CATALOGUE: dict[str, tuple[str, str, tuple[str, ...], object, tuple]] = {
+    "add_k": ("return x + K", "x", ("return x - K", "return x + K + 1"), 2, (0, 5, -3, 11)),
+    "scale": ("return x * K", "x", ("return x + K", "return x * (K + 1)"), 3, (0, 1, -2, 7)),
+    "count_above": ("return sum(1 for v in xs if v > K)", "xs",
+                    ("return sum(1 for v in xs if v >= K)", "return sum(1 for v in xs if v < K)"),
+                    "[1, K, K + 1, K + 5]", ("[]", "[K]", "[K - 1, K, K + 2]", "[0, K + 1, K + 9, 2]")),
+    "clamp": ("return max(0, min(x, K))", "x", ("return max(0, min(x, K - 1))", "return min(0, max(x, K))"),
+              "K + 4", (-5, 0, 1, "K + 1")),
+    "take": ("return xs[:K]", "xs", ("return xs[:K - 1]", "return xs[K:]"),
+             "list(range(10))", ("[]", "[1, 2]", "list(range(K + 3))", "list(range(20))")),
+    "is_multiple": ("return x % K == 0", "x", ("return x % K == 1", "return x % (K + 1) == 0"),
+                    "K * 3", (0, 1, "K", "K * 7 + 1")),
+}
+HELD_OUT_FRAC = 0.2
+_SALT = "posttrain-repo-v1"
+
+
+def _expr(value, k: int) -> str:
+    """A test input as source, with the function's constant substituted."""
+    return str(value).replace("K", str(k)) if isinstance(value, str) else repr(value)
+
+
+def _source(name: str, body: str, k: int) -> str:
+    param = CATALOGUE[name][1]
+    return f"def {name}({param}):\n    {body.replace('K', str(k))}\n"
+
+
+def _evaluate(source: str, name: str, arg_src: str):
+    ns: dict = {}
+    exec(source, ns)  # our own generated code
+    try:
+        return ns[name](eval(arg_src, {}))
+    except Exception as e:  # a buggy body may raise
+        return e
+
+
+def split_of(task_id: str) -> str:
+    digest = hashlib.sha256(f"{_SALT}:{task_id}".encode()).digest()
+    return "eval" if int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_FRAC else "train"
+
+
+def make_task(names: tuple[str, str, str], buggy: int, bug: int, ks: tuple[int, int, int]) -> dict | None:
+    """One task, or None when the bug does not show on the visible and the hidden inputs."""
+    correct = "\n\n".join(_source(n, CATALOGUE[n][0], k) for n, k in zip(names, ks))
+    bugged = "\n\n".join(_source(n, CATALOGUE[n][2][bug] if i == buggy else CATALOGUE[n][0], k)
+                     for i, (n, k) in enumerate(zip(names, ks)))
+    visible = ["from pkg.ops import " + ", ".join(names) + "\n"]
+    hidden = ["def check(call):\n"]
+    seen_visible = seen_hidden = False
+    for i, (name, k) in enumerate(zip(names, ks)):
+        arg = _expr(CATALOGUE[name][3], k)
+        want = _evaluate(correct, name, arg)
+        visible.append(f"\n\ndef test_{name}():\n    assert {name}({arg}) == {want!r}, {name}({arg})\n")
+        seen_visible |= i == buggy and _evaluate(bugged, name, arg) != want
+        for x in CATALOGUE[name][4]:
+            arg = _expr(x, k)
+            want = _evaluate(correct, name, arg)
+            hidden.append(f"    assert call('pkg.ops.{name}', {arg}) == {want!r}\n")
+            seen_hidden |= i == buggy and _evaluate(bugged, name, arg) != want
+    if not (seen_visible and seen_hidden):
+        return None
+    task_id = f"repo/{'-'.join(names)}/{buggy}{bug}/{'-'.join(map(str, ks))}"
+    return {"id": task_id,
+            "files": {"pkg/__init__.py": "", "pkg/ops.py": bugged, "tests/test_ops.py": "".join(visible)},
+            "hidden_tests": "".join(hidden), "fix": {"pkg/ops.py": correct},
+            "bug": {"path": "pkg/ops.py", "old": f"    {CATALOGUE[names[buggy]][2][bug].replace('K', str(ks[buggy]))}",
+                    "new": f"    {CATALOGUE[names[buggy]][0].replace('K', str(ks[buggy]))}"}}
+
+
+def sample_tasks(n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
+    """``n`` distinct tasks of ``split`` (train or eval)."""
+    rng, out, seen = random.Random(f"{seed}:{split}"), [], set()
+    for _ in range(200 * n + 1000):
+        if len(out) == n:
+            break
+        names = tuple(rng.sample(sorted(CATALOGUE), 3))
+        ks = tuple(rng.randint(2, 9) for _ in names)
+        task = make_task(names, rng.randrange(3), rng.randrange(2), ks)
+        if task is None or task["id"] in seen or split_of(task["id"]) != split:
+            continue
+        seen.add(task["id"])
+        out.append(task)
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} distinct {split} tasks could be drawn (asked for {n})")
+    return out
+
+
+def expected_report(task: dict) -> str:
+    """What ``run_tests`` shows on the task's unfixed project."""
+    names = [line.split("(")[0][4:] for line in task["fix"]["pkg/ops.py"].splitlines() if line.startswith("def ")]
+    path, lines, failed = "tests/test_ops.py", [], 0
+    test_src = task["files"][path]
+    for name in names:
+        assert_line = next(s.strip() for s in test_src.splitlines() if s.strip().startswith(f"assert {name}("))
+        arg = assert_line[len(f"assert {name}("):assert_line.index(") ==")]
+        got = _evaluate(task["files"]["pkg/ops.py"], name, arg)
+        want = _evaluate(task["fix"]["pkg/ops.py"], name, arg)
+        if got == want:
+            lines.append(report_line(path, f"test_{name}"))
+            continue
+        failed += 1
+        error = f"AssertionError: {got}" if not isinstance(got, Exception) else f"{type(got).__name__}: {got}"
+        lines.append(report_line(path, f"test_{name}", assert_line, error))
+    return "\n".join(lines + [f"{len(names) - failed} passed, {failed} failed"])
+
+
+def sft_record(task: dict, tools, tools_style: str = "compact") -> dict:
+    """The conversation of a good episode: run the tests, read the module, fix the line, submit."""
+    from posttrain.envs.repo import DEFAULT_PROMPT
+
+    prompt = DEFAULT_PROMPT.replace("{files}", ", ".join(task["files"]))
+    bug = task["bug"]
+    messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
+    steps = [("run_tests", {}, expected_report(task)),
+             ("read_file", {"path": bug["path"]}, task["files"][bug["path"]]),
+             ("replace", {"path": bug["path"], "old": bug["old"], "new": bug["new"]},
+              f"replaced 1 occurrence in {bug['path']}")]
+    for name, args, result in steps:
+        messages += [{"role": "assistant", "content": format_call(name, args)},
+                     {"role": "tool", "name": name, "content": result}]
+    return {"messages": messages + [{"role": "assistant", "content": format_call("submit", {})}]}
+
+
+def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
+                    tools_style: str = "compact") -> dict[str, Path]:
+    """``prompts_train.jsonl`` / ``prompts_eval.jsonl`` (tasks) and ``sft_train.jsonl`` (traces)."""
+    from posttrain.data.records import write_jsonl
+    from posttrain.envs.repo import RepoEnv
+
+    tools = RepoEnv().tools
+    out, written = Path(out_dir), {}
+    for split, n in (("train", n_train), ("eval", n_eval)):
+        tasks = sample_tasks(n, split=split, seed=seed)
+        written[f"prompts_{split}"] = write_jsonl(out / f"prompts_{split}.jsonl", tasks)
+        if split == "train":
+            written["sft_train"] = write_jsonl(out / "sft_train.jsonl", [sft_record(t, tools, tools_style) for t in tasks])
+    return written

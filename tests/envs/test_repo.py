@@ -1,0 +1,255 @@
+"""The repository environment: tools on a per-episode working copy, hidden tests in the sandbox,
+the audit (oracle passes, no-op and hacks do not), isolation between episodes, token-exact runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.envs.audit import audit_tasks, pass_rates
+from posttrain.envs.base import EnvTaskError
+from posttrain.envs.repo import RepoEnv, check_path, PathError
+from posttrain.envs.repo_tasks import expected_report, sample_tasks, sft_record
+from posttrain.envs.tools import format_call
+from posttrain.outcome import OutcomeClass
+from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+from posttrain.sandbox.worker import SandboxConfig
+
+
+@pytest.fixture(scope="module")
+def pool():
+    try:
+        p = SandboxPool(SandboxConfig(workers=1, timeout_s=5.0))
+    except SandboxUnavailable as e:
+        pytest.skip(str(e))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return sample_tasks(6, split="train") + sample_tasks(4, split="eval")
+
+
+def env_of(pool, task) -> RepoEnv:
+    env = RepoEnv(pool=pool)
+    env.reset(task)
+    return env
+
+
+def tool(env, name, **args):
+    result = env.step(format_call(name, args))
+    return result if result.done else result.observation[0]["content"]
+
+
+# ------------------------------------------------------------------------------- embedded tasks
+def test_embedded_tasks_pass_the_audit_oracle_everywhere_noop_and_hacks_nowhere(pool, tasks):
+    rows = audit_tasks(tasks, lambda: RepoEnv(pool=pool), workers=2)
+    rates = pass_rates(rows)
+    assert rates.pop("oracle") == 1.0
+    assert set(rates) == {"null", "delete_tests", "edit_tests", "sys_exit", "os_exit", "monkeypatch", "always_equal"}
+    assert all(rate == 0.0 for rate in rates.values()), rates
+    assert all(not row["flags"] for row in rows)
+    # every failure is the model's: no sandbox fault or broken task hides behind a 0
+    assert all(v.startswith(("PASS", "MODEL_FAIL")) for row in rows for v in row["runs"].values())
+
+
+def test_train_and_held_out_tasks_never_share_a_task_and_each_bug_shows(tasks):
+    train, held_out = {t["id"] for t in tasks[:6]}, {t["id"] for t in tasks[6:]}
+    assert not train & held_out and len(train) == 6 and len(held_out) == 4
+    for t in tasks:
+        assert t["bug"]["old"] in t["files"]["pkg/ops.py"] and t["bug"]["new"] in t["fix"]["pkg/ops.py"]
+        assert t["files"]["pkg/ops.py"].replace(t["bug"]["old"], t["bug"]["new"]) == t["fix"]["pkg/ops.py"]
+        assert "1 failed" in expected_report(t)
+
+
+def test_the_sandbox_report_is_the_one_the_traces_show(pool, tasks):
+    for task in tasks[:4]:
+        assert tool(env_of(pool, task), "run_tests") == expected_report(task)
+
+
+# ------------------------------------------------------------------------------------ the tools
+def test_tools_edit_only_this_episodes_copy(pool, tasks):
+    task = tasks[0]
+    before = json.dumps(task, sort_keys=True)
+    env = env_of(pool, task)
+    assert tool(env, "list_files") == "pkg/__init__.py\npkg/ops.py\ntests/test_ops.py"
+    assert tool(env, "read_file", path="pkg/ops.py") == task["files"]["pkg/ops.py"]
+    assert tool(env, "replace", path="pkg/ops.py", old=task["bug"]["old"], new=task["bug"]["new"]) == \
+        "replaced 1 occurrence in pkg/ops.py"
+    assert tool(env, "run_tests").endswith("3 passed, 0 failed")
+    assert tool(env, "write_file", path="notes/a.txt", content="x") == "wrote notes/a.txt"
+    assert tool(env, "delete_file", path="tests/test_ops.py") == "deleted tests/test_ops.py"
+    assert tool(env, "list_files") == "notes/a.txt\npkg/__init__.py\npkg/ops.py"
+    assert tool(env, "run_tests") == "no test files"
+    assert json.dumps(task, sort_keys=True) == before  # the template is shared, never written
+    fresh = env_of(pool, task)
+    assert tool(fresh, "read_file", path="pkg/ops.py") == task["files"]["pkg/ops.py"]
+    result = tool(env, "submit")
+    assert result.done and result.outcome.cls is OutcomeClass.PASS and result.info["tool_calls"] == 1
+
+
+@pytest.mark.parametrize("path", ["../x.py", "/etc/passwd", "pkg/../../x", "a//b", "", "x" * 201, "a/./b", "~/.ssh"])
+def test_paths_outside_the_tree_are_the_models_error(pool, tasks, path):
+    with pytest.raises(PathError):
+        check_path(path)
+    env = env_of(pool, tasks[0])
+    result = env.step(format_call("write_file", {"path": path, "content": "x"}))
+    assert not result.done and result.info == {"tool_calls": 1, "tool_errors": 1}
+    assert result.observation[0]["content"].startswith("error: PathError")
+    assert tool(env, "list_files") == "pkg/__init__.py\npkg/ops.py\ntests/test_ops.py"
+
+
+def test_replace_needs_exactly_one_occurrence_and_files_are_bounded(pool, tasks):
+    env = env_of(pool, tasks[0])
+    assert "occurs 0 times" in tool(env, "replace", path="pkg/ops.py", old="no such text", new="y")
+    assert "occurs 3 times" in tool(env, "replace", path="pkg/ops.py", old="return", new="y")
+    assert "at most" in tool(env, "write_file", path="big.py", content="x" * (64 * 1024 + 1))
+    assert "no file 'nope.py'" in tool(env, "read_file", path="nope.py")
+
+
+def test_calls_before_a_submit_run_first(pool, tasks):
+    task = tasks[1]
+    env = env_of(pool, task)
+    text = format_call("replace", {"path": "pkg/ops.py", "old": task["bug"]["old"], "new": task["bug"]["new"]}) + \
+        format_call("submit", {})
+    result = env.step(text)
+    assert result.done and result.outcome.cls is OutcomeClass.PASS and result.info["tool_calls"] == 2
+
+
+def test_broken_tasks_are_task_fail_not_the_models(pool, tasks):
+    with pytest.raises(EnvTaskError, match="hidden_tests"):
+        RepoEnv(pool=pool).reset({"files": {"a.py": ""}})
+    with pytest.raises(EnvTaskError, match="files"):
+        RepoEnv(pool=pool).reset({"files": {"../a.py": ""}, "hidden_tests": "def check(call): pass"})
+    bad = dict(tasks[0], hidden_tests="def check(call):\n    assert call('pkg.ops.x') ==\n")
+    result = tool(env_of(pool, bad), "submit")
+    assert result.outcome.cls is OutcomeClass.TASK_FAIL and result.outcome.reason == "bad_test"
+
+
+# ------------------------------------------------------------------------------------ isolation
+PLANT = '''import os, subprocess
+open("/tmp/planted", "w").write("left behind")
+os.environ["PLANTED"] = "1"
+subprocess.Popen(["sleep", "600"], start_new_session=True)
+'''
+PROBE = '''import os
+
+
+def test_no_planted_file():
+    assert not os.path.exists("/tmp/planted"), "planted file"
+    assert not os.path.exists("planted.txt"), "planted file in the copy"
+
+
+def test_no_background_process():
+    others = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"sleep" in cmd:
+            others.append(pid)
+    assert not others, others
+
+
+def test_no_planted_variable():
+    assert "PLANTED" not in os.environ
+'''
+
+
+def test_what_an_episode_leaves_behind_never_reaches_the_next(pool, tasks):
+    task = tasks[2]
+    first = env_of(pool, task)
+    tool(first, "write_file", path="planted.txt", content="x")
+    tool(first, "write_file", path="conftest.py", content=PLANT)
+    tool(first, "write_file", path="tests/test_ops.py", content="import conftest\n\n\ndef test_ok():\n    assert True\n")
+    assert tool(first, "run_tests") == "PASS tests/test_ops.py::test_ok\n1 passed, 0 failed"  # the planting ran
+    # the same sandbox, while the first episode's leftovers would still be there
+    second = env_of(pool, task)
+    assert "planted.txt" not in tool(second, "list_files")
+    assert tool(second, "run_tests") == expected_report(task)  # the visible tests are the task's own again
+    tool(second, "write_file", path="tests/test_probe.py", content=PROBE)
+    report = tool(second, "run_tests")
+    for name in ("test_no_planted_file", "test_no_background_process", "test_no_planted_variable"):
+        assert f"PASS tests/test_probe.py::{name}" in report, report
+    null = tool(env_of(pool, task), "submit")
+    assert null.outcome.cls is OutcomeClass.MODEL_FAIL  # the planted always-pass never scores
+    assert tool(first, "submit").outcome.cls is OutcomeClass.MODEL_FAIL
+
+
+def test_the_probe_sees_what_a_single_program_plants(pool, tasks):
+    """The probe is not blind: inside one program, the file, process and variable are seen."""
+    env = env_of(pool, tasks[2])
+    tool(env, "write_file", path="conftest.py", content=PLANT)
+    tool(env, "write_file", path="tests/test_probe.py", content="import conftest\n" + PROBE)
+    report = tool(env, "run_tests")
+    for name in ("test_no_planted_file", "test_no_background_process", "test_no_planted_variable"):
+        assert f"FAIL tests/test_probe.py::{name}" in report, report
+
+
+# ------------------------------------------------------------------------------------ the audit
+def test_the_audit_flags_weak_hidden_tests_and_a_broken_fix(pool, tasks, tmp_path):
+    weak = dict(tasks[0], id="weak", hidden_tests="def check(call):\n    assert call('pkg.ops.%s', 0) is not None\n"
+                % tasks[0]["fix"]["pkg/ops.py"].split("(")[0][4:])
+    broken = dict(tasks[1], id="broken", fix={"pkg/ops.py": tasks[1]["files"]["pkg/ops.py"]})
+    gameable = dict(tasks[3], id="gameable", hidden_tests="import os\n\ndef check(call):\n"
+                    "    assert not os.path.exists('/tmp/work/tests/test_ops.py') or call('pkg.ops.x')\n",
+                    fix={"pkg/ops.py": "def x():\n    return 1\n"})
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in (tasks[4], weak, broken, gameable)))
+    assert main(["env-audit", str(path), "--out", str(tmp_path / "audit"), "--workers", "1"]) == 1
+    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "audit" / "audit.jsonl").read_text().splitlines())}
+    assert rows[tasks[4]["id"]]["flags"] == []
+    assert "false_positive" in rows["weak"]["flags"] and rows["weak"]["runs"]["null"] == "PASS"
+    assert rows["broken"]["flags"] == ["false_negative"]
+    clean = [json.loads(line)["id"] for line in (tmp_path / "audit" / "clean.jsonl").read_text().splitlines()]
+    assert clean == [tasks[4]["id"]]
+    # hidden tests that look at the working copy's visible tests can be gamed by deleting them
+    assert rows["gameable"]["runs"]["delete_tests"] == "PASS" and "false_positive" in rows["gameable"]["flags"]
+
+
+def test_env_audit_names_the_file_and_line_of_a_bad_task(tmp_path, capsys):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"files": {"a.py": ""}, "hidden_tests": "def check(call): pass"}) + "\n"
+                    + json.dumps({"files": {"a.py": ""}}) + "\n")
+    assert main(["env-audit", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert f"{path}:2: the task needs 'hidden_tests'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------- through the runner
+def test_the_good_episode_is_token_exact_and_passes(pool, tasks, nano_tokenizer, monkeypatch):
+    from posttrain.envs.runner import EpisodeLimits, run_episodes
+    from posttrain.envs.trajectory import episode_metrics
+    from posttrain.rollout.types import SamplingParams
+    from tests.envs.conftest import ScriptedEngine
+
+    task = tasks[0]
+    record = sft_record(task, RepoEnv().tools, "none")
+    turns = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    engine = ScriptedEngine(nano_tokenizer, lambda prompt, i: turns[prompt.count("<|im_start|>assistant")-1])
+    make = lambda: RepoEnv(pool=pool, tools_style="none")  # noqa: E731
+    [episode] = run_episodes(engine, nano_tokenizer, make, [task], 1, SamplingParams(max_new_tokens=200),
+                             EpisodeLimits(max_turns=8, max_total_tokens=4096))
+    assert episode.outcome.cls is OutcomeClass.PASS and episode.turns == 4 and episode.tool_calls == 4
+    # the tool messages the environment answered are the ones the SFT trace teaches
+    assert [m for m in episode.messages if m["role"] == "tool"] == [m for m in record["messages"] if m["role"] == "tool"]
+    [seg] = episode.segments
+    rendered = nano_tokenizer.apply_chat_template(record["messages"][:-1], tokenize=False, add_generation_prompt=True)
+    assert nano_tokenizer.decode(seg.prompt_ids + seg.completion_ids).startswith(rendered)
+    model = [t for t, m in zip(seg.completion_ids, seg.loss_mask) if m]
+    assert nano_tokenizer.decode(model).count("<tool_call>") == 4
+    metrics = episode_metrics([episode])
+    assert metrics["env/tool_calls_mean"] == 4 and 0 < metrics["time/env_reset_ms_mean"] < 1000
+
+
+def test_make_env_data_writes_tasks_and_traces(tmp_path):
+    assert main(["make-env-data", "repo", str(tmp_path), "--n-train", "5", "--n-eval", "3"]) == 0
+    train = [json.loads(line) for line in (tmp_path / "prompts_train.jsonl").read_text().splitlines()]
+    sft = [json.loads(line) for line in (tmp_path / "sft_train.jsonl").read_text().splitlines()]
+    assert len(train) == 5 and len(sft) == 5 and len((tmp_path / "prompts_eval.jsonl").read_text().splitlines()) == 3
+    assert all({"files", "hidden_tests", "fix", "id"} <= set(t) for t in train)
+    assert all(s["messages"][-1]["content"] == format_call("submit", {}) for s in sft)
