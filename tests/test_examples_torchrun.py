@@ -54,7 +54,7 @@ SIZES = {
 }
 
 
-SANDBOXED = {"grpo_code.yaml", "grpo_code_repair.yaml"}  # the code verifier and environment
+SANDBOXED = {"grpo_code.yaml", "grpo_code_repair.yaml", "grpo_repo.yaml"}  # the code verifier and environment
 
 
 def example_names() -> list:
@@ -73,7 +73,8 @@ def inputs(nano_model_dir, arith_data_dir, tmp_path_factory):
     made = {"arith": Path(arith_data_dir)}
     for name, argv in {"add": ["make-data", "arithmetic", "--ops", "+"], "code": ["make-data", "toy_code"],
                        "calc": ["make-env-data", "calculator", "--tools-style", "none"],
-                       "repair": ["make-env-data", "code_repair"]}.items():
+                       "repair": ["make-env-data", "code_repair"],
+                       "repo": ["make-env-data", "repo", "--tools-style", "none"]}.items():
         assert main([*argv, str(root / name), "--n-train", "40", "--n-eval", "8"]) == 0
         made[name] = root / name
     gsm8k = root / "gsm8k.jsonl"
@@ -91,7 +92,8 @@ def data_overrides(name: str, recipe: dict, inputs: dict) -> list[str]:
     """The recipe's paths pointed at ``inputs`` (the same file names, in the small folders)."""
     out = [f"model.path={inputs['model']}", "logging.progress=false"]
     folder = {"sft_arith": "arith", "sft_calculator": "calc", "dpo_arith": "add", "rm_arith": "add",
-              "ppo_arith": "add", "grpo_code": "code", "grpo_calculator": "calc", "grpo_code_repair": "repair"}
+              "ppo_arith": "add", "grpo_code": "code", "grpo_calculator": "calc", "grpo_code_repair": "repair",
+              "grpo_repo": "repo"}
     for key in ("path", "eval_path"):
         value = recipe.get("data", {}).get(key)
         if value and name == "grpo_skyrl_gsm8k":

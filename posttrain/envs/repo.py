@@ -12,13 +12,16 @@ A task (one JSONL record; `posttrain.envs.repo_tasks` writes an embedded family 
 - ``hidden_tests``: Python source defining ``check(call)``, where ``call("pkg.mod.fn", *args)``
   imports ``pkg.mod`` from the submitted copy and calls ``fn``; e.g.
   ``def check(call):\\n    assert call("pkg.ops.add_k", 2) == 7``;
+- ``prompt``: the task statement (``{files}`` in it becomes the list of files; the RL data
+  loader needs it; the environment falls back to a default);
 - ``visible_tests`` (optional): the test files ``run_tests`` runs (default: every
-  ``tests/test_*.py`` of the working copy, those the model wrote too); ``prompt`` (optional): the task statement;
+  ``tests/test_*.py`` of the working copy, those the model wrote too);
 - ``fix`` (optional, for `posttrain env-audit`): ``{path: text}``, the files of the reference fix.
 
-**Reset** costs no copy: an episode's working copy is the task's ``files`` (shared, never
+**Reset** copies nothing: an episode's working copy is the task's ``files`` (shared, never
 written) under an overlay of the episode's own writes and deletions, so starting an episode is
-making an empty dict, whatever the project's size.
+checking the task's paths and making an empty dict (`bench/env_reset.py`: ~0.02 ms, 65x faster
+than copying the project into a folder, ~5,000x faster than a fresh sandbox per episode).
 
 **Isolation.** Tools that only touch files act on the overlay, on the host, after checking the
 path (relative, no ``..``, bounded names and sizes). Code runs only in the sandbox
@@ -54,8 +57,7 @@ MAX_FILE_CHARS = 64 * 1024
 MAX_PROJECT_CHARS = 1024 * 1024
 _PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 ENTRY = "call"
-DEFAULT_PROMPT = ("Some of this project's tests fail. Find the bug with the tools, fix it, and submit.\n"
-                  "Files: {files}")
+DEFAULT_PROMPT = "Fix the bug, then submit. Files: {files}"
 
 
 class PathError(ValueError):
@@ -124,8 +126,6 @@ def _line(exc, path):
 
 
 def _report(path, name, exc):
-    if exc is None:
-        return "PASS " + path + "::" + name
     where = _line(exc, path)
     what = type(exc).__name__ + (": " + str(exc) if str(exc) else "")
     return "FAIL " + path + "::" + name + ": " + (where + " -> " if where else "") + what[:300]
@@ -142,12 +142,10 @@ for _path in {tests}:
     for _name in [n for n in vars(_module) if n.startswith("test") and callable(getattr(_module, n))]:
         try:
             getattr(_module, _name)()
-            _exc = None
             _passed += 1
         except BaseException as e:
-            _exc = e
             _failed += 1
-        print(_report(_path, _name, _exc))
+            print(_report(_path, _name, e))
 print(str(_passed) + " passed, " + str(_failed) + " failed")
 sys.stdout.flush()
 '''
@@ -161,7 +159,8 @@ def call(name, *args, **kwargs):
 
 
 def tests_program(files: dict[str, str], tests: list[str]) -> str:
-    """The program ``run_tests`` runs: one line per test (PASS/FAIL/ERROR), then a count."""
+    """The program ``run_tests`` runs: a line per failed test (FAIL, or ERROR for a file that does not
+    import) with the failing line and the error, then the counts."""
     return _WRITE.format(files=repr(dict(files))) + _RUN_TESTS.replace("{tests}", repr(list(tests)))
 
 
@@ -170,10 +169,8 @@ def submit_program(files: dict[str, str]) -> str:
     return _WRITE.format(files=repr(dict(files))) + _CALL
 
 
-def report_line(path: str, name: str, failing_line: str = "", error: str = "") -> str:
-    """One line of the ``run_tests`` report, as the sandbox program prints it (for traces)."""
-    if not error:
-        return f"PASS {path}::{name}"
+def report_line(path: str, name: str, failing_line: str, error: str) -> str:
+    """The ``run_tests`` report's line for a failed test, as the sandbox program prints it (for traces)."""
     return f"FAIL {path}::{name}: " + (f"{failing_line} -> " if failing_line else "") + error[:300]
 
 

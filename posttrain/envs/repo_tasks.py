@@ -1,6 +1,6 @@
 """The embedded repository tasks: a small package with one seeded bug, its tests, its fix.
 
-Each task is a package ``pkg`` with a module ``ops.py`` of three small functions drawn from a
+Each task is a package ``pkg`` with a module ``ops.py`` of two (or more) small functions drawn from a
 catalogue (add a constant, scale, count the items above a bound, clamp, take a prefix, test
 divisibility; each with its own constant), one of which carries a seeded one-line bug (the
 constant off by one, or a wrong operator). ``tests/test_ops.py`` (visible) has one assert per
@@ -21,7 +21,7 @@ import hashlib
 import random
 from pathlib import Path
 
-from posttrain.envs.repo import report_line
+from posttrain.envs.repo import DEFAULT_PROMPT, report_line
 from posttrain.envs.tools import format_call, with_tools_message
 
 # name -> (body with K, parameter, bugs (body with K), visible input, hidden inputs)
@@ -66,7 +66,7 @@ def split_of(task_id: str) -> str:
     return "eval" if int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_FRAC else "train"
 
 
-def make_task(names: tuple[str, str, str], buggy: int, bug: int, ks: tuple[int, int, int]) -> dict | None:
+def make_task(names: tuple[str, ...], buggy: int, bug: int, ks: tuple[int, ...]) -> dict | None:
     """One task, or None when the bug does not show on the visible and the hidden inputs."""
     correct = "\n\n".join(_source(n, CATALOGUE[n][0], k) for n, k in zip(names, ks))
     bugged = "\n\n".join(_source(n, CATALOGUE[n][2][bug] if i == buggy else CATALOGUE[n][0], k)
@@ -87,22 +87,22 @@ def make_task(names: tuple[str, str, str], buggy: int, bug: int, ks: tuple[int, 
     if not (seen_visible and seen_hidden):
         return None
     task_id = f"repo/{'-'.join(names)}/{buggy}{bug}/{'-'.join(map(str, ks))}"
-    return {"id": task_id,
-            "files": {"pkg/__init__.py": "", "pkg/ops.py": bugged, "tests/test_ops.py": "".join(visible)},
+    return {"id": task_id, "prompt": DEFAULT_PROMPT,
+            "files": {"pkg/ops.py": bugged, "tests/test_ops.py": "".join(visible)},
             "hidden_tests": "".join(hidden), "fix": {"pkg/ops.py": correct},
             "bug": {"path": "pkg/ops.py", "old": f"    {CATALOGUE[names[buggy]][2][bug].replace('K', str(ks[buggy]))}",
                     "new": f"    {CATALOGUE[names[buggy]][0].replace('K', str(ks[buggy]))}"}}
 
 
-def sample_tasks(n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
-    """``n`` distinct tasks of ``split`` (train or eval)."""
+def sample_tasks(n: int, *, split: str = "train", seed: int = 0, functions: int = 2) -> list[dict]:
+    """``n`` distinct tasks of ``split`` (train or eval), each module with ``functions`` functions."""
     rng, out, seen = random.Random(f"{seed}:{split}"), [], set()
     for _ in range(200 * n + 1000):
         if len(out) == n:
             break
-        names = tuple(rng.sample(sorted(CATALOGUE), 3))
+        names = tuple(rng.sample(sorted(CATALOGUE), functions))
         ks = tuple(rng.randint(2, 9) for _ in names)
-        task = make_task(names, rng.randrange(3), rng.randrange(2), ks)
+        task = make_task(names, rng.randrange(functions), rng.randrange(2), ks)
         if task is None or task["id"] in seen or split_of(task["id"]) != split:
             continue
         seen.add(task["id"])
@@ -123,7 +123,6 @@ def expected_report(task: dict) -> str:
         got = _evaluate(task["files"]["pkg/ops.py"], name, arg)
         want = _evaluate(task["fix"]["pkg/ops.py"], name, arg)
         if got == want:
-            lines.append(report_line(path, f"test_{name}"))
             continue
         failed += 1
         error = f"AssertionError: {got}" if not isinstance(got, Exception) else f"{type(got).__name__}: {got}"
@@ -133,9 +132,7 @@ def expected_report(task: dict) -> str:
 
 def sft_record(task: dict, tools, tools_style: str = "compact") -> dict:
     """The conversation of a good episode: run the tests, read the module, fix the line, submit."""
-    from posttrain.envs.repo import DEFAULT_PROMPT
-
-    prompt = DEFAULT_PROMPT.replace("{files}", ", ".join(task["files"]))
+    prompt = task["prompt"].replace("{files}", ", ".join(task["files"]))
     bug = task["bug"]
     messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
     steps = [("run_tests", {}, expected_report(task)),

@@ -75,14 +75,14 @@ def test_tools_edit_only_this_episodes_copy(pool, tasks):
     task = tasks[0]
     before = json.dumps(task, sort_keys=True)
     env = env_of(pool, task)
-    assert tool(env, "list_files") == "pkg/__init__.py\npkg/ops.py\ntests/test_ops.py"
+    assert tool(env, "list_files") == "pkg/ops.py\ntests/test_ops.py"
     assert tool(env, "read_file", path="pkg/ops.py") == task["files"]["pkg/ops.py"]
     assert tool(env, "replace", path="pkg/ops.py", old=task["bug"]["old"], new=task["bug"]["new"]) == \
         "replaced 1 occurrence in pkg/ops.py"
-    assert tool(env, "run_tests").endswith("3 passed, 0 failed")
+    assert tool(env, "run_tests") == "2 passed, 0 failed"
     assert tool(env, "write_file", path="notes/a.txt", content="x") == "wrote notes/a.txt"
     assert tool(env, "delete_file", path="tests/test_ops.py") == "deleted tests/test_ops.py"
-    assert tool(env, "list_files") == "notes/a.txt\npkg/__init__.py\npkg/ops.py"
+    assert tool(env, "list_files") == "notes/a.txt\npkg/ops.py"
     assert tool(env, "run_tests") == "no test files"
     assert json.dumps(task, sort_keys=True) == before  # the template is shared, never written
     fresh = env_of(pool, task)
@@ -99,13 +99,13 @@ def test_paths_outside_the_tree_are_the_models_error(pool, tasks, path):
     result = env.step(format_call("write_file", {"path": path, "content": "x"}))
     assert not result.done and result.info == {"tool_calls": 1, "tool_errors": 1}
     assert result.observation[0]["content"].startswith("error: PathError")
-    assert tool(env, "list_files") == "pkg/__init__.py\npkg/ops.py\ntests/test_ops.py"
+    assert tool(env, "list_files") == "pkg/ops.py\ntests/test_ops.py"
 
 
 def test_replace_needs_exactly_one_occurrence_and_files_are_bounded(pool, tasks):
     env = env_of(pool, tasks[0])
     assert "occurs 0 times" in tool(env, "replace", path="pkg/ops.py", old="no such text", new="y")
-    assert "occurs 3 times" in tool(env, "replace", path="pkg/ops.py", old="return", new="y")
+    assert "occurs 2 times" in tool(env, "replace", path="pkg/ops.py", old="return", new="y")
     assert "at most" in tool(env, "write_file", path="big.py", content="x" * (64 * 1024 + 1))
     assert "no file 'nope.py'" in tool(env, "read_file", path="nope.py")
 
@@ -130,10 +130,11 @@ def test_broken_tasks_are_task_fail_not_the_models(pool, tasks):
 
 
 # ------------------------------------------------------------------------------------ isolation
-PLANT = '''import os, subprocess
+PLANT = '''import os, subprocess, sys, time
 open("/tmp/planted", "w").write("left behind")
 os.environ["PLANTED"] = "1"
-subprocess.Popen(["sleep", "600"], start_new_session=True)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+time.sleep(0.2)  # let it start
 '''
 PROBE = '''import os
 
@@ -150,7 +151,7 @@ def test_no_background_process():
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if b"sleep" in cmd:
+        if b"sleep(600)" in cmd:
             others.append(pid)
     assert not others, others
 
@@ -166,15 +167,14 @@ def test_what_an_episode_leaves_behind_never_reaches_the_next(pool, tasks):
     tool(first, "write_file", path="planted.txt", content="x")
     tool(first, "write_file", path="conftest.py", content=PLANT)
     tool(first, "write_file", path="tests/test_ops.py", content="import conftest\n\n\ndef test_ok():\n    assert True\n")
-    assert tool(first, "run_tests") == "PASS tests/test_ops.py::test_ok\n1 passed, 0 failed"  # the planting ran
+    assert tool(first, "run_tests") == "1 passed, 0 failed"  # the planting ran
     # the same sandbox, while the first episode's leftovers would still be there
     second = env_of(pool, task)
     assert "planted.txt" not in tool(second, "list_files")
     assert tool(second, "run_tests") == expected_report(task)  # the visible tests are the task's own again
     tool(second, "write_file", path="tests/test_probe.py", content=PROBE)
     report = tool(second, "run_tests")
-    for name in ("test_no_planted_file", "test_no_background_process", "test_no_planted_variable"):
-        assert f"PASS tests/test_probe.py::{name}" in report, report
+    assert "test_probe" not in report and report.endswith("4 passed, 1 failed"), report  # one fails: the bug
     null = tool(env_of(pool, task), "submit")
     assert null.outcome.cls is OutcomeClass.MODEL_FAIL  # the planted always-pass never scores
     assert tool(first, "submit").outcome.cls is OutcomeClass.MODEL_FAIL
@@ -192,8 +192,8 @@ def test_the_probe_sees_what_a_single_program_plants(pool, tasks):
 
 # ------------------------------------------------------------------------------------ the audit
 def test_the_audit_flags_weak_hidden_tests_and_a_broken_fix(pool, tasks, tmp_path):
-    weak = dict(tasks[0], id="weak", hidden_tests="def check(call):\n    assert call('pkg.ops.%s', 0) is not None\n"
-                % tasks[0]["fix"]["pkg/ops.py"].split("(")[0][4:])
+    weak = dict(tasks[0], id="weak", hidden_tests="def check(call):\n    assert call('pkg.ops.zero') == 0\n",
+                fix={"pkg/ops.py": "def zero():\n    return 0\n"}, files={"pkg/ops.py": "def zero():\n    return 0\n"})
     broken = dict(tasks[1], id="broken", fix={"pkg/ops.py": tasks[1]["files"]["pkg/ops.py"]})
     gameable = dict(tasks[3], id="gameable", hidden_tests="import os\n\ndef check(call):\n"
                     "    assert not os.path.exists('/tmp/work/tests/test_ops.py') or call('pkg.ops.x')\n",
@@ -253,3 +253,13 @@ def test_make_env_data_writes_tasks_and_traces(tmp_path):
     assert len(train) == 5 and len(sft) == 5 and len((tmp_path / "prompts_eval.jsonl").read_text().splitlines()) == 3
     assert all({"files", "hidden_tests", "fix", "id"} <= set(t) for t in train)
     assert all(s["messages"][-1]["content"] == format_call("submit", {}) for s in sft)
+
+
+def test_the_task_in_the_docs_passes_the_audit(pool, tmp_path):
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "envs.md").read_text()
+    block = re.search(r"```json\n(.*?)```", docs[docs.index("Your own tasks"):], re.S).group(1)
+    rows = audit_tasks([json.loads(block)], lambda: RepoEnv(pool=pool), workers=2)
+    assert rows[0]["flags"] == [] and rows[0]["runs"]["oracle"] == "PASS" and len(rows[0]["runs"]) == 8
