@@ -5,6 +5,7 @@ eval`) and the environment registry.
 
 - ``calculator``, ``code_repair``, ``repo``: the embedded ones (`posttrain.envs.calculator`,
   `posttrain.envs.code_repair`, `posttrain.envs.repo`);
+- ``openenv``: an OpenEnv server (``options.url`` or ``options.launch``; `posttrain.envs.openenv`);
 - ``skyrl:<id>``: a SkyRL-gym environment, e.g. ``skyrl:gsm8k_multi_turn`` (`posttrain.envs.skyrl`);
 - ``package.module:factory``: your own — a class or function called with ``options`` as keyword
   arguments that returns an `Environment`.
@@ -27,13 +28,14 @@ from posttrain.errors import UserError
 
 EMBEDDED = {"calculator": "posttrain.envs.calculator:CalculatorEnv",
             "code_repair": "posttrain.envs.code_repair:CodeRepairEnv",
-            "repo": "posttrain.envs.repo:RepoEnv"}
+            "repo": "posttrain.envs.repo:RepoEnv",
+            "openenv": "posttrain.envs.openenv:OpenEnvEnv"}
 
 
 @dataclasses.dataclass(kw_only=True)
 class EnvConfig:
     name: str = ""
-    """Multi-turn environment: calculator, code_repair, repo, skyrl:<id> or package.module:factory;
+    """Multi-turn environment: calculator, code_repair, repo, openenv, skyrl:<id> or package.module:factory;
     empty = single-turn prompts judged by the verifier (docs/envs.md)."""
     max_turns: int = 4
     """Most model turns per episode (the environment may stop sooner)."""
