@@ -94,6 +94,30 @@ def make_task(names: tuple[str, ...], buggy: int, bug: int, ks: tuple[int, ...])
                     "new": f"    {CATALOGUE[names[buggy]][0].replace('K', str(ks[buggy]))}"}}
 
 
+def minimal_edit(text: str, old: str, new: str) -> tuple[str, str]:
+    """The shortest whole-word span of the line ``old`` (and its counterpart in ``new``) that covers
+    the change, occurs once in ``text`` and leaves something to write: what a good ``replace`` call
+    sends (less to copy than the whole line)."""
+    a, b = old.split(" "), new.split(" ")
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    s = 0
+    while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
+        s += 1
+    lo, hi_a, hi_b = p, len(a) - s, len(b) - s
+    while True:
+        span_a, span_b = " ".join(a[lo:hi_a]), " ".join(b[lo:hi_b])
+        if span_a.strip() and span_b.strip() and text.count(span_a) == 1:
+            return span_a, span_b
+        if lo > 0 and a[lo - 1]:
+            lo -= 1
+        elif hi_a < len(a):
+            hi_a, hi_b = hi_a + 1, hi_b + 1
+        else:
+            return old, new
+
+
 def sample_tasks(n: int, *, split: str = "train", seed: int = 0, functions: int = 2) -> list[dict]:
     """``n`` distinct tasks of ``split`` (train or eval), each module with ``functions`` functions."""
     rng, out, seen = random.Random(f"{seed}:{split}"), [], set()
@@ -137,7 +161,8 @@ def sft_record(task: dict, tools, tools_style: str = "compact") -> dict:
     messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
     steps = [("run_tests", {}, expected_report(task)),
              ("read_file", {"path": bug["path"]}, task["files"][bug["path"]]),
-             ("replace", {"path": bug["path"], "old": bug["old"], "new": bug["new"]},
+             ("replace", dict(zip(("path", "old", "new"), (bug["path"], *minimal_edit(
+                 task["files"][bug["path"]], bug["old"], bug["new"])))),
               f"replaced 1 occurrence in {bug['path']}")]
     for name, args, result in steps:
         messages += [{"role": "assistant", "content": format_call(name, args)},
