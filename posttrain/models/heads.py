@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from posttrain.errors import UserError
 from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_errors, resolve_device
 
 
@@ -54,11 +55,18 @@ def load_value_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id: 
                      key: str = "critic.path"):
     """A token-classification model with one output per token and no dropout (the critic)."""
     from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
     check_model_path(cfg.path, key)
     with load_errors(key, cfg.path, "critic"):
         config = AutoConfig.from_pretrained(cfg.path, num_labels=1)
         config.classifier_dropout = 0.0
+    if config.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        # e.g. Gemma 3: transformers has no per-token head for it; refused here, before any step
+        raise UserError(f"{key}={cfg.path}: transformers has no token-classification (per-token value) model for "
+                        f"model type {config.model_type!r}, which PPO's critic needs; use a critic-free algorithm "
+                        "(algorithm=grpo, dr_grpo, rloo or reinforce_pp)")
+    with load_errors(key, cfg.path, "critic"):
         model = AutoModelForTokenClassification.from_pretrained(cfg.path, config=config, dtype=DTYPES[cfg.dtype])
     return _finish(model, cfg, trainable, "TOKEN_CLS", pad_token_id)
 
