@@ -85,6 +85,7 @@ def test_every_command_runs_on_every_family(arch, name, family_inputs, tmp_path,
 @pytest.mark.parametrize("arch", list(tiny.ARCHS))
 def test_two_ranks_equal_one_process_on_every_family(arch, name, family_inputs, tmp_path, torchrun, monkeypatch):
     monkeypatch.syspath_prepend(str(family_inputs["plugin"]))
+    monkeypatch.setenv("PYTHONPATH", str(family_inputs["plugin"]))  # the ranks import the reward module too
     command, args = _args(name, arch, family_inputs)
     assert main([command, *args, f"out_dir={tmp_path / 'one'}"]) == 0
     torchrun(2, command, *args, f"out_dir={tmp_path / 'two'}", timeout=600)

@@ -68,9 +68,10 @@ PANELS = (
     Panel("Throughput", r"^(?P<plot>tokens_per_s)$"),
 )
 
-ENV_PANEL = Panel("Episodes", r"^(?P<plot>env/(?:turns_mean|tool_calls_mean|tool_error_frac))$",
+ENV_PANEL = Panel("Episodes", r"^(?P<plot>env/(?:turns_mean|tool_calls_mean|tool_error_frac)|time/env_reset_ms_mean)$",
                   "multi-turn environments: model turns and tool calls per episode, fraction of tool calls "
-                  "that failed (drawn only for runs in an environment)")
+                  "that failed, milliseconds to make and reset an episode's environment (drawn only for runs "
+                  "in an environment)")
 
 TIME_KEY = re.compile(r"^time/(?P<stage>.+)_s$")
 

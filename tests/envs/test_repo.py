@@ -263,3 +263,21 @@ def test_the_task_in_the_docs_passes_the_audit(pool, tmp_path):
     block = re.search(r"```json\n(.*?)```", docs[docs.index("Your own tasks"):], re.S).group(1)
     rows = audit_tasks([json.loads(block)], lambda: RepoEnv(pool=pool), workers=2)
     assert rows[0]["flags"] == [] and rows[0]["runs"]["oracle"] == "PASS" and len(rows[0]["runs"]) == 8
+
+
+def test_rl_runs_in_the_repo_environment_and_the_report_shows_its_episodes(nano_model_dir, tmp_path):
+    assert main(["make-env-data", "repo", str(tmp_path / "data"), "--n-train", "8", "--n-eval", "2",
+                 "--tools-style", "none"]) == 0
+    run = tmp_path / "run"
+    assert main(["rl", "algorithm=grpo", f"model.path={nano_model_dir}", f"data.path={tmp_path / 'data' / 'prompts_train.jsonl'}",
+                 "num_steps=2", "eval_every=0", "save_every=0", "prompts_per_step=2", "rollout.group_size=2",
+                 "rollout.max_new_tokens=8", "env={name: repo, tools_style: none, max_turns: 2, max_total_tokens: 256}",
+                 "logging.progress=false", f"out_dir={run}"]) == 0
+    row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
+    assert row["env/turns_mean"] >= 1 and row["outcomes/INFRA_FAIL_frac"] == 0.0 and row["time/env_reset_ms_mean"] > 0
+    from posttrain.eval.report import ENV_PANEL, find_runs, series_for
+
+    assert set(series_for(ENV_PANEL, find_runs([run]))) == {"env/turns_mean", "env/tool_calls_mean",
+                                                            "env/tool_error_frac", "time/env_reset_ms_mean"}
+    assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
+    assert "<h3>Episodes</h3>" in (tmp_path / "report.html").read_text()
