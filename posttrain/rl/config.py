@@ -288,6 +288,11 @@ class RLConfig:
     """Padded tokens (rows × longest row) per forward/backward: a memory knob that does not change
     the math. When a step's rollouts fit in one micro-batch and it takes one update, the scoring
     forward is the one the update differentiates (the policy runs once per step)."""
+    chunked_head: bool = True
+    """Apply the output head and the log-softmax a chunk of positions at a time, recomputed in
+    backward, so no (B, T, V) logits exist: at long completions and large vocabularies the logits
+    are most of an update's memory (docs/rl.md, "Memory"). Same numbers. Models whose head cannot
+    move out of the forward (soft-capped logits, a LoRA or sharded head) keep full logits."""
     skip_zero_variance_backward: bool = True
     """GRPO family: the rows of zero-variance groups (advantage exactly 0) are scored without
     autograd and left out of the backward; exact, so only for debugging turn it off. Never with

@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
+from posttrain.algos.head import head_entropy, head_of, head_token_logprobs, hidden_head, movable_head
 from posttrain.core.dist import World, mini_batch_rows
 from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
@@ -49,13 +50,13 @@ LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
 class Policy:
     def __init__(self, model, optimizer, scheduler, *, temperature: float, grad_clip: float,
                  micro_batch_tokens: int, ref_model=None, reuse_score_forward: bool = False,
-                 world: World | None = None):
+                 world: World | None = None, chunked_head: bool = True):
         self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.world = self.core.world
         self.ref_model = ref_model
         self.temperature, self.grad_clip = temperature, grad_clip
-        self.micro_batch_tokens = micro_batch_tokens
+        self.micro_batch_tokens, self.chunked_head = micro_batch_tokens, chunked_head
         self.device = next(model.parameters()).device
         self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
         self._kept = None  # (batch, core.updates, logp_BT with graph) recorded by score
@@ -66,17 +67,26 @@ class Policy:
         logits = completion_logits(model, mb, self.device, agree=self.world.all_agree)
         if logits is not None:
             return logits
+        # no cache: a checkpointed layer run again in backward would append its keys to it twice
         out = model(input_ids=mb.input_ids_BT.to(self.device), attention_mask=mb.attention_mask_BT.to(self.device),
-                    position_ids=mb.position_ids_BT().to(self.device))
+                    position_ids=mb.position_ids_BT().to(self.device), use_cache=False)
         return TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:].to(self.device))
 
     def _forward(self, model, mb: RLBatch, with_entropy: bool = False):
-        t = self._target_logits(model, mb)
-        logp = t.place(token_logprobs(t.logits_BXV, t.targets_BX, temperature=self.temperature)).cpu()
-        ent = None
-        if with_entropy:
-            ent = t.place(entropy_from_logits(t.logits_BXV.detach(), temperature=self.temperature)).cpu()
-        return logp, ent
+        """Per-token log-probs (and entropies) of ``mb``'s targets. With ``chunked_head`` the model
+        returns hidden states and the head runs chunk by chunk (`posttrain.algos.head`): no
+        (B, T, V) logits, the same numbers."""
+        if not (self.chunked_head and movable_head(model)):
+            t = self._target_logits(model, mb)
+            logp = token_logprobs(t.logits_BXV, t.targets_BX, temperature=self.temperature)
+            ent = entropy_from_logits(t.logits_BXV.detach(), temperature=self.temperature) if with_entropy else None
+        else:
+            with hidden_head(model):
+                t = self._target_logits(model, mb)  # .logits_BXV holds the final hidden states
+            head = head_of(model)
+            logp = head_token_logprobs(t.logits_BXV, *head, t.targets_BX, temperature=self.temperature)
+            ent = head_entropy(t.logits_BXV.detach(), *head, temperature=self.temperature) if with_entropy else None
+        return t.place(logp).cpu(), None if ent is None else t.place(ent).cpu()
 
     def micro_batches(self, batch: RLBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         return batch.micro_batches(rows, self.micro_batch_tokens, self.world)

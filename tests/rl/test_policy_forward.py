@@ -28,14 +28,14 @@ def one_thread():
 
 
 def _policy(model_dir, reuse: bool, micro_batch_tokens: int = 1000,
-            checkpointing: bool = False) -> tuple[Policy, list[int]]:
+            checkpointing: bool = False, chunked_head: bool = True) -> tuple[Policy, list[int]]:
     model = shard_model(load_model(ModelConfig(path=str(model_dir))), World(), activation_checkpointing=checkpointing)
     cfg = OptimConfig(lr=0.1, warmup_steps=0, schedule="constant")
     # plain SGD: the weights then differ by lr x the gradient difference (Adam's first step is
     # about lr x sign(grad), which turns rounding noise in near-zero gradients into lr-sized steps)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     policy = Policy(model, opt, build_scheduler(opt, cfg, 10), temperature=0.7, grad_clip=1.0,
-                    micro_batch_tokens=micro_batch_tokens, reuse_score_forward=reuse)
+                    micro_batch_tokens=micro_batch_tokens, reuse_score_forward=reuse, chunked_head=chunked_head)
     calls = []  # one entry per policy forward over a micro-batch
     target_logits = policy._target_logits
     policy._target_logits = lambda *a: calls.append(1) or target_logits(*a)
@@ -192,3 +192,30 @@ def test_dropout_turns_reuse_off(nano_model_dir):
     policy = Policy(model, opt, build_scheduler(opt, OptimConfig(), 1), temperature=1.0, grad_clip=1.0,
                     micro_batch_tokens=1000, reuse_score_forward=True)
     assert not policy.reuse_score_forward
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_chunked_head_takes_the_steps_full_logits_take(nano_model_dir, shared, checkpointing, monkeypatch):
+    """Hidden states out of the forward and the head applied in chunks (the default) against the
+    model's own logits: the same scores, losses, gradient norms and weights, through the shared-prompt
+    forward and the full one, with activation checkpointing too."""
+    if not shared:
+        monkeypatch.setattr(policy_module, "completion_logits", lambda *a, **k: None)
+    full, _ = _policy(nano_model_dir, reuse=True, checkpointing=checkpointing, chunked_head=False)
+    chunked, _ = _policy(nano_model_dir, reuse=True, checkpointing=checkpointing)
+    head_calls = []
+    original = policy_module.head_token_logprobs
+    monkeypatch.setattr(policy_module, "head_token_logprobs", lambda *a, **k: head_calls.append(1) or original(*a, **k))
+    for _ in range(2):
+        batch = _batch()
+        old_full, _, m_full_score = full.score(batch)
+        old_chunked, _, m_chunked_score = chunked.score(batch)
+        torch.testing.assert_close(old_chunked, old_full, atol=1e-6, rtol=1e-6)
+        assert m_chunked_score["entropy"] == pytest.approx(m_full_score["entropy"], rel=1e-5)
+        m_full, m_chunked = _step(full), _step(chunked)
+        assert m_full["grad_norm"] > 0
+        assert m_chunked["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
+        assert m_chunked["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
+    assert head_calls  # the chunked path ran
+    _assert_same_weights(full, chunked)

@@ -1,0 +1,136 @@
+"""Log-probabilities and entropies straight from hidden states, the output head applied in chunks.
+
+A forward that returns logits holds a (B, T, V) tensor, and its backward another: at T = 8,192
+completion tokens and Qwen's V = 151,936 that is 5 GB each in fp32, far more than the model's own
+activations. Here the head (``z = h W^T + b``) runs on a chunk of positions at a time, inside a
+``torch.autograd.Function`` that saves only the hidden states and the head's weight and
+recomputes each chunk's logits in backward (the idea of fused linear cross-entropy). Peak extra
+memory is one fp32 chunk of logits (about 64 MiB by default) instead of the whole (B, T, V).
+
+The math is the plain path's: ``log p(x) = z_x/τ - logsumexp(z/τ)``, with
+``dL/dz = g (onehot(x) - softmax(z/τ)) / τ``, then ``dL/dh = dL/dz W`` and ``dL/dW = Σ dL/dz^T h``
+(accumulated in fp32 over chunks). Only the order of floating-point sums differs.
+
+`hidden_head` makes a causal LM's forward return its final hidden states in place of logits (its
+head's forward becomes the identity for the call), so the model runs under its own wrappers
+(FSDP hooks, activation checkpointing, peft) unchanged and only the head moves here. Models whose
+head cannot move this way — soft-capped logits (Gemma 2), a head that is not a plain linear layer
+(a LoRA-wrapped head) — are refused by `movable_head`, and the caller keeps the logits path. A
+head sharded by FSDP2 moves too: its weight is read after the forward, gathered (`head_of`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_CHUNK_ELEMENTS = 1 << 24  # fp32 logits per chunk: 64 MiB
+
+
+def rows_per_chunk(vocab_size: int, chunk_rows: int | None = None) -> int:
+    return chunk_rows if chunk_rows else max(1, _CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def movable_head(model) -> bool:
+    """Whether the model's head can be applied outside its forward (`hidden_head`)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "final_logit_softcapping", None):
+        return False
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return type(head) is torch.nn.Linear
+
+
+def head_of(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output head's (weight, bias) as the forward used them. Read it after the forward: FSDP2
+    leaves the root unit (embeddings, final norm, head) gathered after a forward until the backward,
+    so a sharded model's head is then the whole gathered weight, whose gradient FSDP reduces as it
+    does the head's own."""
+    head = model.get_output_embeddings()
+    if any(type(p).__name__ == "DTensor" for p in head.parameters()):
+        raise RuntimeError("the output head is still sharded after the forward; run with chunked_head=false")
+    return head.weight, head.bias
+
+
+@contextlib.contextmanager
+def hidden_head(model):
+    """Inside the block the model's forward returns its final hidden states as ``.logits``."""
+    head = model.get_output_embeddings()
+    head.forward = _identity
+    try:
+        yield
+    finally:
+        del head.forward  # the class's forward again
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _logits(h_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None, tau: float) -> torch.Tensor:
+    z = torch.nn.functional.linear(h_NH, weight_VH, bias_V).float()
+    return z if tau == 1.0 else z / tau
+
+
+class _HeadTokenLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, bias_V, targets_N, temperature, rows):
+        out_N = torch.empty(hidden_NH.shape[0], dtype=torch.float32, device=hidden_NH.device)
+        for s in range(0, hidden_NH.shape[0], rows):
+            z = _logits(hidden_NH[s:s + rows], weight_VH, bias_V, temperature)
+            out_N[s:s + rows] = z.gather(-1, targets_N[s:s + rows, None]).squeeze(-1) - torch.logsumexp(z, -1)
+        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, targets_N)
+        ctx.temperature, ctx.rows = temperature, rows
+        return out_N
+
+    @staticmethod
+    def backward(ctx, grad_N):
+        hidden_NH, weight_VH, bias_V, targets_N = ctx.saved_tensors
+        tau, rows = ctx.temperature, ctx.rows
+        grad_h = torch.empty_like(hidden_NH) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) \
+            if ctx.needs_input_grad[1] else None
+        grad_b = torch.zeros(bias_V.shape, dtype=torch.float32, device=bias_V.device) \
+            if bias_V is not None and ctx.needs_input_grad[2] else None
+        for s in range(0, hidden_NH.shape[0], rows):
+            h = hidden_NH[s:s + rows]
+            g = -torch.softmax(_logits(h, weight_VH, bias_V, tau), dim=-1)
+            g.scatter_add_(-1, targets_N[s:s + rows, None], torch.ones_like(g[:, :1]))
+            g *= grad_N[s:s + rows, None] / tau  # dL/dz, fp32
+            if grad_h is not None:
+                grad_h[s:s + rows] = (g @ weight_VH.float()).to(grad_h.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(g.T, h.float())
+            if grad_b is not None:
+                grad_b += g.sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None)
+
+
+def head_token_logprobs(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
+                        targets_BX: torch.Tensor, temperature: float = 1.0, *,
+                        chunk_rows: int | None = None) -> torch.Tensor:
+    """(B, X) fp32 ``log softmax((h W^T + b) / τ)[target]``, differentiable in h, W and b, without
+    (B, X, V) logits (see the module docstring)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    B, X, H = hidden_BXH.shape
+    rows = rows_per_chunk(weight_VH.shape[0], chunk_rows)
+    out = _HeadTokenLogprob.apply(hidden_BXH.reshape(B * X, H), weight_VH, bias_V,
+                                  targets_BX.reshape(B * X).long(), temperature, rows)
+    return out.view(B, X)
+
+
+@torch.no_grad()
+def head_entropy(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
+                 temperature: float = 1.0, *, chunk_rows: int | None = None) -> torch.Tensor:
+    """(B, X) fp32 entropy of ``softmax((h W^T + b) / τ)`` (no gradient: a metric), chunked."""
+    B, X, H = hidden_BXH.shape
+    h_NH = hidden_BXH.reshape(B * X, H)
+    out = torch.empty(B * X, dtype=torch.float32, device=hidden_BXH.device)
+    rows = rows_per_chunk(weight_VH.shape[0], chunk_rows)
+    for s in range(0, B * X, rows):
+        z = _logits(h_NH[s:s + rows], weight_VH, bias_V, temperature)
+        p = torch.softmax(z, dim=-1)
+        out[s:s + rows] = torch.logsumexp(z, -1) - (p * z).sum(-1)
+    return out.view(B, X)
