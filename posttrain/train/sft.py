@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from posttrain.algos import AGGREGATIONS, sft_token_nll
+from posttrain.algos.head import head_of, head_token_logprobs, hidden_head, movable_head
 from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
 from posttrain.models.hf import ModelConfig, load_model, load_tokenizer, quiet_transformers
@@ -84,6 +85,9 @@ class SFTConfig:
     the number of processes divides it, else its share of every one's examples)."""
     precision: str = "fp32"
     """fp32, or bf16 (autocast; master weights stay in the model dtype)."""
+    chunked_head: bool = True
+    """The output head and the log-softmax over chunks of positions, recomputed in backward, so no
+    (B, T, V) logits exist (docs/rl.md, "Memory"); same numbers. false: the model's own logits."""
     seed: int = 0
     """Seed for weights init of new parts, data order and sampling."""
     eval_every: int = 50
@@ -120,18 +124,24 @@ def autocast(precision: str, device: torch.device):
 class SFTTrainer:
     """Thin: the next-token loss of a step's micro-batches on the training core; eval loss without gradients."""
 
-    def __init__(self, model, optimizer, scheduler, *, grad_clip: float, precision: str = "fp32", world=None):
+    def __init__(self, model, optimizer, scheduler, *, grad_clip: float, precision: str = "fp32", world=None,
+                 chunked_head: bool = True):
         self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.precision, self.world = precision, self.core.world
+        self.precision, self.world, self.chunked_head = precision, self.core.world, chunked_head
         self.device = next(model.parameters()).device
 
     def _batch_nll(self, batch):
         b = batch.to(self.device) if hasattr(batch, "to") else batch
-        with autocast(self.precision, self.device):
-            out = self.model(**b.model_inputs())
         mask_BT = b.labels_BT != -100
-        return sft_token_nll(out.logits.float(), b.labels_BT, mask_BT), mask_BT
+        if not (self.chunked_head and movable_head(self.model)):
+            with autocast(self.precision, self.device):
+                out = self.model(**b.model_inputs())
+            return sft_token_nll(out.logits.float(), b.labels_BT, mask_BT), mask_BT
+        with autocast(self.precision, self.device), hidden_head(self.model):
+            hidden = self.model(**b.model_inputs()).logits  # the final hidden states
+        logp_BT = head_token_logprobs(hidden, *head_of(self.model), b.labels_BT.masked_fill(~mask_BT, 0))
+        return torch.where(mask_BT, -logp_BT, torch.zeros_like(logp_BT)), mask_BT
 
     def train_step(self, micro_batches) -> dict:
         """One optimizer step; ``micro_batches`` are this rank's share of the step's global batch."""
@@ -242,7 +252,8 @@ def run_sft(cfg: SFTConfig, printer=print) -> dict:
                         activation_checkpointing=cfg.model.activation_checkpointing)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     trainer = SFTTrainer(model, optimizer, build_scheduler(optimizer, cfg.optim, cfg.num_steps),
-                         grad_clip=cfg.optim.grad_clip, precision=cfg.precision, world=world)
+                         grad_clip=cfg.optim.grad_clip, precision=cfg.precision, world=world,
+                         chunked_head=cfg.chunked_head)
     seq_len = cfg.data.max_len
     stream = BatchStream(train, pack=cfg.data.pack, tokens_per_batch=cfg.data.tokens_per_batch,
                          seq_len=seq_len, seed=cfg.seed, pad_id=tokenizer.pad_token_id)

@@ -68,6 +68,31 @@ def test_grad_accum_matches_one_big_batch(nano_model_dir, arith_data_dir, tmp_pa
     assert results[0][1] == pytest.approx(results[1][1], rel=1e-4)
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_chunked_head_takes_the_steps_full_logits_take(nano_model_dir, arith_data_dir, pack):
+    """The default SFT loss (hidden states out of the forward, the head in chunks) against the model's
+    own logits: the same losses, gradient norms and weights over three steps, packed rows too."""
+    from posttrain.data.packing import collate
+    from posttrain.models.hf import ModelConfig, load_model, load_tokenizer
+    from posttrain.train.sft import SFTDataConfig, SFTTrainer, load_sft_data
+
+    tok = load_tokenizer(str(nano_model_dir))
+    ex = load_sft_data(SFTDataConfig(path="x", max_len=64), tok, str(arith_data_dir / "train.jsonl"))[:12]
+    trainers = []
+    for chunked in (False, True):
+        model = load_model(ModelConfig(path=str(nano_model_dir)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        trainers.append(SFTTrainer(model, opt, sched, grad_clip=0, chunked_head=chunked))
+    for step in range(3):
+        micro = [collate(ex, list(range(4 * step, 4 * step + 4)), pack=pack, seq_len=64)]
+        full, chunked = (t.train_step(micro) for t in trainers)
+        assert chunked["loss"] == pytest.approx(full["loss"], rel=1e-6)
+        assert chunked["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-5)
+    for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def _cli(*args):
     return [sys.executable, "-m", "posttrain.cli", *args]
 
