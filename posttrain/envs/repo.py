@@ -190,7 +190,7 @@ class RepoEnv(ToolEnv):
 
     def _tools(self) -> list[Tool]:
         """The tools bound to this episode (schemas derived once per class: a reset stays cheap)."""
-        if not self._specs:
+        if "_specs" not in type(self).__dict__:  # a subclass derives its own
             type(self)._specs = {n: Tool.from_function(getattr(self, n)) for n in self.TOOL_NAMES}
         return [Tool(n, getattr(self, n), s.description, s.parameters) for n, s in self._specs.items()]
 
