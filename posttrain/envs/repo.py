@@ -186,7 +186,6 @@ class RepoEnv(ToolEnv):
         self.changes: dict[str, str | None] = {}  # path -> new text, or None when deleted
 
     TOOL_NAMES = ("list_files", "read_file", "write_file", "replace", "delete_file", "run_tests", "submit")
-    _specs: dict[str, Tool] = {}
 
     def _tools(self) -> list[Tool]:
         """The tools bound to this episode (schemas derived once per class: a reset stays cheap)."""

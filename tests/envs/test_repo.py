@@ -281,3 +281,16 @@ def test_rl_runs_in_the_repo_environment_and_the_report_shows_its_episodes(nano_
                                                             "env/tool_error_frac", "time/env_reset_ms_mean"}
     assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
     assert "<h3>Episodes</h3>" in (tmp_path / "report.html").read_text()
+
+
+def test_a_subclass_offers_its_own_tools():
+    class Counting(RepoEnv):
+        TOOL_NAMES = RepoEnv.TOOL_NAMES + ("count_files",)
+
+        def count_files(self) -> str:
+            """Count the project's files."""
+            return str(len(self.files()))
+
+    assert "count_files" not in RepoEnv().by_name and "submit" in RepoEnv().by_name
+    assert set(Counting().by_name) == set(RepoEnv.TOOL_NAMES) | {"count_files"}
+    assert "count_files" not in RepoEnv().by_name  # the base class's schemas were not replaced
