@@ -116,11 +116,11 @@ def export_state_dict(model, world: World, *, raw: dict | None = None) -> dict[s
 
     if not is_sharded(model):
         return merged_state_dict(model) if world.main else {}
-    weights = full_state_dict(model, world) if raw is None else raw
+    if raw is None:
+        return _joined(export_buckets(model, world, float("inf")))
     if not world.main or not is_lora(model):
-        return weights
-    cfg = model.peft_config["default"]
-    return merge_lora_weights(weights, cfg.lora_alpha / cfg.r)
+        return raw
+    return merge_lora_weights(raw, _lora_scaling(model))
 
 
 def export_adapter(model, world: World) -> dict[str, torch.Tensor]:
@@ -130,8 +130,85 @@ def export_adapter(model, world: World) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 
         return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()} if world.main else {}
-    weights = full_state_dict(model, world)
-    return {k.replace(".default.", "."): v for k, v in weights.items() if ".lora_" in k}
+    return _joined(export_buckets(model, world, float("inf"), adapter=True))
+
+
+def export_buckets(model, world: World, bucket_mb: float, *, adapter: bool = False):
+    """`export_state_dict` (or, with ``adapter``, `export_adapter`) as consecutive dicts of about
+    ``bucket_mb`` each, on rank 0 (other ranks get as many empty dicts).
+
+    A sharded model's parameters are gathered one at a time as the buckets are consumed, so rank 0
+    holds one bucket of full weights at a time, never a second full copy of the model. Every rank
+    must iterate it to the end in step (each gather is a collective). A LoRA layer's base weight and
+    its A and B stay in one bucket, where they are merged.
+    """
+    from posttrain.models.hf import is_lora
+
+    limit = bucket_mb * 2**20
+    lora = is_lora(model)
+    if not is_sharded(model):
+        weights = export_adapter(model, world) if adapter else export_state_dict(model, world)
+        yield from _split(weights, limit) if world.main else iter([{}])
+        return
+    bucket, size = {}, 0
+    for group in _module_groups(model.state_dict(), adapter):
+        for name, value in group:
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value  # a collective
+            if world.main:
+                bucket[name] = full.detach().cpu()
+            size += value.numel() * value.element_size()
+        if size >= limit:
+            yield _finish(bucket, lora, adapter, model)
+            bucket, size = {}, 0
+    if size:
+        yield _finish(bucket, lora, adapter, model)
+
+
+def _module_groups(state: dict, adapter: bool):
+    """The state dict's items in order, grouped so that a LoRA layer's tensors come together."""
+    group, key = [], None
+    for name, value in state.items():
+        if adapter and ".lora_" not in name:
+            continue
+        own = name.split(".base_layer.")[0].split(".lora_")[0]
+        if group and own != key:
+            yield group
+            group = []
+        group.append((name, value))
+        key = own
+    if group:
+        yield group
+
+
+def _finish(bucket: dict, lora: bool, adapter: bool, model) -> dict[str, torch.Tensor]:
+    if adapter:
+        return {k.replace(".default.", "."): v for k, v in bucket.items()}
+    return merge_lora_weights(bucket, _lora_scaling(model)) if lora and bucket else bucket
+
+
+def _lora_scaling(model) -> float:
+    cfg = model.peft_config["default"]
+    return cfg.lora_alpha / cfg.r
+
+
+def _split(weights: dict[str, torch.Tensor], limit: float):
+    """Consecutive parts of ``weights`` of at least ``limit`` bytes (the last may be smaller)."""
+    bucket, size = {}, 0
+    for name, t in weights.items():
+        bucket[name] = t
+        size += t.numel() * t.element_size()
+        if size >= limit:
+            yield bucket
+            bucket, size = {}, 0
+    if bucket or not weights:
+        yield bucket
+
+
+def _joined(buckets) -> dict[str, torch.Tensor]:
+    out = {}
+    for bucket in buckets:
+        out.update(bucket)
+    return out
 
 
 def merge_lora_weights(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:

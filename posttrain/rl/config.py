@@ -74,6 +74,11 @@ class RolloutConfig:
     """Under torchrun (sync mode, backend=torch, runtime=local, no environment): every rank holds
     its own engine and generates its own whole groups, with the full weights broadcast to it after
     each update; false: rank 0 alone generates the step (docs/rl.md)."""
+    sync_bucket_mb: float = 512.0
+    """Weight sync streams the full weights out of the trainer's shards in buckets of about this
+    many MiB (a layer's LoRA weights stay together): rank 0 holds one bucket at a time, each
+    colocated rank receives one broadcast per bucket and dtype, and servers get one safetensors
+    shard per bucket (docs/topologies.md)."""
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -94,7 +99,7 @@ class RolloutConfig:
                                            "(servers the run starts), not both")
         if not all(u.startswith(("http://", "https://")) for u in self.urls):
             raise ConfigValueError("urls", f"each must start with http:// or https://, got {self.urls}")
-        for key in ("request_timeout_s", "sync_timeout_s"):
+        for key in ("request_timeout_s", "sync_timeout_s", "sync_bucket_mb"):
             if getattr(self, key) <= 0:
                 raise ConfigValueError(key, "must be > 0")
         if self.retries < 0 or self.retry_backoff_s < 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -41,7 +42,8 @@ from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_k
 from posttrain.rl.policy import Policy
 from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
-from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine, weights_checksum
+from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine
+from posttrain.rollout.types import WeightsDigest
 from posttrain.rollout.http import check_servers, model_eos_ids
 from posttrain.rollout.protocol import EngineError
 from posttrain.rollout.types import Rollouts
@@ -292,28 +294,67 @@ def score_weights(batch: RLBatch, train_rows: torch.Tensor | None) -> torch.Tens
 
 
 def sync_weights(run: RLRun, version: int | None = None) -> None:
-    """Hand the policy's weights to the engine (on rank 0) as the next version, checksummed: the
-    full weights, or only the LoRA adapter for vLLM servers. vLLM and SGLang are also handed the
-    trainer's log-probs of a probe sequence, which the servers' must match (they have no
-    trustworthy checksum: `posttrain.rollout.vllm`)."""
+    """Hand the policy's weights to the engine as the next version, checksummed: the full weights,
+    or only the LoRA adapter for vLLM servers. vLLM and SGLang are also handed the trainer's
+    log-probs of a probe sequence, which the servers' must match (they have no trustworthy
+    checksum: `posttrain.rollout.vllm`).
+
+    The weights leave the shards in buckets (``rollout.sync_bucket_mb``) straight to where they go:
+    every colocated rank's engine (a broadcast per bucket), safetensors shards for servers, or
+    rank 0's in-process engine; so no process holds a second full copy. Ray replicas and the async
+    engine process take one whole dict (the object store or the pipe holds a copy anyway)."""
     run.version = run.version + 1 if version is None else version
     backend = run.cfg.rollout.backend
-    # collectives when sharded: every rank calls them
     adapter_only = backend == "vllm" and run.cfg.model.lora.enabled
-    weights = run.policy.export_adapter() if adapter_only else run.policy.export_weights()
-    probe = None
-    if backend in ("vllm", "sglang"):
+    extra = {}
+    if backend in ("vllm", "sglang"):  # a collective when sharded, so before the stream
         ids = probe_ids(run.tokenizer)
-        probe = (ids, run.policy.probe_logprobs(ids))
-    extra = {"probe": probe} if probe is not None else {}
-    if run.colocated:  # every rank's engine gets the full weights
-        checksum = run.world.broadcast_object(weights_checksum(weights) if run.world.main else None)
-        run.engine.load_weights(broadcast_weights(weights, run.world), run.version, checksum)
-    elif run.world.distributed:  # a refused sync on rank 0 stops every rank
-        share_step(run, lambda: run.engine and run.engine.load_weights(weights, run.version,
-                                                                       weights_checksum(weights), **extra))
-    elif run.engine is not None:
-        run.engine.load_weights(weights, run.version, weights_checksum(weights), **extra)
+        extra["probe"] = (ids, run.policy.probe_logprobs(ids))
+    if run.colocated:
+        stream_to_ranks(run.engine, run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb), run.world, run.version)
+        return
+    sent = WeightsDigest()
+    buckets = _digested(run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb, adapter=adapter_only), sent)
+    if not run.world.main:
+        _drain(buckets)  # rank 0 is gathering them: every rank takes part
+    load = lambda: _hand_over(run.engine, buckets, run.version, sent, extra)  # noqa: E731
+    share_step(run, load) if run.world.distributed else load()  # a refused sync on rank 0 stops every rank
+
+
+def stream_to_ranks(engine: TorchEngine, buckets, world: World, version: int) -> None:
+    """Every rank's engine takes rank 0's buckets as they leave the shards: one broadcast per bucket
+    and dtype, each rank copying it in before the next, then rank 0's checksum of what it sent."""
+    sent = WeightsDigest()
+    received = (broadcast_weights(b, world) for b in _digested(buckets, sent))
+    engine.load_buckets(received, version, lambda: world.broadcast_object(sent.hexdigest() if world.main else None))
+
+
+def _hand_over(engine, buckets, version: int, sent, extra: dict) -> None:
+    """Rank 0: the engine takes the buckets, streamed where it can; the stream is drained whatever
+    happens (the other ranks are gathering it with us)."""
+    try:
+        if engine is None:
+            return
+        if isinstance(engine, HTTPEngine):
+            engine.load_buckets(buckets, version, **extra)
+        elif isinstance(engine, TorchEngine):
+            engine.load_buckets(buckets, version, sent.hexdigest)
+        else:
+            weights = {k: v for b in buckets for k, v in b.items()}
+            engine.load_weights(weights, version, sent.hexdigest(), **extra)
+    finally:
+        _drain(buckets)
+
+
+def _digested(buckets, digest):
+    for bucket in buckets:
+        digest.update(bucket)
+        yield bucket
+
+
+def _drain(buckets) -> None:
+    for _ in buckets:
+        pass
 
 
 PROBE_TEXT = "The probe: 17 + 25 = 42, and a quick brown fox jumps over the lazy dog."
@@ -434,15 +475,20 @@ def colocates(cfg: RLConfig, world: World) -> bool:
 
 
 def broadcast_weights(weights: dict[str, torch.Tensor], world: World) -> dict[str, torch.Tensor]:
-    """Rank 0's ``weights`` on every rank, one tensor at a time (names, shapes and dtypes first)."""
+    """Rank 0's ``weights`` on every rank: names, shapes and dtypes first, then one flat broadcast
+    per dtype (a bucket's tensors in one collective, not one each)."""
     import torch.distributed as dist
 
-    meta = world.broadcast_object([(k, v.shape, v.dtype) for k, v in weights.items()] if world.main else None)
+    meta = world.broadcast_object([(k, tuple(v.shape), v.dtype) for k, v in weights.items()] if world.main else None)
     out = {}
-    for name, shape, dtype in meta:
-        t = weights[name].to(world.device) if world.main else torch.empty(shape, dtype=dtype, device=world.device)
-        dist.broadcast(t, src=0)
-        out[name] = t.cpu()
+    for dtype in dict.fromkeys(d for _, _, d in meta):
+        names = [(k, shape) for k, shape, d in meta if d == dtype]
+        sizes = [math.prod(shape) for _, shape in names]
+        flat = (torch.cat([weights[k].reshape(-1) for k, _ in names]).to(world.device) if world.main
+                else torch.empty(sum(sizes), dtype=dtype, device=world.device))
+        dist.broadcast(flat, src=0)
+        for (name, shape), part in zip(names, flat.cpu().split(sizes)):
+            out[name] = part.view(shape)
     return out
 
 

@@ -39,7 +39,7 @@ import torch
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.algos.head import head_entropy, head_of, head_token_logprobs, hidden_head, movable_head
 from posttrain.core.dist import World, mini_batch_rows
-from posttrain.core.fsdp import export_adapter, export_state_dict, reshard
+from posttrain.core.fsdp import export_adapter, export_buckets, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
@@ -234,6 +234,11 @@ class Policy:
         """Merged full-model weights (LoRA folded in) for the rollout engine: on rank 0 (others get {});
         every rank must call it when the model is sharded."""
         return export_state_dict(self.model, self.world)
+
+    def export_buckets(self, bucket_mb: float, *, adapter: bool = False):
+        """`export_weights` (or `export_adapter`) in parts of about ``bucket_mb`` MiB, gathered from
+        the shards as they are consumed: every rank must iterate it to the end (`export_buckets`)."""
+        return export_buckets(self.model, self.world, bucket_mb, adapter=adapter)
 
     def export_adapter(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter alone (peft's names), for engines that load adapters; like `export_weights`."""

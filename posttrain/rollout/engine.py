@@ -39,7 +39,7 @@ import torch
 from posttrain.rollout.fast_llama import FastLlamaDecoder, supports
 from posttrain.rollout.hf_decoder import HFDecoder
 from posttrain.rollout.sampling import StopChecker, TokenTexts, sample_next, uniforms
-from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError, weights_checksum
+from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError, weights_checksum
 
 FINISH_CODES = ("length", "eos", "stop")
 STOP_CHECKERS_KEPT = 32
@@ -80,6 +80,7 @@ class TorchEngine:
         self.max_batch = max_batch
         self.compact_fraction = compact_fraction
         self.version = 0
+        self._mixed: str | None = None  # why the weights are not one version's (`load_buckets`)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.eos_ids = self._eos_ids()
         if backend == "auto":
@@ -116,8 +117,39 @@ class TorchEngine:
         if actual != checksum:
             raise WeightSyncError(f"checksum mismatch for version {version}: expected {checksum}, computed {actual}; "
                                   f"weights left at version {self.version}")
+        self._check_version(version, allow_older)
+        self._check_names(weights)
+        self._copy(weights)
+        self.decoder.refresh()
+        self.version = version
+
+    def load_buckets(self, buckets, version: int, checksum) -> None:
+        """`load_weights` for weights streamed in parts (dicts, e.g. `export_buckets`' on their way
+        from the trainer's shards): each part's names and shapes are checked and it is copied in as
+        it arrives, so no second full copy is ever held. ``checksum()`` — the sender's, asked for
+        after the last part — must equal that of everything received; otherwise the engine holds a
+        mix of versions and refuses to generate until a whole version loads."""
+        self._check_version(version, False)
+        self._mixed = f"a load of version {version} was interrupted"
+        digest = WeightsDigest()
+        for part in buckets:
+            self._check_names(part)
+            digest.update(part)
+            self._copy(part)
+        expected, actual = checksum(), digest.hexdigest()
+        if actual != expected:
+            self._mixed = f"version {version} arrived corrupted (checksum {actual[:12]}, sent {expected[:12]})"
+            raise WeightSyncError(f"checksum mismatch for version {version}: expected {expected}, computed {actual}; "
+                                  "the engine's weights are mixed and it generates nothing until a whole version loads")
+        self._mixed = None
+        self.decoder.refresh()
+        self.version = version
+
+    def _check_version(self, version: int, allow_older: bool) -> None:
         if version < self.version and not allow_older:
             raise WeightSyncError(f"version {version} is older than the loaded version {self.version}")
+
+    def _check_names(self, weights: dict[str, torch.Tensor]) -> None:
         targets = self.model.state_dict()
         unknown = sorted(set(weights) - set(targets))
         if unknown:
@@ -126,16 +158,19 @@ class TorchEngine:
             if tuple(t.shape) != tuple(targets[name].shape):
                 raise WeightSyncError(f"{name}: shape {tuple(t.shape)} != {tuple(targets[name].shape)}; "
                                       f"weights left at version {self.version}")
+
+    def _copy(self, weights: dict[str, torch.Tensor]) -> None:
+        targets = self.model.state_dict()
         with torch.no_grad():
             for name, t in weights.items():
                 targets[name].copy_(t)
-        self.decoder.refresh()
-        self.version = version
 
     # -------------------------------------------------------------------------------- generation
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts:
         """``n`` samples of each prompt; samples of prompt i are at i*n .. i*n+n-1."""
+        if self._mixed:
+            raise WeightSyncError(f"the engine's weights are not one version's ({self._mixed}); load a whole version first")
         self._check_prompts(prompts, n)
         stop = self._stop_checker(sampling.stop)
         seeds = sampling.seeds(len(prompts))

@@ -11,7 +11,8 @@ seed of prompt ``i`` is ``sampling.seeds(...)[i]`` (`prompt_seed` ``(sampling.se
 call carries explicit ``prompt_seeds``), so a request retried on another
 server holding the same weights draws the same samples.
 
-Weights: `load_weights` writes the tensors as ``model.safetensors`` (or, for a LoRA adapter,
+Weights: `load_weights` writes the tensors as ``model.safetensors``, or streamed in parts
+(`load_buckets`) as one shard per part with ``model.safetensors.index.json`` (or, for a LoRA adapter,
 ``adapter_model.safetensors`` + ``adapter_config.json``) into ``weights_dir/v{version}/`` (written in
 a temporary folder, then renamed, so a server never sees half a file) and has every server load it.
 How is the server's *dialect*: ``posttrain serve`` (`PosttrainDialect`) takes
@@ -58,11 +59,12 @@ import httpx
 import torch
 
 from posttrain.rollout.protocol import EngineError, Generated, Lost
-from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
+from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
 ADAPTER_FILE = "adapter_model.safetensors"
 MODEL_FILES = ("config.json", "generation_config.json")  # copied next to the weights when known
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -481,9 +483,17 @@ class HTTPEngine:
         it (``checksum`` on our server; on vLLM the version read back and, given ``probe`` — token
         ids and the trainer's log-probs of ``ids[1:]`` — the server's own log-probs of it);
         `WeightSyncError` names every server that did not."""
-        if self.weights_dir is None:
-            raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
-        folder = self._write(weights, version)
+        folder, _ = self._write([weights], version)  # the servers check ``checksum``, as handed over
+        self._push_all(folder, checksum, version, probe)
+
+    def load_buckets(self, buckets, version: int, probe: tuple[list[int], list[float]] | None = None) -> None:
+        """`load_weights` of weights that arrive in parts (`export_buckets`): each part becomes one
+        safetensors shard as it arrives (with ``model.safetensors.index.json`` when there are
+        several), so the writer holds one part at a time; the servers must confirm the checksum of
+        what was written."""
+        self._push_all(*self._write(buckets, version), version, probe)
+
+    def _push_all(self, folder: Path, checksum: str, version: int, probe) -> None:
         push = (str(folder), version, checksum, probe)
         with self._sync_lock, self._alone():
             live = [u for u in self.urls if u not in self._dead]
@@ -584,26 +594,22 @@ class HTTPEngine:
         with self._lock:
             return len(self.urls) - len(self._dead)
 
-    def _write(self, weights: dict[str, torch.Tensor], version: int) -> Path:
-        from safetensors.torch import save_file
-
+    def _write(self, buckets, version: int) -> tuple[Path, str]:
+        """``weights_dir/v{version}/`` from the parts, and the checksum of what it holds."""
+        if self.weights_dir is None:
+            raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         final = self.weights_dir / f"v{version}"
         tmp = self.weights_dir / f".v{version}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
+        digest = WeightsDigest()
         try:
-            tensors, seen = {}, set()
-            for name, t in weights.items():  # safetensors refuses tensors that share memory
-                t = t.detach().to("cpu").contiguous()
-                if t.untyped_storage().data_ptr() in seen:
-                    t = t.clone()
-                seen.add(t.untyped_storage().data_ptr())
-                tensors[name] = t
-            if self.adapter_config is not None:  # a LoRA adapter, as peft saves one
-                save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"format": "pt", "version": str(version)})
+            if self.adapter_config is not None:  # a LoRA adapter, as peft saves one: small, one file
+                adapter = {k: v for part in buckets for k, v in part.items()}
+                _save(adapter, tmp / ADAPTER_FILE, version, digest)
                 (tmp / "adapter_config.json").write_text(json.dumps(self.adapter_config))
             else:
-                save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "version": str(version)})
+                _save_shards(buckets, tmp, version, digest)
             for name in MODEL_FILES if self.model_files and self.adapter_config is None else ():
                 src = Path(self.model_files) / name
                 if src.is_file():
@@ -614,7 +620,7 @@ class HTTPEngine:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return final.resolve()
+        return final.resolve(), digest.hexdigest()
 
     def _prune(self, current: Path) -> None:
         """Keep the ``keep_versions`` folders written last (the current one included)."""
@@ -623,3 +629,36 @@ class HTTPEngine:
         for p in self.weights_dir.iterdir():
             if p.is_dir() and _VERSION_DIR.match(p.name) and p.resolve() not in keep:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def _save(weights: dict[str, torch.Tensor], path: Path, version: int, digest) -> None:
+    from safetensors.torch import save_file
+
+    tensors, seen = {}, set()
+    for name, t in weights.items():  # safetensors refuses tensors that share memory
+        t = t.detach().to("cpu").contiguous()
+        if t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[name] = t
+    digest.update(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt", "version": str(version)})
+
+
+def _save_shards(buckets, folder: Path, version: int, digest) -> None:
+    """One shard per part, named the way transformers and vLLM read sharded checkpoints; a single
+    part is plain ``model.safetensors``."""
+    names: list[dict[str, torch.Tensor]] = []
+    for i, part in enumerate(buckets):
+        _save(part, folder / f"part-{i}", version, digest)
+        names.append({k: v.numel() * v.element_size() for k, v in part.items()})
+    if len(names) == 1:
+        os.replace(folder / "part-0", folder / WEIGHTS_FILE)
+        return
+    weight_map, total = {}, 0
+    for i, sizes in enumerate(names):
+        shard = f"model-{i + 1:05d}-of-{len(names):05d}.safetensors"
+        os.replace(folder / f"part-{i}", folder / shard)
+        weight_map.update(dict.fromkeys(sizes, shard))
+        total += sum(sizes.values())
+    (folder / WEIGHTS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))

@@ -248,7 +248,8 @@ def _tensor_bytes(t: torch.Tensor):
 
 
 def weights_checksum(weights: dict[str, torch.Tensor]) -> str:
-    """XXH3-128 hex digest over (name, dtype, shape, raw bytes) of each tensor, in sorted name order.
+    """XXH3-128 hex digest of the weights: of each tensor's digest over (name, dtype, shape, raw
+    bytes), taken in sorted name order (`WeightsDigest`, which builds it a bucket at a time).
 
     Deterministic across processes; any change of a value, a dtype, a shape or a name changes it.
     Hash the tensors as sent (before any cast on the receiving side). It guards against corruption
@@ -256,9 +257,29 @@ def weights_checksum(weights: dict[str, torch.Tensor]) -> str:
     SHA-256 reads ~1.4 GB/s, and both ends hash every weight of every sync (14 GB for a 7B model
     in bf16: about 0.7 s instead of 10 s, each side).
     """
-    h = xxhash.xxh3_128()
-    for name in sorted(weights):
-        t = weights[name]
-        h.update(f"{name}|{str(t.dtype)}|{tuple(t.shape)}\n".encode())
-        h.update(_tensor_bytes(t))
-    return h.hexdigest()
+    digest = WeightsDigest()
+    digest.update(weights)
+    return digest.hexdigest()
+
+
+class WeightsDigest:
+    """`weights_checksum` of weights that arrive in parts, in any order: each tensor is hashed as it
+    comes (16 bytes kept per name) and the parts are combined in name order at the end, so weights
+    streamed in buckets need never be all in memory at once to be checked."""
+
+    def __init__(self):
+        self._parts: dict[str, bytes] = {}
+
+    def update(self, weights: dict[str, torch.Tensor]) -> None:
+        for name in weights:
+            t = weights[name]
+            h = xxhash.xxh3_128()
+            h.update(f"{name}|{str(t.dtype)}|{tuple(t.shape)}\n".encode())
+            h.update(_tensor_bytes(t))
+            self._parts[name] = h.digest()
+
+    def hexdigest(self) -> str:
+        h = xxhash.xxh3_128()
+        for name in sorted(self._parts):
+            h.update(self._parts[name])
+        return h.hexdigest()

@@ -47,10 +47,13 @@ def main(model_dir: str, out: str) -> None:
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in weights.items()}, out)
-    print(json.dumps({"rank": world.rank, "world_size": world.world_size, "total": total,
-                      "params": sum(local_numel(p) for p in model.parameters()), "grads": grads,
-                      "optim_state": optim_state, "exported": exported}), flush=True)
-    world.barrier()
+    row = {"rank": world.rank, "world_size": world.world_size, "total": total,
+           "params": sum(local_numel(p) for p in model.parameters()), "grads": grads,
+           "optim_state": optim_state, "exported": exported}
+    for rank in range(world.world_size):  # one rank at a time: the lines of two ranks can interleave
+        if rank == world.rank:
+            print(json.dumps(row), flush=True)
+        world.barrier()
 
 
 if __name__ == "__main__":

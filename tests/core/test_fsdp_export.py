@@ -38,3 +38,24 @@ def test_shards_are_halves_and_only_rank0_gets_the_full_weights(nano_model_dir, 
     assert exported.keys() == original.keys()
     for k in original:
         torch.testing.assert_close(exported[k], original[k], rtol=0, atol=0, msg=k)
+
+
+def test_export_buckets_stream_the_whole_gather_from_the_shards(nano_model_dir):
+    # Buckets of 0.05 MB over a sharded model (activation checkpointing on; and with LoRA, merged or
+    # the adapter alone): joined they are exactly the whole gather, and no bucket is near the model's size.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(SCRIPT.with_name("bucket_ranks.py")), str(nano_model_dir)]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    main = {x["case"]: x for x in rows if x["rank"] == 0}
+    other = {x["case"]: x for x in rows if x["rank"] == 1}
+    assert set(main) == {"plain", "lora", "lora-adapter"}
+    model_bytes = 4 * sum(t.numel() for t in load_file(str(Path(nano_model_dir) / "model.safetensors")).values())
+    for case, x in main.items():
+        assert x["same"], case
+        if case != "lora-adapter":  # the adapter is smaller than one bucket
+            assert x["buckets"] >= 4, x
+            assert x["largest"] < model_bytes / 3, (x, model_bytes)
+        assert other[case]["buckets"] == x["buckets"] and other[case]["names"] == 0, other[case]

@@ -45,10 +45,11 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("extra", [
     {"algorithm": "grpo"},
+    {"algorithm": "grpo", "rollout.sync_bucket_mb": 0.05},  # weights streamed to the ranks in ~20 buckets
     {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
     {"algorithm": "grpo", "ppo_epochs": 2, "micro_batch_tokens": 64},  # off-policy 2nd epoch: ratios leave 1
     {"algorithm": "grpo", "mini_batches": 2},  # the step's mini-batches, whichever rank holds their rows
-    {"algorithm": "grpo", "rollout.colocate": False},  # rank 0 generates the whole step and shares it
+    {"algorithm": "grpo", "rollout.colocate": False, "rollout.sync_bucket_mb": 0.05},  # rank 0 generates the step
 ])
 def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
     args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=3, save_every=3,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -304,10 +305,23 @@ def test_the_posttrain_serve_app_meets_the_contract(nano_model_dir, tmp_path, to
         got = engine.generate(prompts, 1, greedy)
         assert got.completion_ids == reference.generate(prompts, 1, greedy).completion_ids
         assert got.policy_version == [1] * len(prompts)
+
+        # streamed in parts: one safetensors shard each, which the servers read and checksum whole
+        state = {k: v + 0.01 * torch.randn_like(v) for k, v in state.items()}
+        names = list(state)
+        engine.load_buckets(iter([{k: state[k] for k in names[i:i + 5]} for i in range(0, len(names), 5)]), 2)
+        reference.load_weights(state, 2, weights_checksum(state))
+        parts = -(-len(names) // 5)
+        folder = tmp_path / "weights" / "v2"
+        assert sorted(p.name for p in folder.glob("*.safetensors"))[-1] == f"model-{parts:05d}-of-{parts:05d}.safetensors"
+        assert sorted(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]) == sorted(names)
+        assert [s.app.state.serve.version for s in servers] == [2, 2]
+        assert engine.generate(prompts, 1, greedy).completion_ids == reference.generate(prompts, 1, greedy).completion_ids
+
         with pytest.raises(WeightSyncError, match="checksum mismatch") as refused:
-            engine.load_weights(state, 2, "f" * 64)
+            engine.load_weights(state, 3, "f" * 64)
         assert all(s.url in str(refused.value) for s in servers)
-        assert engine.version == 1
+        assert engine.version == 2
     finally:
         for s in servers:
             s.stop()

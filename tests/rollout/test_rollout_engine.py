@@ -116,6 +116,43 @@ def test_corrupted_checksum_is_refused_and_old_weights_stay(model):
     assert engine.generate(PROMPTS, n=1, sampling=greedy).completion_ids == before.completion_ids
 
 
+def _parts(weights: dict, size: int) -> list[dict]:
+    names = list(weights)
+    return [{k: weights[k] for k in names[i:i + size]} for i in range(0, len(names), size)]
+
+
+def test_weights_streamed_in_parts_load_like_the_whole(model):
+    new = perturbed_state(model)
+    whole, streamed = TorchEngine(model), TorchEngine(model)
+    whole.load_weights(new, version=1, checksum=weights_checksum(new))
+    asked = []
+    streamed.load_buckets(iter(_parts(new, 3)), 1, lambda: asked.append(1) or weights_checksum(new))
+    assert asked == [1] and streamed.version == 1
+    assert all(torch.equal(v, whole.model.state_dict()[k]) for k, v in streamed.model.state_dict().items())
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    assert streamed.generate(PROMPTS, 1, greedy).completion_ids == whole.generate(PROMPTS, 1, greedy).completion_ids
+
+
+def test_a_stream_that_arrives_corrupted_or_breaks_off_leaves_an_engine_that_refuses_to_generate(model):
+    engine = TorchEngine(model)
+    new = perturbed_state(model)
+    checksum = weights_checksum(new)
+    parts = _parts(new, 3)
+    parts[1] = {k: v + 1e-3 for k, v in parts[1].items()}  # corrupted in transit
+    with pytest.raises(WeightSyncError, match="mixed"):
+        engine.load_buckets(iter(parts), 1, lambda: checksum)
+    assert engine.version == 0
+    with pytest.raises(WeightSyncError, match="not one version"):
+        engine.generate(PROMPTS, 1, SamplingParams(temperature=0.0, max_new_tokens=4))
+    bad = _parts(new, 3)[:1] + [{"model.not_a_weight": torch.zeros(3)}]
+    with pytest.raises(WeightSyncError, match="unknown weight names"):
+        engine.load_buckets(iter(bad), 1, lambda: checksum)
+    with pytest.raises(WeightSyncError, match="interrupted"):
+        engine.generate(PROMPTS, 1, SamplingParams(temperature=0.0, max_new_tokens=4))
+    engine.load_buckets(iter(_parts(new, 3)), 1, lambda: checksum)  # a whole version heals it
+    assert engine.version == 1 and engine.generate(PROMPTS, 1, SamplingParams(max_new_tokens=4)).completion_ids
+
+
 def test_unknown_names_and_shapes_are_refused(model):
     engine = TorchEngine(model)
     bad = {"model.not_a_weight": torch.zeros(3)}

@@ -175,6 +175,21 @@ def test_checksum_is_order_free_and_sensitive():
     assert len(weights_checksum(a)) == 32  # XXH3-128, hex
 
 
+def test_a_digest_built_in_parts_equals_the_checksum_of_the_whole():
+    from posttrain.rollout.types import WeightsDigest
+
+    g = torch.Generator().manual_seed(0)
+    whole = {f"w{i}": torch.randn(3, i + 1, generator=g) for i in range(7)}
+    for parts in ([["w0", "w1", "w2", "w3", "w4", "w5", "w6"]], [["w5", "w1"], ["w6"], ["w0", "w2", "w3", "w4"]]):
+        digest = WeightsDigest()
+        for names in parts:
+            digest.update({k: whole[k] for k in names})
+        assert digest.hexdigest() == weights_checksum(whole)
+    short = WeightsDigest()
+    short.update({k: v for k, v in whole.items() if k != "w3"})  # a part that never arrived
+    assert short.hexdigest() != weights_checksum(whole)
+
+
 def test_bad_prompts_are_refused(model):
     engine = TorchEngine(model)
     with pytest.raises(ValueError, match="empty"):
