@@ -10,7 +10,10 @@ it in; rank 0's checksum checked at the end). ``whole`` is one bucket holding th
 of every parameter before anything moves, as a sync without buckets does.
 
 While a sync runs, a thread samples the process's resident memory every millisecond; the figure
-is the peak above the resident memory just before the sync (MiB), per rank. Every rank's engine
+is the peak above the resident memory just before the sync (MiB), per rank. Each bucket size runs
+in fresh processes with glibc's mmap threshold fixed at 128 KiB, so memory freed by one sync is
+returned to the system and the next one's peak is not hidden in it. One sync before the measured
+ones warms up (its one-time costs, ~100 MiB here, are the same in every mode). Every rank's engine
 must end with the same weights (the run stops otherwise), and the time is the median of
 ``--repeats`` syncs.
 
@@ -80,7 +83,7 @@ def measure(model_dir: str, buckets_mb: list[float], repeats: int) -> None:
     version = 0
     for mb in buckets_mb:
         peaks, times = [], []
-        for _ in range(repeats):
+        for _ in range(repeats + 1):  # the first is a warm-up: one-time costs of the first sync (~100 MiB)
             with torch.no_grad():
                 for p in model.parameters():  # a new version each time
                     p.add_(1e-3)
@@ -93,7 +96,10 @@ def measure(model_dir: str, buckets_mb: list[float], repeats: int) -> None:
                 times.append(time.perf_counter() - t0)
             peaks.append(rss.extra)
         same = len(set(world.all_gather_object(weights_checksum(engine.model.state_dict())))) == 1
+        peaks, times = peaks[1:], times[1:]
+        largest = max(p.numel() * p.element_size() for p in engine.model.parameters())
         row = {"rank": world.rank, "bucket_mb": mb, "peak_extra": max(peaks), "seconds": statistics.median(times),
+               "largest_param": largest,
                "params": sum(p.numel() for p in engine.model.parameters()), "same": same,
                "buckets": sum(1 for _ in export_buckets(model, world, mb))}
         for rank in range(world.world_size):  # one rank at a time: the lines of two ranks can interleave
@@ -106,6 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", nargs="+", default=["whole", "64", "16"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="100m", help="100m (built here) or an embedded size (nano, tiny, small)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON lines only")
     parser.add_argument("--measure", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [float("inf") if b == "whole" else float(b) for b in args.buckets]
@@ -114,17 +122,24 @@ def main() -> None:
     from sync_by_model_size import build_100m
 
     from posttrain.models.hf import quiet_transformers
+    from posttrain.models.tiny import build_tiny
 
     quiet_transformers()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(build_100m(Path(tmp)))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
-               "--measure", model_dir, "--repeats", str(args.repeats), "--buckets", *args.buckets]
-        r = subprocess.run(cmd, check=False, capture_output=True, text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if r.returncode != 0:
-        sys.exit(f"torchrun failed:\n{r.stderr[-4000:]}")
-    rows = [json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW ")]
+        model_dir = str(build_100m(Path(tmp)) if args.model == "100m" else build_tiny(tmp, args.model, seed=0))
+        for bucket in args.buckets:  # each in fresh processes: freed memory kept by one would hide the next's
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
+                   "--measure", model_dir, "--repeats", str(args.repeats), "--buckets", bucket]
+            # big blocks straight from and back to the OS, so the resident size follows what is held
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+            r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                sys.exit(f"torchrun failed:\n{r.stderr[-4000:]}")
+            rows += [json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW ")]
+    if args.json:
+        print("\n".join(json.dumps(x) for x in rows))
+        return
     params = rows[0]["params"]
     print(f"model: {params / 1e6:.0f} M parameters, fp32 ({params * 4 / 2**20:.0f} MiB); 2 ranks, gloo, CPU; "
           f"colocated sync, median of {args.repeats}")

@@ -325,8 +325,16 @@ def stream_to_ranks(engine: TorchEngine, buckets, world: World, version: int) ->
     """Every rank's engine takes rank 0's buckets as they leave the shards: one broadcast per bucket
     and dtype, each rank copying it in before the next, then rank 0's checksum of what it sent."""
     sent = WeightsDigest()
-    received = (broadcast_weights(b, world) for b in _digested(buckets, sent))
-    engine.load_buckets(received, version, lambda: world.broadcast_object(sent.hexdigest() if world.main else None))
+    engine.load_buckets(_broadcast_each(_digested(buckets, sent), world), version,
+                        lambda: world.broadcast_object(sent.hexdigest() if world.main else None))
+
+
+def _broadcast_each(buckets, world: World):
+    for bucket in buckets:
+        received = broadcast_weights(bucket, world, consume=True)
+        del bucket  # before the next bucket is gathered: one at a time
+        yield received
+        del received
 
 
 def _hand_over(engine, buckets, version: int, sent, extra: dict) -> None:
@@ -350,6 +358,7 @@ def _digested(buckets, digest):
     for bucket in buckets:
         digest.update(bucket)
         yield bucket
+        del bucket  # not held while the next one is gathered
 
 
 def _drain(buckets) -> None:
@@ -474,9 +483,11 @@ def colocates(cfg: RLConfig, world: World) -> bool:
             and cfg.runtime == "local" and not cfg.env.name)
 
 
-def broadcast_weights(weights: dict[str, torch.Tensor], world: World) -> dict[str, torch.Tensor]:
+def broadcast_weights(weights: dict[str, torch.Tensor], world: World, *, consume: bool = False) -> dict[str, torch.Tensor]:
     """Rank 0's ``weights`` on every rank: names, shapes and dtypes first, then one flat broadcast
-    per dtype (a bucket's tensors in one collective, not one each)."""
+    per dtype (a bucket's tensors in one collective, not one each). With ``consume`` rank 0 takes
+    each tensor out of ``weights`` as it is copied into the flat buffer, so the two together never
+    hold more than the bucket and one tensor."""
     import torch.distributed as dist
 
     meta = world.broadcast_object([(k, tuple(v.shape), v.dtype) for k, v in weights.items()] if world.main else None)
@@ -484,8 +495,10 @@ def broadcast_weights(weights: dict[str, torch.Tensor], world: World) -> dict[st
     for dtype in dict.fromkeys(d for _, _, d in meta):
         names = [(k, shape) for k, shape, d in meta if d == dtype]
         sizes = [math.prod(shape) for _, shape in names]
-        flat = (torch.cat([weights[k].reshape(-1) for k, _ in names]).to(world.device) if world.main
-                else torch.empty(sum(sizes), dtype=dtype, device=world.device))
+        flat = torch.empty(sum(sizes), dtype=dtype, device=world.device)
+        if world.main:
+            for (name, _), part in zip(names, flat.split(sizes)):
+                part.copy_((weights.pop(name) if consume else weights[name]).reshape(-1))
         dist.broadcast(flat, src=0)
         for (name, shape), part in zip(names, flat.cpu().split(sizes)):
             out[name] = part.view(shape)

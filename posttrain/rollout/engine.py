@@ -136,6 +136,7 @@ class TorchEngine:
             self._check_names(part)
             digest.update(part)
             self._copy(part)
+            del part  # not held while the next one arrives
         expected, actual = checksum(), digest.hexdigest()
         if actual != expected:
             self._mixed = f"version {version} arrived corrupted (checksum {actual[:12]}, sent {expected[:12]})"

@@ -652,6 +652,7 @@ def _save_shards(buckets, folder: Path, version: int, digest) -> None:
     for i, part in enumerate(buckets):
         _save(part, folder / f"part-{i}", version, digest)
         names.append({k: v.numel() * v.element_size() for k, v in part.items()})
+        del part  # not held while the next one is gathered
     if len(names) == 1:
         os.replace(folder / "part-0", folder / WEIGHTS_FILE)
         return
