@@ -298,6 +298,11 @@ class RLConfig:
     backward, so no (B, T, V) logits exist: at long completions and large vocabularies the logits
     are most of an update's memory (docs/rl.md, "Memory"). Same numbers. Models whose head cannot
     move out of the forward (soft-capped logits, a LoRA or sharded head) keep full logits."""
+    pack_rows: bool = True
+    """Run a micro-batch's rows end to end in one sequence, attention kept inside each row, instead
+    of padded to the longest (docs/rl.md, "Memory"): a batch of 50- and 2,000-token samples no
+    longer pays for padding. Same numbers. Used when it runs fewer positions than the forward that
+    runs each shared prompt once; models with soft-capped attention (Gemma 2) stay padded."""
     skip_zero_variance_backward: bool = True
     """GRPO family: the rows of zero-variance groups (advantage exactly 0) are scored without
     autograd and left out of the backward; exact, so only for debugging turn it off. Never with

@@ -427,7 +427,7 @@ def setup(cfg: RLConfig) -> RLRun:
     policy = Policy(model, optimizer, build_scheduler(optimizer, cfg.optim, updates),
                     temperature=cfg.rollout.temperature, grad_clip=cfg.optim.grad_clip,
                     micro_batch_tokens=cfg.micro_batch_tokens, ref_model=ref, world=world,
-                    chunked_head=cfg.chunked_head,
+                    chunked_head=cfg.chunked_head, pack_rows=cfg.pack_rows,
                     reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
     engine = build_engine(cfg, tokenizer, world)
     env = setup_env(cfg, tokenizer)

@@ -42,6 +42,7 @@ from posttrain.core.dist import World, mini_batch_rows
 from posttrain.core.fsdp import export_adapter, export_buckets, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
 from posttrain.rl.batch import RLBatch
+from posttrain.rl.packed import install as install_packing, packed_logits, packed_tokens, packs
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 
 LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
@@ -50,13 +51,16 @@ LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
 class Policy:
     def __init__(self, model, optimizer, scheduler, *, temperature: float, grad_clip: float,
                  micro_batch_tokens: int, ref_model=None, reuse_score_forward: bool = False,
-                 world: World | None = None, chunked_head: bool = True):
+                 world: World | None = None, chunked_head: bool = True, pack_rows: bool = True):
         self.core = TrainCore(model, optimizer, scheduler, grad_clip=grad_clip, world=world)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.world = self.core.world
         self.ref_model = ref_model
         self.temperature, self.grad_clip = temperature, grad_clip
-        self.micro_batch_tokens, self.chunked_head = micro_batch_tokens, chunked_head
+        self.micro_batch_tokens, self.chunked_head, self.pack_rows = micro_batch_tokens, chunked_head, pack_rows
+        for m in (model, ref_model) if pack_rows else ():
+            if m is not None:
+                install_packing(m)  # their own attention, which also packs rows when a call asks
         self.device = next(model.parameters()).device
         self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
         self._kept = None  # (batch, core.updates, logp_BT with graph) recorded by score
@@ -64,9 +68,13 @@ class Policy:
     def _target_logits(self, model, mb: RLBatch) -> TargetLogits:
         """Logits scoring ``input_ids[:, 1:]`` (the completion targets only, each shared prompt run
         once, when it can)."""
-        logits = completion_logits(model, mb, self.device, agree=self.world.all_agree)
+        packed = packed_tokens(mb) if self.pack_rows and packs(model) else None
+        logits = completion_logits(model, mb, self.device, agree=self.world.all_agree,
+                                   budget=packed if packed else float("inf"))
         if logits is not None:
             return logits
+        if packed:
+            return packed_logits(model, mb, self.device)
         # no cache: a checkpointed layer run again in backward would append its keys to it twice
         out = model(input_ids=mb.input_ids_BT.to(self.device), attention_mask=mb.attention_mask_BT.to(self.device),
                     position_ids=mb.position_ids_BT().to(self.device), use_cache=False)

@@ -88,6 +88,7 @@ class TargetLogits:
     cols: torch.Tensor | None = None
     js: torch.Tensor | None = None
     width: int = 0
+    packed: int = 0  # > 0: the values are one packed row (`posttrain.rl.packed`) for this many rows
 
     @classmethod
     def full(cls, logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> "TargetLogits":
@@ -97,12 +98,16 @@ class TargetLogits:
         """(N, L-1) values at their target columns (differentiable), zero elsewhere."""
         if self.rows is None:
             return values_BX
+        if self.packed:
+            out = values_BX.new_zeros(self.packed, self.width)
+            return out.index_put((self.rows, self.cols), values_BX[0, self.js])
         out = values_BX.new_zeros(values_BX.shape[0], self.width)
         return out.index_put((self.rows, self.cols), values_BX[self.rows, self.js])
 
 
-def completion_logits(model, mb: RLBatch, device, agree=bool) -> TargetLogits | None:
-    """The completion targets' logits (see the module docstring); None to fall back.
+def completion_logits(model, mb: RLBatch, device, agree=bool, budget: float = float("inf")) -> TargetLogits | None:
+    """The completion targets' logits (see the module docstring); None to fall back, also when it
+    would run more positions than ``budget`` (what the alternative forward runs).
 
     ``agree(usable) -> bool`` decides with the peers: sharded ranks run their forwards in lock step,
     and this path makes two model calls where the plain forward makes one, so either every rank
@@ -122,6 +127,7 @@ def completion_logits(model, mb: RLBatch, device, agree=bool) -> TargetLogits | 
             0, expand_B, torch.arange(n), reduce="amin", include_self=False)
         # rows that claim one prompt must carry the same tokens
         usable = torch.equal(prompts_BP, prompts_BP[first_U][expand_B]) and torch.equal(real_BP, real_BP[first_U][expand_B])
+        usable = usable and len(unique) * prompts_BP.shape[1] + n * max(span_BC.shape[1] - 1, 1) <= budget
     if not agree(usable):
         return None
     real_UP, cache, key = real_BP[first_U], PrefixCache(config=model.config), _cache_kwarg(model)

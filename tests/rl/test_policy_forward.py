@@ -28,14 +28,15 @@ def one_thread():
 
 
 def _policy(model_dir, reuse: bool, micro_batch_tokens: int = 1000,
-            checkpointing: bool = False, chunked_head: bool = True) -> tuple[Policy, list[int]]:
+            checkpointing: bool = False, chunked_head: bool = True, pack_rows: bool = True) -> tuple[Policy, list[int]]:
     model = shard_model(load_model(ModelConfig(path=str(model_dir))), World(), activation_checkpointing=checkpointing)
     cfg = OptimConfig(lr=0.1, warmup_steps=0, schedule="constant")
     # plain SGD: the weights then differ by lr x the gradient difference (Adam's first step is
     # about lr x sign(grad), which turns rounding noise in near-zero gradients into lr-sized steps)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     policy = Policy(model, opt, build_scheduler(opt, cfg, 10), temperature=0.7, grad_clip=1.0,
-                    micro_batch_tokens=micro_batch_tokens, reuse_score_forward=reuse, chunked_head=chunked_head)
+                    micro_batch_tokens=micro_batch_tokens, reuse_score_forward=reuse, chunked_head=chunked_head,
+                    pack_rows=pack_rows)
     calls = []  # one entry per policy forward over a micro-batch
     target_logits = policy._target_logits
     policy._target_logits = lambda *a: calls.append(1) or target_logits(*a)

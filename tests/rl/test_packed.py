@@ -1,0 +1,117 @@
+"""Packed forwards: a micro-batch's rows end to end in one sequence, attention inside each row,
+give the padded forward's log-probs and gradients for every family the engine runs (sliding
+windows included, with rows longer than the window), and the policy takes the same steps."""
+
+import pytest
+import torch
+
+from posttrain.models import tiny
+from posttrain.models.hf import ModelConfig, load_model
+from posttrain.rl import policy as policy_module
+from posttrain.rl.batch import build_batch
+from posttrain.rl.packed import install, packed_logits, packed_tokens, packs
+from posttrain.rl.shared_prefix import TargetLogits
+from posttrain.rollout import Rollouts, SamplingParams
+from tests.rl.test_policy_forward import _assert_same_weights, _batch, _policy, _step
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {arch: tiny.build_tiny(root / arch, "nano", seed=0, arch=arch) for arch in tiny.ARCHS}
+
+
+def _ragged(vocab: int, lengths=(150, 3, 71, 9, 1, 40)):
+    """One row per prompt (nothing shared), prompts of 2-7 tokens, completions of ``lengths``:
+    rows of 150 and 71 tokens pass the tiny models' 64-token sliding window."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, vocab, (2 + i,), generator=g).tolist() for i in range(len(lengths))]
+    comps = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in lengths]
+    ro = Rollouts(prompt_idx=list(range(len(lengths))), prompt_ids=prompts, completion_ids=comps,
+                  logprobs=[[-1.0] * len(c) for c in comps], finish_reason=["length"] * len(comps),
+                  policy_version=[0] * len(comps), sampling=SamplingParams())
+    return build_batch(ro, [1.0] * len(comps), [True] * len(comps), pad_id=0)
+
+
+def _logp_and_grads(model, t: TargetLogits, mb):
+    logp = t.place(t.logits_BXV.float().log_softmax(-1).gather(-1, t.targets_BX[..., None]).squeeze(-1))
+    model.zero_grad()
+    (logp * mb.mask_BT).sum().backward()
+    return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("arch", [a for a in tiny.ARCHS if a != "gemma2"])
+def test_packed_rows_give_the_padded_forward(family_dirs, arch):
+    model = load_model(ModelConfig(path=str(family_dirs[arch])))
+    mb = _ragged(model.config.get_text_config().vocab_size)
+
+    def padded():
+        out = model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, position_ids=mb.position_ids_BT())
+        return _logp_and_grads(model, TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:]), mb)
+
+    padded_logp, padded_grads = padded()  # the model's own attention
+    assert install(model) and packs(model)
+    again_logp, _ = padded()  # after install a call without packed rows is the model's own attention
+    assert torch.equal(again_logp, padded_logp)
+    positions = []
+    model.get_input_embeddings().register_forward_hook(lambda m, args, out: positions.append(args[0].shape))
+    packed = packed_logits(model, mb, torch.device("cpu"))
+    real = mb.attention_mask_BT.sum(1)
+    assert positions == [(1, int((real - 1).sum()))] == [(1, packed_tokens(mb))]  # no padding, no last tokens
+    packed_logp, packed_grads = _logp_and_grads(model, packed, mb)
+    assert packed_logp.shape == mb.mask_BT.shape
+    torch.testing.assert_close(packed_logp[mb.mask_BT], padded_logp[mb.mask_BT], atol=1e-5, rtol=1e-5)
+    for a, b in zip(padded_grads, packed_grads):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_soft_capped_attention_and_broken_rows_keep_the_padded_forward(family_dirs):
+    gemma2 = load_model(ModelConfig(path=str(family_dirs["gemma2"])))
+    assert not install(gemma2) and not packs(gemma2)
+    mb = _ragged(100)
+    assert packed_tokens(mb) == int((mb.attention_mask_BT.sum(1) - 1).sum())
+    mb.attention_mask_BT[0, int(mb.attention_mask_BT[0].int().argmax()) + 2] = 0  # a hole in row 0
+    assert packed_tokens(mb) is None
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_policy_takes_the_steps_the_padded_forward_takes(nano_model_dir, checkpointing, monkeypatch):
+    monkeypatch.setattr(policy_module, "completion_logits", lambda *a, **k: None)  # no shared prompts: pack or pad
+    padded, _ = _policy(nano_model_dir, reuse=True, checkpointing=checkpointing, pack_rows=False)
+    packed, _ = _policy(nano_model_dir, reuse=True, checkpointing=checkpointing)
+    runs = []
+    original = policy_module.packed_logits
+    monkeypatch.setattr(policy_module, "packed_logits", lambda *a, **k: runs.append(1) or original(*a, **k))
+    for _ in range(2):
+        batch = _batch()
+        old_padded, _, m_padded = padded.score(batch)
+        old_packed, _, m_packed = packed.score(batch)
+        torch.testing.assert_close(old_packed, old_padded, atol=1e-6, rtol=1e-6)
+        assert m_packed["entropy"] == pytest.approx(m_padded["entropy"], rel=1e-5)
+        a, b = _step(padded), _step(packed)
+        assert a["grad_norm"] > 0 and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert runs
+    _assert_same_weights(padded, packed)
+
+
+def test_shared_prompts_or_packing_whichever_runs_fewer_positions(nano_model_dir):
+    policy, _ = _policy(nano_model_dir, reuse=False)
+    positions = []
+    policy.model.model.embed_tokens.register_forward_hook(lambda m, args, out: positions.append(args[0].numel()))
+    # two prompts of 3 and 6 tokens, G=4, completions of 1-6 tokens: sharing runs 2 x 6 + 8 x 5 = 52
+    # positions, packing the 8 rows 57
+    policy._target_logits(policy.model, _batch())
+    assert positions == [12, 40]
+    # one 40-token completion among 1-token ones: sharing pads every row to it (12 + 8 x 39), packing does not
+    positions.clear()
+    policy._target_logits(policy.model, _batch(lengths=(40, 1, 1, 1, 1, 1, 1, 1)))
+    assert positions == [int((_batch(lengths=(40, 1, 1, 1, 1, 1, 1, 1)).attention_mask_BT.sum(1) - 1).sum())]
