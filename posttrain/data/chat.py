@@ -56,13 +56,20 @@ def encode_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool) 
     return _bos(tokenizer, use_chat_template) + tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+"""The tokens that close a turn in the chat templates of ChatML/Qwen, Llama 3, Gemma and Phi-3."""
+
+
 def stop_token_ids(tokenizer, use_chat_template: bool) -> list[int]:
-    """Tokens that end a reply: EOS, plus ``<|im_end|>`` when the vocabulary has it (ChatML)."""
+    """Tokens that end a reply: EOS, plus each `END_OF_TURN` token the vocabulary has as a special
+    token (with a chat template)."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if use_chat_template:
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end not in ids:
-            ids.append(im_end)
+        specials = set(tokenizer.all_special_tokens)
+        for marker in END_OF_TURN:
+            token = tokenizer.convert_tokens_to_ids(marker) if marker in specials else None
+            if isinstance(token, int) and token != tokenizer.unk_token_id and token not in ids:
+                ids.append(token)
     return ids
 
 
@@ -83,20 +90,41 @@ def render_with_spans(tokenizer, *, prompt: str | list[dict] | None = None, comp
 
 
 def _render_conversation(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    full = _apply(tokenizer, messages, add_generation_prompt=False)
-    spans = []
+    pieces = conversation_pieces(tokenizer, messages)
+    if len(pieces) > 1:
+        raise ValueError("the chat template renders a conversation's prefix differently from the "
+                         "conversation itself (it re-renders earlier turns); use conversation_pieces")
+    return pieces[0]
+
+
+def conversation_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """A conversation as the texts the model saw, each with the character spans of its replies.
+
+    Usually one text. A template that re-renders earlier turns (Qwen3's drops the ``<think>``
+    blocks of replies before the last user message) shows the model a history that is not a
+    prefix of the whole conversation's rendering; each reply whose prompt breaks the prefix starts
+    a new text: the conversation up to that reply, rendered as it was when the model wrote it. The
+    same split as the RL episode runner's segments at a prefix break."""
+    pieces, text, spans = [], None, []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         head = _apply(tokenizer, messages[:i], add_generation_prompt=True)
-        if not full.startswith(head):
+        through = _apply(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if not through.startswith(head):
             raise ValueError("the chat template renders a conversation's prefix differently from the "
                              "conversation itself; cannot locate the assistant reply for the loss mask")
-        start = full.find(m["content"], len(head))
+        if text is not None and not head.startswith(text):
+            pieces.append((text, spans))
+            spans = []
+        start = through.find(m["content"], len(head))
         if start < 0:
             raise ValueError("the chat template does not reproduce the assistant reply verbatim")
+        text = through
         spans.append((start, start + len(m["content"])))
-    return full, spans
+    if text is None:
+        return [(_apply(tokenizer, messages, add_generation_prompt=False), [])]
+    return pieces + [(text, spans)]
 
 
 def encode_with_mask(tokenizer, text: str, spans: list[tuple[int, int]], *,

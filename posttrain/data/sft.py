@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from posttrain.data.chat import encode_with_mask, render_with_spans
+from posttrain.data.chat import conversation_pieces, encode_with_mask, render_with_spans
 from posttrain.data.records import SFTExample
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,7 @@ def tokenize_sft_report(examples: list[SFTExample], tokenizer, *, max_len: int, 
     if overflow not in ("drop", "truncate"):
         raise ValueError(f"overflow must be 'drop' or 'truncate', got {overflow!r}")
     out, report = [], TokenizeReport()
-    for ex in examples:
-        text, spans = render_with_spans(tokenizer, prompt=ex.prompt, completion=ex.completion,
-                                        messages=ex.messages, use_chat_template=use_chat_template)
+    for text, spans in _texts(examples, tokenizer, use_chat_template):
         ids, mask = encode_with_mask(tokenizer, text, spans, use_chat_template=use_chat_template)
         if len(ids) > max_len:
             report.too_long += 1
@@ -74,6 +72,17 @@ def tokenize_sft_report(examples: list[SFTExample], tokenizer, *, max_len: int, 
         out.append(TokenizedExample(ids, mask))
     report.kept = len(out)
     return out, report
+
+
+def _texts(examples: list[SFTExample], tokenizer, use_chat_template: bool):
+    """Each example's text and reply spans; a conversation whose template re-renders earlier turns
+    gives one text per break (`conversation_pieces`)."""
+    for ex in examples:
+        if ex.messages is not None and use_chat_template:
+            yield from conversation_pieces(tokenizer, ex.messages)
+        else:
+            yield render_with_spans(tokenizer, prompt=ex.prompt, completion=ex.completion,
+                                    messages=ex.messages, use_chat_template=use_chat_template)
 
 
 def tokenize_sft(examples: list[SFTExample], tokenizer, *, max_len: int, use_chat_template: bool,

@@ -13,8 +13,15 @@ rollout engine runs can be tried offline. Families with sliding-window attention
 (`WINDOW`) shorter than a typical rollout, so the window is actually exercised.
 
 Special tokens: ``<|endoftext|>`` (eos and pad), ``<|im_start|>``, ``<|im_end|>`` (ends a chat
-turn). The chat template is ChatML; generation stops at either ``<|endoftext|>`` or ``<|im_end|>``
-(both are in ``generation_config.eos_token_id``).
+turn). Chat templates (`TEMPLATES`), written here in the shape of each family's own: ``chatml``
+(the default, and Llama's here, so the embedded demo model keeps its vocabulary), ``qwen3``
+(ChatML whose rendering drops the ``<think>...</think>`` of assistant turns before the last user
+message, as Qwen3's does), ``llama3`` (header tokens, ``<|eot_id|>``) and ``gemma`` (turn markers,
+the assistant called ``model``, a system message folded into the first user turn). A template's
+own markers are added to the vocabulary after the trained tokens, and generation stops at
+``<|endoftext|>`` or the template's end-of-turn token (both in ``generation_config.eos_token_id``).
+``make-tiny --template`` picks one; by default Qwen3 gets ``qwen3``, Gemma 2/3 ``gemma``, the
+others ``chatml``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,45 @@ SIZES: dict[str, dict] = {
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
                  num_attention_heads=16, num_key_value_heads=8),      # ~0.38B params, GPU checks
 }
+QWEN3_TEMPLATE = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}"
+    "{% endfor %}"
+    "{% for m in messages %}"
+    "{% set content = m['content'] %}"
+    "{% if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ content }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "<|begin_of_text|>"
+    "{% for m in messages %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{% set system = messages[0]['content'] + '\n\n' if messages and messages[0]['role'] == 'system' else '' %}"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ system if loop.first and m['role'] == 'user' else '' }}{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+# name -> (template, markers added to the vocabulary, the token that ends a turn)
+TEMPLATES: dict[str, tuple[str, list[str], str]] = {
+    "chatml": (CHATML_TEMPLATE, [], "<|im_end|>"),
+    "qwen3": (QWEN3_TEMPLATE, [], "<|im_end|>"),
+    "llama3": (LLAMA3_TEMPLATE, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+               "<|eot_id|>"),
+    "gemma": (GEMMA_TEMPLATE, ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
+}
+DEFAULT_TEMPLATE = {"qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma"}
+"""Each family's template shape when ``--template`` is not given (else ``chatml``)."""
+
 VOCAB_SIZE = 512
 MAX_POSITIONS = 512
 WINDOW = 64
@@ -108,8 +154,8 @@ def _corpus(seed: int = 0, n: int = 4000) -> list[str]:
     return lines
 
 
-def build_tokenizer(seed: int = 0):
-    """Train the byte-level BPE tokenizer and wrap it for transformers."""
+def build_tokenizer(seed: int = 0, template: str = "chatml"):
+    """Train the byte-level BPE tokenizer and wrap it for transformers, with the chat ``template``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -126,20 +172,28 @@ def build_tokenizer(seed: int = 0):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>",
                                    additional_special_tokens=SPECIAL_TOKENS[1:])
-    fast.chat_template = CHATML_TEMPLATE
+    chat, markers, _ = TEMPLATES[template]
+    if markers:  # after the trained tokens: the ids of everything else stay as they are
+        fast.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:] + markers})
+    fast.chat_template = chat
     fast.model_max_length = MAX_POSITIONS
     return fast
 
 
-def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0, arch: str = "llama") -> Path:
-    """Build and save a randomly initialised ``arch`` model of `size` with the embedded tokenizer."""
+def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0, arch: str = "llama",
+               template: str | None = None) -> Path:
+    """Build and save a randomly initialised ``arch`` model of `size` with the embedded tokenizer and
+    the chat ``template`` (None: the family's, `DEFAULT_TEMPLATE`)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    template = template or DEFAULT_TEMPLATE.get(arch, "chatml")
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown template {template!r}; choose from {', '.join(TEMPLATES)}")
     if size not in SIZES or arch not in ARCHS:  # before the tokenizer's training, not after
         tiny_config(arch, size, vocab_size=VOCAB_SIZE, eos_ids=None, pad_id=None)
     out = Path(out_dir)
-    tokenizer = build_tokenizer(seed)
-    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")]
+    tokenizer = build_tokenizer(seed, template)
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", TEMPLATES[template][2])]
     config = tiny_config(arch, size, vocab_size=len(tokenizer), eos_ids=eos_ids, pad_id=eos_ids[0])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from posttrain.models.tiny import ARCHS, SIZES
+from posttrain.models.tiny import ARCHS, SIZES, TEMPLATES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="nano (~0.15M params, tests), tiny (~2.6M, the demo), small (~10M, a teacher)")
     parser.add_argument("--arch", choices=list(ARCHS), default="llama",
                         help="model family (random weights in that family's own config class; same tokenizer)")
+    parser.add_argument("--template", choices=list(TEMPLATES), default=None,
+                        help="chat template shape: chatml, qwen3 (drops earlier <think> blocks), llama3 (header "
+                             "tokens), gemma (turn markers); default: the family's (qwen3, gemma for Gemma, else chatml)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the tokenizer corpus")
 
 
@@ -28,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     from transformers import AutoModelForCausalLM
 
-    path = build_tiny(args.out_dir, args.size, args.seed, arch=args.arch)
+    path = build_tiny(args.out_dir, args.size, args.seed, arch=args.arch, template=args.template)
     n = count_parameters(AutoModelForCausalLM.from_pretrained(path))
     print(f"wrote {args.size} {args.arch} model ({n / 1e6:.2f}M params) and tokenizer to {path}")
     return 0

@@ -93,3 +93,44 @@ def test_raw_text_chunks_keep_document_boundaries(nano_tokenizer):
     starts = {0, lens[0], lens[0] + lens[1]} | set(range(0, sum(lens), 8))
     flat_pos = [p for c in chunks for p in c.position_ids]
     assert {i for i, p in enumerate(flat_pos) if p == 0} == starts
+
+
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Solve: 2 + 2"},
+                {"role": "assistant", "content": "<think>2 + 2 = 4</think>\nAnswer: 4"},
+                {"role": "user", "content": "And 3 + 3?"},
+                {"role": "assistant", "content": "<think>3 + 3 = 6</think>\nAnswer: 6"}]
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers():
+    from posttrain.models.tiny import TEMPLATES, build_tokenizer
+
+    return {name: build_tokenizer(0, name) for name in TEMPLATES}
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3", "gemma"])
+def test_a_conversation_trains_every_reply_and_its_end_of_turn_in_each_family_shape(family_tokenizers, template):
+    from posttrain.models.tiny import TEMPLATES
+
+    tok = family_tokenizers[template]
+    end = TEMPLATES[template][2]
+    assert tok.convert_tokens_to_ids(end) in stop_token_ids(tok, True)
+    (ex,), report = tokenize_sft_report([SFTExample(messages=CONVERSATION)], tok, max_len=512, use_chat_template=True)
+    assert report.kept == 1
+    assert masked_text(tok, ex) == f"{CONVERSATION[2]['content']}{end}{CONVERSATION[4]['content']}{end}"
+    assert tok.decode(ex.input_ids) == tok.apply_chat_template(CONVERSATION, tokenize=False)
+
+
+def test_a_template_that_drops_earlier_thinking_trains_each_reply_as_the_model_saw_it(family_tokenizers):
+    tok = family_tokenizers["qwen3"]
+    first, second = tokenize_sft([SFTExample(messages=CONVERSATION)], tok, max_len=512, use_chat_template=True)
+    # the first reply with the prompt it was written for, its thinking trained
+    assert tok.decode(first.input_ids) == tok.apply_chat_template(CONVERSATION[:3], tokenize=False)
+    assert masked_text(tok, first) == CONVERSATION[2]["content"] + "<|im_end|>"
+    # the second with the history the template shows by then: the first reply's thinking dropped
+    assert tok.decode(second.input_ids) == tok.apply_chat_template(CONVERSATION, tokenize=False)
+    assert "2 + 2 = 4" not in tok.decode(second.input_ids)
+    assert masked_text(tok, second) == CONVERSATION[4]["content"] + "<|im_end|>"
+    # without thinking in the replies nothing is re-rendered: one text
+    plain = [dict(m, content=m["content"].split("</think>\n")[-1]) for m in CONVERSATION]
+    assert len(tokenize_sft([SFTExample(messages=plain)], tok, max_len=512, use_chat_template=True)) == 1

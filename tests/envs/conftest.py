@@ -9,16 +9,16 @@ from posttrain.rollout.types import Rollouts
 
 
 class ScriptedEngine:
-    """A `RolloutEngine` that answers each prompt with ``script(prompt_text, turn_index)`` + <|im_end|>.
+    """A `RolloutEngine` that answers each prompt with ``script(prompt_text, turn_index)`` + ``end``.
 
     Records every prompt it was given (as ids), so a test can check what the model conditioned on.
     Log-probs are -0.5 per token."""
 
     version = 0
 
-    def __init__(self, tokenizer, script):
+    def __init__(self, tokenizer, script, end: str = "<|im_end|>"):
         self.tokenizer, self.script = tokenizer, script
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.end = tokenizer.convert_tokens_to_ids(end)
         self.prompts: list[list[int]] = []
 
     def generate(self, prompts, n, sampling):

@@ -16,7 +16,7 @@ from posttrain.envs.tools import format_call
 from posttrain.outcome import Outcome, OutcomeClass
 from posttrain.rl.batch import build_batch
 from posttrain.rollout import SamplingParams, TorchEngine
-from tests.envs.conftest import drop_old_thinking
+from tests.envs.conftest import ScriptedEngine, drop_old_thinking
 
 
 class Talk(Environment):
@@ -127,6 +127,34 @@ def test_without_a_template_change_there_is_no_split(nano_tokenizer, scripted):
     engine = scripted(lambda prompt, i: "<think>hmm</think>first" if "obs 1" not in prompt else "second")
     (e,) = run_episodes(engine, nano_tokenizer, lambda: Talk(2), [{"prompt": "hi"}], 1, SamplingParams(max_new_tokens=20))
     assert e.prefix_breaks == 0 and len(e.segments) == 1 and e.outcome.cls is OutcomeClass.PASS
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3", "gemma"])
+def test_episodes_are_token_exact_under_each_family_template_shape(template):
+    """Qwen3's shape drops the first reply's thinking from the history (a split into two samples),
+    Llama 3's and Gemma's keep it (one sample); either way each sample is exactly the template's
+    rendering of what the model saw, and the reply's own end-of-turn token ends each turn."""
+    from posttrain.models.tiny import TEMPLATES, build_tokenizer
+
+    tok = build_tokenizer(0, template)
+    end = TEMPLATES[template][2]
+    engine = ScriptedEngine(tok, lambda prompt, i: "<think>hmm</think>first" if "obs 1" not in prompt else "second",
+                            end=end)
+    (e,) = run_episodes(engine, tok, lambda: Talk(2), [{"prompt": "hi"}], 1, SamplingParams(max_new_tokens=20))
+    assert e.outcome.cls is OutcomeClass.PASS and e.turns == 2
+    user, first = [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "<think>hmm</think>first"}
+    whole = user + [first, {"role": "user", "content": "obs 1"}, {"role": "assistant", "content": "second"}]
+    rendered = tok.apply_chat_template(whole, tokenize=False)
+    if template == "qwen3":
+        assert e.prefix_breaks == 1 and len(e.segments) == 2
+        one, two = e.segments
+        assert tok.decode(one.prompt_ids + one.completion_ids) == tok.apply_chat_template(user + [first], tokenize=False).rstrip("\n")
+        assert "<think>" not in tok.decode(two.prompt_ids)
+    else:
+        assert e.prefix_breaks == 0 and len(e.segments) == 1
+        two = e.segments[0]
+    assert tok.decode(two.prompt_ids + two.completion_ids) == rendered.rstrip("\n")
+    assert tok.decode([t for t, m in zip(two.completion_ids, two.loss_mask) if m]).endswith("second" + end)
 
 
 def boom(x: int) -> str:
