@@ -11,6 +11,7 @@ engine and every other side effect that must happen once.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import os
@@ -125,8 +126,16 @@ def init_world(device: str = "cpu", timeout_s: float = 1800.0) -> World:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        # torn down before the interpreter's own teardown: a process group whose threads outlive it
+        # can abort the process as it exits (std::terminate), after all its work is done
+        atexit.register(_leave)
     _WORLD = World(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
     return _WORLD
+
+
+def _leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def current_world() -> World:
