@@ -41,8 +41,11 @@ def install(model) -> bool:
 
     from posttrain.rollout.windows import UnsupportedModel, layer_windows
 
-    configs = list({id(c): c for c in (model.config, model.config.get_text_config(decoder=True))}.values())
-    original = configs[-1]._attn_implementation
+    config = getattr(model, "config", None)
+    if not hasattr(config, "get_text_config"):  # not a transformers model
+        return False
+    configs = list({id(c): c for c in (config, config.get_text_config(decoder=True))}.values())
+    original = configs[-1]._attn_implementation or ""
     if original.startswith(PREFIX):
         return True
     if getattr(configs[-1], "attn_logit_softcapping", None) or original not in AttentionInterface._global_mapping:
@@ -61,7 +64,9 @@ def install(model) -> bool:
 
 
 def packs(model) -> bool:
-    return model.config.get_text_config(decoder=True)._attn_implementation.startswith(PREFIX)
+    config = getattr(model, "config", None)
+    return hasattr(config, "get_text_config") and \
+        str(config.get_text_config(decoder=True)._attn_implementation).startswith(PREFIX)
 
 
 def _dispatcher(own):
