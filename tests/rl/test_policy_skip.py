@@ -64,8 +64,9 @@ def _policy(model_dir, micro_batch_tokens: int, reuse: bool, weight_decay: float
 
     def counting(*args):
         t = target_logits(*args)
-        if t.logits_BXV.requires_grad:
-            t.logits_BXV.register_hook(lambda grad: seen.append(grad.shape[0]))
+        if t.logits_BXV.requires_grad:  # a packed forward holds its rows in one sequence
+            rows = t.packed or t.logits_BXV.shape[0]
+            t.logits_BXV.register_hook(lambda grad: seen.append(rows))
         return t
 
     policy._target_logits = counting
