@@ -11,6 +11,10 @@ The math is the plain path's: ``log p(x) = z_x/τ - logsumexp(z/τ)``, with
 ``dL/dz = g (onehot(x) - softmax(z/τ)) / τ``, then ``dL/dh = dL/dz W`` and ``dL/dW = Σ dL/dz^T h``
 (accumulated in fp32 over chunks). Only the order of floating-point sums differs.
 
+`head_reverse_kl` does the same for on-policy distillation's exact per-token reverse KL: the
+student's and the teacher's logits are made from their hidden states and heads a chunk at a time,
+in forward and again in backward, so neither side's (B, T, V) logits exist either.
+
 `hidden_head` makes a causal LM's forward return its final hidden states in place of logits (its
 head's forward becomes the identity for the call), so the model runs under its own wrappers
 (FSDP hooks, activation checkpointing, peft) unchanged and only the head moves here. Models whose
@@ -86,25 +90,37 @@ class _HeadTokenLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_N):
         hidden_NH, weight_VH, bias_V, targets_N = ctx.saved_tensors
-        tau, rows = ctx.temperature, ctx.rows
-        grad_h = torch.empty_like(hidden_NH) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) \
-            if ctx.needs_input_grad[1] else None
-        grad_b = torch.zeros(bias_V.shape, dtype=torch.float32, device=bias_V.device) \
-            if bias_V is not None and ctx.needs_input_grad[2] else None
-        for s in range(0, hidden_NH.shape[0], rows):
-            h = hidden_NH[s:s + rows]
+        tau = ctx.temperature
+
+        def dz(s: int, e: int, h: torch.Tensor) -> torch.Tensor:
             g = -torch.softmax(_logits(h, weight_VH, bias_V, tau), dim=-1)
-            g.scatter_add_(-1, targets_N[s:s + rows, None], torch.ones_like(g[:, :1]))
-            g *= grad_N[s:s + rows, None] / tau  # dL/dz, fp32
-            if grad_h is not None:
-                grad_h[s:s + rows] = (g @ weight_VH.float()).to(grad_h.dtype)
-            if grad_w is not None:
-                grad_w.addmm_(g.T, h.float())
-            if grad_b is not None:
-                grad_b += g.sum(0)
-        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None)
+            g.scatter_add_(-1, targets_N[s:e, None], torch.ones_like(g[:, :1]))
+            return g.mul_(grad_N[s:e, None] / tau)
+
+        return (*_head_grads(ctx, hidden_NH, weight_VH, bias_V, dz), None, None, None)
+
+
+def _head_grads(ctx, hidden_NH, weight_VH, bias_V, dz):
+    """Gradients of h, W and b from ``dz(start, end, h_chunk)``, the fp32 dL/dz of a chunk of rows
+    (recomputed there): ``dL/dh = dL/dz W``, ``dL/dW = Σ dL/dz^T h``, ``dL/db = Σ dL/dz``, the last
+    two accumulated in fp32 over the chunks."""
+    rows = ctx.rows
+    grad_h = torch.empty_like(hidden_NH) if ctx.needs_input_grad[0] else None
+    grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) \
+        if ctx.needs_input_grad[1] else None
+    grad_b = torch.zeros(bias_V.shape, dtype=torch.float32, device=bias_V.device) \
+        if bias_V is not None and ctx.needs_input_grad[2] else None
+    for s in range(0, hidden_NH.shape[0], rows):
+        h = hidden_NH[s:s + rows]
+        g = dz(s, s + rows, h)
+        if grad_h is not None:
+            grad_h[s:s + rows] = (g @ weight_VH.float()).to(grad_h.dtype)
+        if grad_w is not None:
+            grad_w.addmm_(g.T, h.float())
+        if grad_b is not None:
+            grad_b += g.sum(0)
+    return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
+            None if grad_b is None else grad_b.to(bias_V.dtype))
 
 
 def head_token_logprobs(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
@@ -134,3 +150,84 @@ def head_entropy(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torc
         p = torch.softmax(z, dim=-1)
         out[s:s + rows] = torch.logsumexp(z, -1) - (p * z).sum(-1)
     return out.view(B, X)
+
+
+def _kl_chunk(h, weight_VH, bias_V, teacher_h, teacher_weight_VH, teacher_bias_V, tau, topk):
+    """A chunk's student and teacher log-probs over the compared support (the vocabulary, or the
+    teacher's top-k tokens, both renormalised there) and the support's ids (None: all)."""
+    z_s = _logits(h, weight_VH, bias_V, tau)
+    z_t = _logits(teacher_h, teacher_weight_VH, teacher_bias_V, tau)
+    index = None
+    if topk:
+        z_t, index = z_t.topk(topk, dim=-1)
+        z_s = z_s.gather(-1, index)
+    return torch.log_softmax(z_s, dim=-1), torch.log_softmax(z_t, dim=-1), index
+
+
+class _HeadReverseKL(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, bias_V, teacher_NH, teacher_weight_VH, teacher_bias_V, temperature,
+                topk, rows):
+        out_N = torch.empty(hidden_NH.shape[0], dtype=torch.float32, device=hidden_NH.device)
+        for s in range(0, hidden_NH.shape[0], rows):
+            log_p, log_q, _ = _kl_chunk(hidden_NH[s:s + rows], weight_VH, bias_V, teacher_NH[s:s + rows],
+                                        teacher_weight_VH, teacher_bias_V, temperature, topk)
+            out_N[s:s + rows] = (log_p.exp() * (log_p - log_q)).sum(-1)
+        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, teacher_NH, teacher_weight_VH, teacher_bias_V)
+        ctx.temperature, ctx.topk, ctx.rows = temperature, topk, rows
+        return out_N
+
+    @staticmethod
+    def backward(ctx, grad_N):
+        hidden_NH, weight_VH, bias_V, teacher_NH, teacher_weight_VH, teacher_bias_V = ctx.saved_tensors
+        tau = ctx.temperature
+
+        def dz(s: int, e: int, h: torch.Tensor) -> torch.Tensor:
+            log_p, log_q, index = _kl_chunk(h, weight_VH, bias_V, teacher_NH[s:e], teacher_weight_VH,
+                                            teacher_bias_V, tau, ctx.topk)
+            p = log_p.exp()
+            ratio = log_p - log_q
+            g = p * (ratio - (p * ratio).sum(-1, keepdim=True)) * (grad_N[s:e, None] / tau)
+            if index is None:
+                return g
+            return torch.zeros(len(g), weight_VH.shape[0], dtype=g.dtype, device=g.device).scatter_(-1, index, g)
+
+        return (*_head_grads(ctx, hidden_NH, weight_VH, bias_V, dz), None, None, None, None, None, None)
+
+
+def head_reverse_kl(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
+                    teacher_hidden_BXH: torch.Tensor, teacher_head: tuple[torch.Tensor, torch.Tensor | None],
+                    mask_BX: torch.Tensor, temperature: float = 1.0, *, teacher_topk: int | None = None,
+                    chunk_rows: int | None = None) -> torch.Tensor:
+    """(B, X) fp32 per-position ``KL(π_s‖π_t)``: `posttrain.algos.distill.reverse_kl_full` on the
+    logits ``(h W^T + b) / τ`` of the student (``hidden``, ``weight``, ``bias``) and of the teacher
+    (``teacher_hidden``, ``teacher_head`` = its (weight, bias)), without (B, X, V) logits of either.
+
+    Same definition: ``KL = Σ_v p (log p - log q)`` with ``p = softmax(z_s)``, ``q = softmax(z_t)``
+    at the same temperature; with ``teacher_topk`` over the teacher's k largest logits, both
+    renormalised there; 0 at masked positions, which are not computed at all. Differentiable in the
+    student's h, W and b; the teacher is constant. Only the masked-in rows' hidden states are saved;
+    backward recomputes each chunk's two softmaxes and uses
+
+        dKL/dz_s = p ⊙ ((log p - log q) - KL)
+
+    (from ``d log p_j / dz_i = δ_ij - p_i`` and ``Σ_j p_j (δ_ij - p_i) = 0``), divided by τ for the
+    scaled logits and taken through the head as in `head_token_logprobs` (on top-k, scattered back
+    to the k ids; the other logits get no gradient). A few fp32 chunks of logits are live at once.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    teacher_weight, teacher_bias = (None if t is None else t.detach() for t in teacher_head)
+    V = weight_VH.shape[0]
+    if teacher_weight.shape[0] != V:
+        raise ValueError(f"the teacher's head has {teacher_weight.shape[0]} outputs, the student's {V}")
+    if teacher_topk is not None and not 1 <= teacher_topk <= V:
+        raise ValueError(f"teacher_topk must be in [1, V={V}], got {teacher_topk}")
+    B, X, H = hidden_BXH.shape
+    keep = mask_BX.reshape(B * X).bool().nonzero().squeeze(1)
+    h = hidden_BXH.reshape(B * X, H).index_select(0, keep.to(hidden_BXH.device))
+    teacher = teacher_hidden_BXH.detach().reshape(B * X, -1).index_select(0, keep.to(teacher_hidden_BXH.device))
+    kl = _HeadReverseKL.apply(h, weight_VH, bias_V, teacher.to(h.device), teacher_weight, teacher_bias,
+                              temperature, teacher_topk, rows_per_chunk(V, chunk_rows))
+    out = torch.zeros(B * X, dtype=torch.float32, device=h.device)
+    return out.index_copy(0, keep.to(h.device), kl).view(B, X)

@@ -28,6 +28,11 @@ Design choices:
   those whose outcome is TASK_FAIL or INFRA_FAIL; only the optional reward term is masked there.
 - Teacher and student must share one tokenizer: per-token distributions are compared id by id, so
   a different vocabulary is refused before anything is written.
+- ``chunked_head`` (default): the student's and the teacher's forwards return final hidden states
+  and the heads run a chunk of positions at a time (`posttrain.algos.head`), for the log-probs and
+  the full KL alike, so no (B, T, V) logits of either exist; the teacher's hidden states are held
+  between the stages instead of its logits, and its head is applied again in the update. Same
+  numbers. When either head cannot move out of the forward, both keep full logits.
 - ``max_tokens`` stops the run once the student has generated that many completion tokens (the
   budget the study uses to compare methods fairly); `drive` serves RL runs too.
 """
@@ -41,6 +46,7 @@ import torch
 
 from posttrain.algos import (ADVANTAGES, AGGREGATIONS, distill_reward, pg_loss, reverse_kl_full,
                              reverse_kl_sampled, token_logprobs)
+from posttrain.algos.head import head_of, head_reverse_kl, head_token_logprobs, hidden_head, movable_head
 from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
 from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_model, load_tokenizer
@@ -53,7 +59,7 @@ from posttrain.rl.loop import setup as rl_setup
 from posttrain.rl.losses import importance_weights
 from posttrain.tracking import LoggingConfig, StageTimer
 from posttrain.core.dist import gather_rows
-from posttrain.core.fsdp import reshard, shard_model
+from posttrain.core.fsdp import is_sharded, reshard, shard_model
 from posttrain.core.optim import OptimConfig
 
 
@@ -66,7 +72,8 @@ class TeacherConfig:
     dtype: str = "float32"
     """Teacher dtype: float32, bfloat16 or float16 (it only runs forward passes)."""
     top_k: int = 0
-    """Keep only the teacher's top-k logits per position (bounds memory to N x T x k); 0 = all."""
+    """Keep only the teacher's top-k logits per position (bounds memory to N x T x k; with chunked_head
+    the teacher's hidden states are held instead and the top-k is taken in the update); 0 = all."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -105,7 +112,14 @@ class DistillConfig:
     """Stop once the student has generated this many completion tokens in total; 0 = no budget."""
     micro_batch_tokens: int = 4096
     """Padded tokens per forward/backward (memory knob; does not change the math). Smaller than
-    RL's default: with loss=full the teacher's logits of a micro-batch are held until the update."""
+    RL's default: with loss=full and chunked_head=false the teacher's logits of a micro-batch are held
+    until the update."""
+    chunked_head: bool = True
+    """Apply the student's and the teacher's output heads a chunk of positions at a time, recomputed
+    in backward, for the log-probs and the full KL, so no (B, T, V) logits exist; the teacher's final
+    hidden states are held until the update instead of its logits (docs/rl.md, "Memory"). Same
+    numbers. When either head cannot move out of the forward (a LoRA head, soft-capped logits),
+    both keep full logits."""
     eval_every: int = 10
     """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
     save_every: int = 25
@@ -137,6 +151,7 @@ class DistillConfig:
                         optim=self.optim,
                         logging=self.logging, verifier=self.verifier, prompts_per_step=self.prompts_per_step,
                         num_steps=self.num_steps, micro_batch_tokens=self.micro_batch_tokens,
+                        chunked_head=self.chunked_head,
                         eval_every=self.eval_every, save_every=self.save_every, keep_last=self.keep_last,
                         seed=self.seed, out_dir=self.out_dir, resume=self.resume)
 
@@ -149,6 +164,21 @@ class TeacherChunk:
     logits_BTK: torch.Tensor | None      # (b, w-1, K) teacher logits: all V, or the top-k values
     index_BTK: torch.Tensor | None       # (b, w-1, K) vocabulary ids of the top-k; None when K = V
     rows: torch.Tensor                   # (b,) rows of the step's batch
+    hidden_BTH: torch.Tensor | None = None  # (b, w-1, H) teacher final hidden states, in place of logits
+    head: tuple | None = None            # the teacher's head (weight, bias) on the student's device
+    top_k: int = 0                       # with hidden states: the teacher's top-k the KL keeps (0 = all)
+
+
+@dataclasses.dataclass
+class StudentChunk:
+    """The student's forward on one micro-batch: its log-prob of each token, and either its logits
+    (scaled by the temperature) or its final hidden states and head, whose logits the KL makes."""
+
+    logp_BT: torch.Tensor                # (b, w-1) with gradient
+    logits_BTV: torch.Tensor | None = None
+    hidden_BTH: torch.Tensor | None = None
+    head: tuple | None = None
+    temperature: float = 1.0
 
 
 @dataclasses.dataclass
@@ -160,22 +190,27 @@ class DistillRun:
 
 # ------------------------------------------------------------------------------------ losses
 
-def _full_kl(logits_BTV, logp_BT, mb: RLBatch, t: TeacherChunk):
+def _full_kl(s: StudentChunk, mb: RLBatch, t: TeacherChunk):
     """Exact reverse KL per token; with top-k, over the teacher's k tokens (renormalised)."""
-    student = logits_BTV if t.index_BTK is None else logits_BTV.gather(-1, t.index_BTK)
+    if (s.hidden_BTH is None) != (t.hidden_BTH is None):
+        raise ValueError("the student and the teacher must both give logits or both hidden states")
+    if s.hidden_BTH is not None:
+        kl_BT = head_reverse_kl(s.hidden_BTH, *s.head, t.hidden_BTH, t.head, mb.mask_BT, s.temperature,
+                                teacher_topk=t.top_k or None).cpu()
+        return kl_BT, kl_BT
+    student = s.logits_BTV if t.index_BTK is None else s.logits_BTV.gather(-1, t.index_BTK)
     kl_BT = reverse_kl_full(student, t.logits_BTK, mb.mask_BT)
     return kl_BT, kl_BT
 
 
-def _sampled_kl(logits_BTV, logp_BT, mb: RLBatch, t: TeacherChunk):
+def _sampled_kl(s: StudentChunk, mb: RLBatch, t: TeacherChunk):
     """Score-function form: reward -(log p_s - log p_t) per token, gradient -r · ∇log p_s."""
     mask = mb.mask_BT
-    loss_BT, _ = pg_loss(logp_BT, distill_reward(mb.old_logp_BT, t.logp_BT, mask), mask)
-    return loss_BT, reverse_kl_sampled(logp_BT.detach(), t.logp_BT) * mask
+    loss_BT, _ = pg_loss(s.logp_BT, distill_reward(mb.old_logp_BT, t.logp_BT, mask), mask)
+    return loss_BT, reverse_kl_sampled(s.logp_BT.detach(), t.logp_BT) * mask
 
 
-# name -> fn(student logits (b, w-1, V), student logp (b, w-1), micro-batch, teacher chunk)
-#         -> (loss_BT, reverse KL per token for the logs)
+# name -> fn(student chunk, micro-batch, teacher chunk) -> (loss_BT, reverse KL per token for the logs)
 LOSSES: dict[str, Callable] = {"full": _full_kl, "sampled": _sampled_kl}
 
 
@@ -220,20 +255,40 @@ def setup(cfg: DistillConfig) -> DistillRun:
 
 # ------------------------------------------------------------------------------- one step
 
-def _logits(model, mb: RLBatch, temperature: float) -> torch.Tensor:
-    """(b, w-1, V) fp32 logits at the targets' positions, scaled by the sampling temperature."""
+def _outputs(model, mb: RLBatch) -> torch.Tensor:
+    """The forward's ``.logits`` at the targets' positions (the final hidden states under `hidden_head`)."""
     dev = next(model.parameters()).device
     out = model(input_ids=mb.input_ids_BT.to(dev), attention_mask=mb.attention_mask_BT.to(dev),
                 position_ids=mb.position_ids_BT().to(dev))
-    return out.logits[:, :-1].float() / temperature
+    return out.logits[:, :-1]
 
 
+def _logits(model, mb: RLBatch, temperature: float) -> torch.Tensor:
+    """(b, w-1, V) fp32 logits at the targets' positions, scaled by the sampling temperature."""
+    return _outputs(model, mb).float() / temperature
+
+
+def _hidden(model, mb: RLBatch) -> torch.Tensor:
+    """(b, w-1, H) final hidden states at the targets' positions; the head is applied later, in chunks."""
+    with hidden_head(model):
+        return _outputs(model, mb)
+
+
+def heads_move(run: DistillRun) -> bool:
+    """Whether the student and the teacher run with their heads in chunks (``chunked_head``): both
+    or neither, since the full KL meets one's logits with the other's."""
+    return run.cfg.chunked_head and movable_head(run.rl.policy.model) and movable_head(run.teacher)
 
 
 @torch.no_grad()
 def score_teacher(teacher, batch: RLBatch, chunks: list[torch.Tensor], *, temperature: float,
-                  top_k: int, keep_logits: bool) -> list[TeacherChunk]:
-    """The teacher's log-prob of every student token, plus its logits (all, or top-k) when needed."""
+                  top_k: int, keep_logits: bool, head_device: torch.device | None = None) -> list[TeacherChunk]:
+    """The teacher's log-prob of every student token, plus its logits (all, or top-k) when needed.
+    With ``head_device`` (the student's device) the teacher's head runs in chunks and its final
+    hidden states and head are kept in place of logits (`_teacher_hidden`)."""
+    if head_device is not None:
+        return _teacher_hidden(teacher, batch, chunks, temperature=temperature, top_k=top_k,
+                               keep=keep_logits, device=head_device)
     out = []
     for rows in chunks:
         mb = batch.select(rows)
@@ -249,21 +304,52 @@ def score_teacher(teacher, batch: RLBatch, chunks: list[torch.Tensor], *, temper
     return out
 
 
+def _teacher_hidden(teacher, batch: RLBatch, chunks: list[torch.Tensor], *, temperature: float, top_k: int,
+                    keep: bool, device: torch.device) -> list[TeacherChunk]:
+    """`score_teacher` with the head in chunks: with ``keep``, each chunk holds the teacher's hidden
+    states (on the CPU, as logits would be) and its head on ``device``, where the update applies it
+    (the top-k, if any, is taken there)."""
+    copy, head, out = is_sharded(teacher), None, []  # a sharded head's gathered weight is freed by reshard
+    for rows in chunks:
+        mb = batch.select(rows)
+        hidden = _hidden(teacher, mb)
+        if keep and head is None:  # read after a forward: a sharded head is gathered then
+            head = tuple(None if w is None else w.detach().to(device, copy=copy) for w in head_of(teacher))
+        logp = head_token_logprobs(hidden, *head_of(teacher), mb.input_ids_BT[:, 1:].to(hidden.device),
+                                   temperature).cpu()
+        out.append(TeacherChunk(logp_BT=logp, logits_BTK=None, index_BTK=None, rows=rows,
+                                hidden_BTH=hidden.cpu() if keep else None, head=head, top_k=top_k))
+    reshard(teacher)
+    return out
+
+
+def _student(model, mb: RLBatch, temperature: float, chunked: bool) -> StudentChunk:
+    """The student's forward on ``mb``, with gradient: full logits, or hidden states and its head."""
+    targets_BT = mb.input_ids_BT[:, 1:]
+    if not chunked:
+        logits = _logits(model, mb, temperature).cpu()
+        return StudentChunk(logp_BT=token_logprobs(logits, targets_BT), logits_BTV=logits)
+    hidden = _hidden(model, mb)
+    head = head_of(model)
+    logp = head_token_logprobs(hidden, *head, targets_BT.to(hidden.device), temperature)
+    return StudentChunk(logp_BT=logp.cpu(), hidden_BTH=hidden, head=head, temperature=temperature)
+
+
 def update(run: DistillRun, batch: RLBatch, teacher: list[TeacherChunk]) -> tuple[dict, torch.Tensor]:
     """One optimizer step on the token-mean loss over the whole step (every rank's tokens); returns
     metrics and this rank's KL per token."""
     policy, cfg = run.rl.policy, run.cfg
     total_tokens = max(policy.world.all_reduce(int(batch.mask_BT.sum())), 1)
     kl_BT = torch.zeros_like(batch.mask_BT, dtype=torch.float32)
+    chunked = heads_move(run)
 
     def loss_fn(t: TeacherChunk):
         mb = batch.select(t.rows)
-        logits = _logits(policy.model, mb, cfg.rollout.temperature).cpu()
-        logp = token_logprobs(logits, mb.input_ids_BT[:, 1:])
-        loss_BT, kl_mb = LOSSES[cfg.loss](logits, logp, mb, t)
+        s = _student(policy.model, mb, cfg.rollout.temperature, chunked)
+        loss_BT, kl_mb = LOSSES[cfg.loss](s, mb, t)
         if cfg.reward_coef:
-            adv_BT = mb.adv_B[:, None].expand_as(logp)
-            loss_BT = loss_BT + cfg.reward_coef * pg_loss(logp, adv_BT, mb.train_mask_BT)[0]
+            adv_BT = mb.adv_B[:, None].expand_as(s.logp_BT)
+            loss_BT = loss_BT + cfg.reward_coef * pg_loss(s.logp_BT, adv_BT, mb.train_mask_BT)[0]
         kl_BT[t.rows, : kl_mb.shape[1]] = kl_mb.detach()
         return AGGREGATIONS["token_mean"](loss_BT, mb.mask_BT, global_num_tokens=total_tokens), {}
 
@@ -313,7 +399,8 @@ def distill_step(run: DistillRun, step: int, timer: StageTimer) -> dict:
     with timer("teacher"):
         chunks = batch.micro_batches(torch.arange(len(batch)), cfg.micro_batch_tokens, world)
         teacher = score_teacher(run.teacher, batch, chunks, temperature=cfg.rollout.temperature,
-                                top_k=cfg.teacher.top_k, keep_logits=cfg.loss == "full")
+                                top_k=cfg.teacher.top_k, keep_logits=cfg.loss == "full",
+                                head_device=rl.policy.device if heads_move(run) else None)
     with timer("update"):
         upd, kl_BT = update(run, batch, teacher)
     with timer("sync"):

@@ -28,6 +28,7 @@ import dataclasses
 import torch
 
 from posttrain.algos import dpo_loss, token_logprobs
+from posttrain.algos.head import head_of, head_token_logprobs, hidden_head, movable_head
 from posttrain.config import ConfigValueError
 from posttrain.core.fsdp import shard_model
 from posttrain.core.optim import OptimConfig, seed_everything
@@ -59,6 +60,10 @@ class DPOConfig(PairwiseConfig):
     reply's length; the IPO paper and TRL average), sum for sigmoid (as in the DPO paper)."""
     ref_path: str = ""
     """Reference model folder; empty = the starting policy (model.path)."""
+    chunked_head: bool = True
+    """The output head and the log-softmax over chunks of positions, recomputed in backward, so no
+    (B, T, V) logits exist, for the policy and the reference (docs/rl.md, "Memory"); same numbers.
+    false, or a head that cannot move out of the forward (a LoRA head): the model's own logits."""
     out_dir: str = "runs/dpo"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/."""
 
@@ -81,32 +86,44 @@ class DPOConfig(PairwiseConfig):
         return self.loss == "ipo" if self.logp_mean == "auto" else bool(self.logp_mean)
 
 
-def sequence_logps(model, batch: PairBatch, *, mean: bool = False) -> torch.Tensor:
+def sequence_logps(model, batch: PairBatch, *, mean: bool = False, chunked: bool = True) -> torch.Tensor:
     """(2B,) log-probability of each row's reply (sum over reply tokens, or their mean)."""
-    device = next(model.parameters()).device
-    ids = batch.input_ids_BT.to(device)
-    logits = model(input_ids=ids, attention_mask=batch.attention_mask_BT.to(device), use_cache=False).logits
-    logp_BT = token_logprobs(logits[:, :-1], ids[:, 1:]).cpu()
+    logp_BT = next_token_logps(model, batch, chunked=chunked).cpu()
     mask = batch.mask_BT.float()
     total = (logp_BT * mask).sum(1)
     return total / mask.sum(1).clamp_min(1) if mean else total
 
 
-def reference_logps(model, pairs, *, batch_pairs: int, pad_id: int, mean: bool, world=None) -> torch.Tensor:
+def next_token_logps(model, batch: PairBatch, *, chunked: bool = True) -> torch.Tensor:
+    """(2B, T-1) log-prob of every next token; with ``chunked`` (and a head that can move) the
+    forward returns hidden states and the head runs a chunk of positions at a time
+    (`posttrain.algos.head`), so no (2B, T, V) logits exist."""
+    device = next(model.parameters()).device
+    ids = batch.input_ids_BT.to(device)
+    inputs = dict(input_ids=ids, attention_mask=batch.attention_mask_BT.to(device), use_cache=False)
+    if not (chunked and movable_head(model)):
+        return token_logprobs(model(**inputs).logits[:, :-1], ids[:, 1:])
+    with hidden_head(model):
+        hidden = model(**inputs).logits  # the final hidden states
+    return head_token_logprobs(hidden[:, :-1], *head_of(model), ids[:, 1:])
+
+
+def reference_logps(model, pairs, *, batch_pairs: int, pad_id: int, mean: bool, world=None,
+                    chunked: bool = True) -> torch.Tensor:
     """(N, 2) reference log-probs [chosen, rejected] of every pair, in one pass without gradients
     (every rank calls it when sharded, and every rank gets the whole table)."""
     if not pairs:
         return torch.zeros(0, 2)
     model.eval()
-    parts = eval_in_batches(pairs, batch_pairs, pad_id, lambda b: sequence_logps(model, b, mean=mean).view(2, -1).T,
-                            world)
+    parts = eval_in_batches(pairs, batch_pairs, pad_id,
+                            lambda b: sequence_logps(model, b, mean=mean, chunked=chunked).view(2, -1).T, world)
     reshard(model)
     return torch.cat(parts)
 
 
 def pair_loss(cfg: DPOConfig, model, batch: PairBatch, ref_N2: torch.Tensor):
     """Per-pair DPO loss and metrics of one batch (``ref_N2`` is indexed by the batch's pair ids)."""
-    logps = sequence_logps(model, batch, mean=cfg.mean_logps)
+    logps = sequence_logps(model, batch, mean=cfg.mean_logps, chunked=cfg.chunked_head)
     chosen_B, rejected_B = logps[: batch.num_pairs], logps[batch.num_pairs:]
     ref_B2 = ref_N2[batch.pair_idx_B]
     loss_B, metrics = dpo_loss(chosen_B, rejected_B, ref_B2[:, 0], ref_B2[:, 1], beta=cfg.beta,
@@ -160,7 +177,8 @@ def run_dpo(cfg: DPOConfig, printer=print) -> dict:
         ref = shard_model(ref, world)  # frozen: forwards only, the same ones on every rank
     else:
         ref = model
-    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.mean_logps, world=world)
+    score = dict(batch_pairs=cfg.micro_batch_pairs, pad_id=pad, mean=cfg.mean_logps, world=world,
+                 chunked=cfg.chunked_head)
     ref_train, ref_eval = reference_logps(ref, train, **score), reference_logps(ref, held_out, **score)
     del ref  # the reference is not needed again
     run = PairwiseRun(cfg=cfg, model=model, tokenizer=tokenizer, train=train,

@@ -1,10 +1,14 @@
-"""The output head in chunks: log-probs, entropies and the gradients of hidden states, weight and
-bias equal the plain path's (full logits, log_softmax) for any chunk size, temperature and dtype."""
+"""The output head in chunks: log-probs, entropies, distillation's reverse KL and the gradients of
+hidden states, weight and bias equal the plain path's (full logits, log_softmax, reverse_kl_full) for
+any chunk size, temperature and dtype."""
+
+import math
 
 import pytest
 import torch
 
-from posttrain.algos.head import head_entropy, head_of, head_token_logprobs, hidden_head, movable_head
+from posttrain.algos.head import (head_entropy, head_of, head_reverse_kl, head_token_logprobs, hidden_head,
+                                  movable_head)
 
 
 def _plain(h, w, b, x, tau):
@@ -81,3 +85,62 @@ def test_heads_that_cannot_move_out_of_the_forward_keep_full_logits(nano_model_d
     model.config.final_logit_softcapping = None
     lora_head = get_peft_model(model, LoraConfig(r=2, target_modules=["lm_head"]))
     assert not movable_head(lora_head)
+
+
+def _kl_case(bias=True, seed=0):
+    """Student (hidden 16) and teacher (hidden 12, its own head) over V = 50; 21 positions, 16 kept."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(3, 7, 16, generator=g).requires_grad_()
+    w = (torch.randn(50, 16, generator=g) / 2).requires_grad_()
+    b = (torch.randn(50, generator=g) / 2).requires_grad_() if bias else None
+    teacher = (torch.randn(3, 7, 12, generator=g).requires_grad_(), torch.randn(50, 12, generator=g) / 2,
+               torch.randn(50, generator=g) / 2 if bias else None)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[0, :2] = mask[1, 5:] = mask[2, 0] = False
+    return h, w, b, teacher, mask, torch.randn(3, 7, generator=g)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 1000])  # 3: six chunks of the 16 kept positions, the last of one
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("topk", [None, 5])
+def test_chunked_reverse_kl_equals_reverse_kl_full_with_its_gradients(rows, tau, bias, topk):
+    from posttrain.algos.distill import reverse_kl_full
+
+    h, w, b, (th, tw, tb), mask, weights = _kl_case(bias)
+    linear = torch.nn.functional.linear
+    want, want_grads = _grads(lambda: reverse_kl_full(linear(h, w, b) / tau, linear(th, tw, tb) / tau, mask,
+                                                      teacher_topk=topk), h, w, b, weights)
+    got, got_grads = _grads(lambda: head_reverse_kl(h, w, b, th, (tw, tb), mask, tau, teacher_topk=topk,
+                                                    chunk_rows=rows), h, w, b, weights)
+    assert bool((got[mask] > 0).all()) and bool((got[~mask] == 0).all())
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for g, e in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
+    assert bool((got_grads[0][~mask] == 0).all())  # a masked position's hidden state gets no gradient
+    assert th.grad is None  # the teacher is a constant
+
+
+def test_hand_worked_chunked_reverse_kl_and_its_gradient():
+    # Identity head at τ = 2, so z = h / 2. Student p = (1/2, 1/2), teacher q = (1/4, 3/4):
+    # KL(p‖q) = ½ ln 2 + ½ ln(2/3) = ½ ln(4/3) (the other direction, KL(q‖p), is ¾ ln(3/2) - ¼ ln 2).
+    # dKL/dz = p ⊙ ((ln p - ln q) - KL) = (¼ ln 3, -¼ ln 3); dKL/dh = dKL/db = dKL/dz / τ = ±⅛ ln 3.
+    tau, eye = 2.0, torch.eye(2)
+    h = (tau * torch.tensor([[[0.5, 0.5], [0.9, 0.1]]]).log()).requires_grad_()  # the second position is masked
+    b = torch.zeros(2, requires_grad=True)
+    teacher = tau * torch.tensor([[[0.25, 0.75], [0.1, 0.9]]]).log()
+    kl = head_reverse_kl(h, eye, b, teacher, (eye, None), torch.tensor([[True, False]]), tau, chunk_rows=1)
+    torch.testing.assert_close(kl, torch.tensor([[0.5 * math.log(4 / 3), 0.0]]))
+    kl.sum().backward()
+    torch.testing.assert_close(h.grad, torch.tensor([[[math.log(3) / 8, -math.log(3) / 8], [0.0, 0.0]]]))
+    torch.testing.assert_close(b.grad, torch.tensor([math.log(3) / 8, -math.log(3) / 8]))
+
+
+def test_chunked_reverse_kl_refuses_a_bad_temperature_top_k_or_vocabulary():
+    h, w, b, (th, tw, tb), mask, _ = _kl_case()
+    with pytest.raises(ValueError, match="temperature"):
+        head_reverse_kl(h, w, b, th, (tw, tb), mask, 0.0)
+    with pytest.raises(ValueError, match="teacher_topk"):
+        head_reverse_kl(h, w, b, th, (tw, tb), mask, teacher_topk=51)
+    with pytest.raises(ValueError, match="outputs"):
+        head_reverse_kl(h, w, b, th, (tw[:40], None), mask)

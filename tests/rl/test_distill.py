@@ -16,8 +16,8 @@ from posttrain.errors import UserError
 from posttrain.rl.batch import build_batch
 from posttrain.rl.policy import Policy
 from posttrain.rollout import Rollouts, SamplingParams
-from posttrain.rl.distill import (LOSSES, DistillConfig, DistillRun, check_same_vocabulary, position_profile,
-                                     run_distill, score_teacher, update)
+from posttrain.rl.distill import (LOSSES, DistillConfig, DistillRun, StudentChunk, check_same_vocabulary,
+                                  heads_move, position_profile, run_distill, score_teacher, update)
 
 
 class ToyLM(torch.nn.Module):
@@ -111,8 +111,10 @@ def nano_batch(model_dir, n=4):
     return build_batch(ro, [0.0] * n, [True] * n, tok.pad_token_id)
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("loss, top_k", [("full", 0), ("full", 16), ("sampled", 0)])
-def test_student_equals_teacher_gives_zero_kl_and_zero_gradient(nano_model_dir, loss, top_k):
+def test_student_equals_teacher_gives_zero_kl_and_zero_gradient(nano_model_dir, loss, top_k, chunked):
+    from posttrain.algos.head import head_of, head_token_logprobs, hidden_head
     from posttrain.models.hf import ModelConfig, load_model
 
     student = load_model(ModelConfig(path=str(nano_model_dir)))
@@ -125,18 +127,70 @@ def test_student_equals_teacher_gives_zero_kl_and_zero_gradient(nano_model_dir, 
 
     batch.old_logp_BT = token_logprobs(out.logits[:, :-1], batch.input_ids_BT[:, 1:]) * batch.mask_BT
     chunks = score_teacher(teacher, batch, list(torch.arange(len(batch)).split(2)), temperature=1.0, top_k=top_k,
-                           keep_logits=loss == "full")
+                           keep_logits=loss == "full", head_device=torch.device("cpu") if chunked else None)
     total = batch.train_mask_BT.sum()
     for t in chunks:
         mb = batch.select(t.rows)
-        logits = student(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT,
-                         position_ids=mb.position_ids_BT()).logits[:, :-1].float()
-        logp = token_logprobs(logits, mb.input_ids_BT[:, 1:])
-        loss_BT, kl_BT = LOSSES[loss](logits, logp, mb, t)
+        inputs = dict(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, position_ids=mb.position_ids_BT())
+        if chunked:
+            with hidden_head(student):
+                hidden = student(**inputs).logits[:, :-1]
+            logp = head_token_logprobs(hidden, *head_of(student), mb.input_ids_BT[:, 1:])
+            s = StudentChunk(logp_BT=logp, hidden_BTH=hidden, head=head_of(student))
+        else:
+            logits = student(**inputs).logits[:, :-1].float()
+            s = StudentChunk(logp_BT=token_logprobs(logits, mb.input_ids_BT[:, 1:]), logits_BTV=logits)
+        loss_BT, kl_BT = LOSSES[loss](s, mb, t)
         assert kl_BT.abs().max() < 1e-5
         AGGREGATIONS["token_mean"](loss_BT, mb.train_mask_BT, global_num_tokens=total).backward()
     grads = [p.grad.abs().max() for p in student.parameters() if p.grad is not None]
     assert grads and max(grads) < 1e-5
+
+
+@pytest.mark.parametrize("loss, top_k, reward_coef", [("full", 0, 0.0), ("full", 16, 0.0), ("sampled", 0, 0.5)])
+def test_the_chunked_heads_take_the_step_full_logits_take(nano_pair, loss, top_k, reward_coef):
+    """The default (student and teacher forwards return hidden states, the heads run in chunks, the
+    teacher's hidden states held in place of its logits) against full logits, at temperature 0.7 over
+    two micro-batches: the same teacher log-probs, per-token KL, loss, gradient norm and weights."""
+    from posttrain.algos import token_logprobs
+    from posttrain.models.hf import ModelConfig, load_model
+    from posttrain.rl.config import RolloutConfig
+    from posttrain.rl.distill import TeacherConfig
+
+    student_dir, teacher_dir = nano_pair
+    batch = nano_batch(student_dir)
+    with torch.no_grad():
+        logits = load_model(ModelConfig(path=str(student_dir)))(
+            input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
+            position_ids=batch.position_ids_BT()).logits[:, :-1]
+    batch.old_logp_BT = token_logprobs(logits, batch.input_ids_BT[:, 1:], temperature=0.7) * batch.mask_BT
+    batch.adv_B = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    runs = []
+    for chunked in (False, True):
+        student = load_model(ModelConfig(path=str(student_dir)))
+        opt = torch.optim.SGD(student.parameters(), lr=0.5)
+        policy = Policy(student, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), temperature=0.7,
+                        grad_clip=0.0, micro_batch_tokens=8192, chunked_head=chunked)
+        cfg = DistillConfig(loss=loss, reward_coef=reward_coef, chunked_head=chunked,
+                            teacher=TeacherConfig(top_k=top_k), rollout=RolloutConfig(group_size=2, temperature=0.7))
+        run = DistillRun(rl=SimpleNamespace(policy=policy), cfg=cfg,
+                         teacher=load_model(ModelConfig(path=str(teacher_dir)), trainable=False))
+        assert heads_move(run) == chunked
+        chunks = score_teacher(run.teacher, batch, list(torch.arange(len(batch)).split(2)), temperature=0.7,
+                               top_k=top_k, keep_logits=loss == "full",
+                               head_device=policy.device if chunked else None)
+        assert all((t.hidden_BTH is not None) == (chunked and loss == "full") for t in chunks)
+        metrics, kl_BT = update(run, batch, chunks)
+        runs.append(([t.logp_BT for t in chunks], kl_BT, metrics, student))
+    (full_logp, full_kl, full, full_student), (logp, kl, got, chunked_student) = runs
+    for got_logp, want_logp in zip(logp, full_logp):
+        torch.testing.assert_close(got_logp, want_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(kl, full_kl, atol=1e-5, rtol=0)
+    assert float(kl[batch.mask_BT].abs().min()) > 0 and float(kl[~batch.mask_BT].abs().max()) == 0
+    assert got["loss"] == pytest.approx(full["loss"], rel=1e-5)
+    assert got["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-5)
+    for (name, p), q in zip(full_student.named_parameters(), chunked_student.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))

@@ -211,3 +211,41 @@ def test_sequence_logps_sum_only_reply_tokens(nano_model_dir):
     assert float(got[0]) == pytest.approx(want, abs=1e-4)
     n_reply = sum(pairs[0].chosen_mask[1:])  # the mean is over reply tokens only, not the prompt
     assert float(dpo.sequence_logps(model, batch, mean=True)[0]) == pytest.approx(want / n_reply, abs=1e-5)
+
+
+def test_the_chunked_head_takes_the_steps_full_logits_take(nano_model_dir, add_pairs_dir, tmp_path, monkeypatch):
+    """The default (hidden states out of the forward, the head in chunks) against the model's own
+    logits, for the reference table and the policy: the same reference log-probs, losses, gradient
+    norms and weights over three steps of two micro-batches each."""
+    from posttrain.core.trainer import TrainCore
+    from posttrain.data.preference import load_tokenized_pairs
+    from posttrain.models.hf import load_model, load_tokenizer
+    from posttrain.train.pairwise import PairwiseRun, train_step
+
+    head_calls = []
+    original = dpo.head_token_logprobs
+    monkeypatch.setattr(dpo, "head_token_logprobs", lambda *a, **k: head_calls.append(1) or original(*a, **k))
+    runs = []
+    for chunked in (False, True):
+        cfg = load_config(DPOConfig, None, dpo_args(nano_model_dir, add_pairs_dir, tmp_path, "beta=0.5",
+                                                    "micro_batch_pairs=2", f"chunked_head={chunked}"))
+        tok = load_tokenizer(cfg.model.path)
+        pairs = load_tokenized_pairs(cfg.data, tok, cfg.data.path)[:12]
+        model = load_model(cfg.model)
+        ref_N2 = dpo.reference_logps(model, pairs, batch_pairs=4, pad_id=tok.pad_token_id, mean=False,
+                                     chunked=chunked)
+        opt = torch.optim.SGD(model.parameters(), lr=0.005)
+        core = TrainCore(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), grad_clip=0)
+        run = PairwiseRun(cfg=cfg, model=model, tokenizer=tok, train=pairs, name="dpo", eval_fn=dict,
+                          loss_fn=lambda b, cfg=cfg, model=model, ref=ref_N2: dpo.pair_loss(cfg, model, b, ref))
+        runs.append((ref_N2, [train_step(run, core, list(range(4 * s, 4 * s + 4))) for s in range(3)], model))
+        assert bool(head_calls) == chunked
+    (full_ref, full_steps, full_model), (ref, steps, model) = runs
+    torch.testing.assert_close(ref, full_ref, atol=1e-5, rtol=0)
+    assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)  # the policy is the reference at step 1
+    for got, want in zip(steps, full_steps):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+    assert steps[-1]["loss"] < steps[0]["loss"]  # the steps moved the policy
+    for (name, p), q in zip(full_model.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
