@@ -43,10 +43,9 @@ from posttrain.rl.policy import Policy
 from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine
-from posttrain.rollout.types import WeightsDigest
 from posttrain.rollout.http import check_servers, model_eos_ids
 from posttrain.rollout.protocol import EngineError
-from posttrain.rollout.types import Rollouts
+from posttrain.rollout.types import Rollouts, WeightsDigest
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
 
@@ -331,7 +330,7 @@ def stream_to_ranks(engine: TorchEngine, buckets, world: World, version: int) ->
 
 def _broadcast_each(buckets, world: World):
     for bucket in buckets:
-        received = broadcast_weights(bucket, world, consume=True)
+        received = broadcast_weights(bucket, world)
         del bucket  # before the next bucket is gathered: one at a time
         yield received
         del received
@@ -483,11 +482,11 @@ def colocates(cfg: RLConfig, world: World) -> bool:
             and cfg.runtime == "local" and not cfg.env.name)
 
 
-def broadcast_weights(weights: dict[str, torch.Tensor], world: World, *, consume: bool = False) -> dict[str, torch.Tensor]:
+def broadcast_weights(weights: dict[str, torch.Tensor], world: World) -> dict[str, torch.Tensor]:
     """Rank 0's ``weights`` on every rank: names, shapes and dtypes first, then one flat broadcast
-    per dtype (a bucket's tensors in one collective, not one each). With ``consume`` rank 0 takes
-    each tensor out of ``weights`` as it is copied into the flat buffer, so the two together never
-    hold more than the bucket and one tensor."""
+    per dtype (a bucket's tensors in one collective, not one each). Rank 0 takes each tensor out of
+    ``weights`` as it is copied into the flat buffer, so the two together never hold more than the
+    bucket and one tensor."""
     import torch.distributed as dist
 
     meta = world.broadcast_object([(k, tuple(v.shape), v.dtype) for k, v in weights.items()] if world.main else None)
@@ -498,7 +497,7 @@ def broadcast_weights(weights: dict[str, torch.Tensor], world: World, *, consume
         flat = torch.empty(sum(sizes), dtype=dtype, device=world.device)
         if world.main:
             for (name, _), part in zip(names, flat.split(sizes)):
-                part.copy_((weights.pop(name) if consume else weights[name]).reshape(-1))
+                part.copy_(weights.pop(name).reshape(-1))
         dist.broadcast(flat, src=0)
         for (name, shape), part in zip(names, flat.cpu().split(sizes)):
             out[name] = part.view(shape)

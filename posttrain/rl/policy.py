@@ -39,7 +39,7 @@ import torch
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
 from posttrain.algos.head import head_entropy, head_of, head_token_logprobs, hidden_head, movable_head
 from posttrain.core.dist import World, mini_batch_rows
-from posttrain.core.fsdp import export_adapter, export_buckets, export_state_dict, reshard
+from posttrain.core.fsdp import export_buckets, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
 from posttrain.rl.batch import RLBatch
 from posttrain.rl.packed import install as install_packing, packed_logits, packed_tokens, packs
@@ -244,13 +244,10 @@ class Policy:
         return export_state_dict(self.model, self.world)
 
     def export_buckets(self, bucket_mb: float, *, adapter: bool = False):
-        """`export_weights` (or `export_adapter`) in parts of about ``bucket_mb`` MiB, gathered from
+        """`export_weights` (or, with ``adapter``, the LoRA adapter alone under peft's names) in parts of
+        about ``bucket_mb`` MiB, gathered from
         the shards as they are consumed: every rank must iterate it to the end (`export_buckets`)."""
         return export_buckets(self.model, self.world, bucket_mb, adapter=adapter)
-
-    def export_adapter(self) -> dict[str, torch.Tensor]:
-        """The LoRA adapter alone (peft's names), for engines that load adapters; like `export_weights`."""
-        return export_adapter(self.model, self.world)
 
     @torch.no_grad()
     def probe_logprobs(self, ids: list[int]) -> list[float]:

@@ -483,7 +483,7 @@ class HTTPEngine:
         it (``checksum`` on our server; on vLLM the version read back and, given ``probe`` — token
         ids and the trainer's log-probs of ``ids[1:]`` — the server's own log-probs of it);
         `WeightSyncError` names every server that did not."""
-        folder, _ = self._write([weights], version)  # the servers check ``checksum``, as handed over
+        folder, _ = self._write([weights], version, digest=None)  # the servers check ``checksum``, as handed over
         self._push_all(folder, checksum, version, probe)
 
     def load_buckets(self, buckets, version: int, probe: tuple[list[int], list[float]] | None = None) -> None:
@@ -491,7 +491,7 @@ class HTTPEngine:
         safetensors shard as it arrives (with ``model.safetensors.index.json`` when there are
         several), so the writer holds one part at a time; the servers must confirm the checksum of
         what was written."""
-        self._push_all(*self._write(buckets, version), version, probe)
+        self._push_all(*self._write(buckets, version, WeightsDigest()), version, probe)
 
     def _push_all(self, folder: Path, checksum: str, version: int, probe) -> None:
         push = (str(folder), version, checksum, probe)
@@ -594,15 +594,15 @@ class HTTPEngine:
         with self._lock:
             return len(self.urls) - len(self._dead)
 
-    def _write(self, buckets, version: int) -> tuple[Path, str]:
-        """``weights_dir/v{version}/`` from the parts, and the checksum of what it holds."""
+    def _write(self, buckets, version: int, digest: WeightsDigest | None) -> tuple[Path, str | None]:
+        """``weights_dir/v{version}/`` from the parts, and, given a ``digest`` to build, the checksum
+        of what it holds."""
         if self.weights_dir is None:
             raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         final = self.weights_dir / f"v{version}"
         tmp = self.weights_dir / f".v{version}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        digest = WeightsDigest()
         try:
             if self.adapter_config is not None:  # a LoRA adapter, as peft saves one: small, one file
                 adapter = {k: v for part in buckets for k, v in part.items()}
@@ -620,7 +620,7 @@ class HTTPEngine:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return final.resolve(), digest.hexdigest()
+        return final.resolve(), digest.hexdigest() if digest else None
 
     def _prune(self, current: Path) -> None:
         """Keep the ``keep_versions`` folders written last (the current one included)."""
@@ -641,7 +641,8 @@ def _save(weights: dict[str, torch.Tensor], path: Path, version: int, digest) ->
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         tensors[name] = t
-    digest.update(tensors)
+    if digest is not None:
+        digest.update(tensors)
     save_file(tensors, str(path), metadata={"format": "pt", "version": str(version)})
 
 

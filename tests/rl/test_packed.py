@@ -12,7 +12,7 @@ from posttrain.rl.batch import build_batch
 from posttrain.rl.packed import install, packed_logits, packed_tokens, packs
 from posttrain.rl.shared_prefix import TargetLogits
 from posttrain.rollout import Rollouts, SamplingParams
-from tests.rl.test_policy_forward import _assert_same_weights, _batch, _policy, _step
+from tests.rl.test_policy_forward import _batch, _policy, assert_same_steps
 
 
 @pytest.fixture(autouse=True)
@@ -90,17 +90,8 @@ def test_the_policy_takes_the_steps_the_padded_forward_takes(nano_model_dir, che
     runs = []
     original = policy_module.packed_logits
     monkeypatch.setattr(policy_module, "packed_logits", lambda *a, **k: runs.append(1) or original(*a, **k))
-    for _ in range(2):
-        batch = _batch()
-        old_padded, _, m_padded = padded.score(batch)
-        old_packed, _, m_packed = packed.score(batch)
-        torch.testing.assert_close(old_packed, old_padded, atol=1e-6, rtol=1e-6)
-        assert m_packed["entropy"] == pytest.approx(m_padded["entropy"], rel=1e-5)
-        a, b = _step(padded), _step(packed)
-        assert a["grad_norm"] > 0 and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert_same_steps(padded, packed)
     assert runs
-    _assert_same_weights(padded, packed)
 
 
 def test_shared_prompts_or_packing_whichever_runs_fewer_positions(nano_model_dir):

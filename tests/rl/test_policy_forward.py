@@ -208,15 +208,21 @@ def test_the_chunked_head_takes_the_steps_full_logits_take(nano_model_dir, share
     head_calls = []
     original = policy_module.head_token_logprobs
     monkeypatch.setattr(policy_module, "head_token_logprobs", lambda *a, **k: head_calls.append(1) or original(*a, **k))
-    for _ in range(2):
-        batch = _batch()
-        old_full, _, m_full_score = full.score(batch)
-        old_chunked, _, m_chunked_score = chunked.score(batch)
-        torch.testing.assert_close(old_chunked, old_full, atol=1e-6, rtol=1e-6)
-        assert m_chunked_score["entropy"] == pytest.approx(m_full_score["entropy"], rel=1e-5)
-        m_full, m_chunked = _step(full), _step(chunked)
-        assert m_full["grad_norm"] > 0
-        assert m_chunked["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
-        assert m_chunked["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
+    assert_same_steps(full, chunked)
     assert head_calls  # the chunked path ran
-    _assert_same_weights(full, chunked)
+
+
+def assert_same_steps(reference: Policy, other: Policy, steps: int = 2) -> None:
+    """Two policies built alike score the same batches alike and take the same steps: log-probs,
+    entropy, loss, gradient norm and, at the end, weights."""
+    for _ in range(steps):
+        batch = _batch()
+        old_ref, _, m_ref_score = reference.score(batch)
+        old_other, _, m_other_score = other.score(batch)
+        torch.testing.assert_close(old_other, old_ref, atol=1e-6, rtol=1e-6)
+        assert m_other_score["entropy"] == pytest.approx(m_ref_score["entropy"], rel=1e-5)
+        m_ref, m_other = _step(reference), _step(other)
+        assert m_ref["grad_norm"] > 0
+        assert m_other["grad_norm"] == pytest.approx(m_ref["grad_norm"], rel=1e-5)
+        assert m_other["loss"] == pytest.approx(m_ref["loss"], rel=1e-5, abs=1e-7)
+    _assert_same_weights(reference, other)
