@@ -7,6 +7,8 @@ eval`) and the environment registry.
   `posttrain.envs.code_repair`, `posttrain.envs.repo`);
 - ``openenv``: an OpenEnv server (``options.url`` or ``options.launch``; `posttrain.envs.openenv`);
 - ``skyrl:<id>``: a SkyRL-gym environment, e.g. ``skyrl:gsm8k_multi_turn`` (`posttrain.envs.skyrl`);
+- ``verifiers:<taskset id>``: a Prime Intellect verifiers v1 environment, run in ``.venv-verifiers``
+  (`posttrain.envs.vf_env`);
 - ``package.module:factory``: your own — a class or function called with ``options`` as keyword
   arguments that returns an `Environment`.
 
@@ -20,7 +22,7 @@ import importlib
 from typing import Any, Callable
 
 from posttrain.config import ConfigValueError
-from posttrain.envs.base import Environment
+from posttrain.envs.base import EnvInfraError, Environment
 from posttrain.envs.runner import EpisodeLimits
 from posttrain.envs.tool_env import MALFORMED_POLICIES, ToolEnv
 from posttrain.envs.tools import TOOLS_STYLES
@@ -35,7 +37,8 @@ EMBEDDED = {"calculator": "posttrain.envs.calculator:CalculatorEnv",
 @dataclasses.dataclass(kw_only=True)
 class EnvConfig:
     name: str = ""
-    """Multi-turn environment: calculator, code_repair, repo, openenv, skyrl:<id> or package.module:factory;
+    """Multi-turn environment: calculator, code_repair, repo, openenv, skyrl:<id>, verifiers:<taskset> or
+    package.module:factory;
     empty = single-turn prompts judged by the verifier (docs/envs.md)."""
     max_turns: int = 4
     """Most model turns per episode (the environment may stop sooner)."""
@@ -71,8 +74,11 @@ class EnvConfig:
             raise ConfigValueError("tools_style", f"must be one of {', '.join(TOOLS_STYLES)} (or empty)")
         if self.on_malformed_tool_call not in MALFORMED_POLICIES:
             raise ConfigValueError("on_malformed_tool_call", f"must be one of {', '.join(MALFORMED_POLICIES)}")
-        if self.name and not (self.name in EMBEDDED or self.name.startswith("skyrl:") or ":" in self.name):
-            raise ConfigValueError("name", f"must be {', '.join(EMBEDDED)}, skyrl:<id> or package.module:factory")
+        if self.name in ("skyrl:", "verifiers:"):
+            raise ConfigValueError("name", f"{self.name}<id> needs an id after the colon")
+        if self.name and not (self.name in EMBEDDED or ":" in self.name):
+            raise ConfigValueError("name", f"must be {', '.join(EMBEDDED)}, skyrl:<id>, verifiers:<taskset> "
+                                           "or package.module:factory")
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -102,6 +108,10 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
         factory, options = SkyRLEnv, {"env_id": cfg.name.partition(":")[2], **options}
         if "max_turns" not in options:
             options["max_turns"] = cfg.max_turns
+    elif cfg.name.startswith("verifiers:"):
+        from posttrain.envs.vf_env import VerifiersEnv
+
+        factory, options = VerifiersEnv, {"taskset": cfg.name.partition(":")[2], **options}
     else:
         factory = _resolve(EMBEDDED.get(cfg.name, cfg.name))
 
@@ -114,7 +124,7 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
 
     try:
         probe = make()
-    except (TypeError, ValueError, ImportError) as e:
+    except (TypeError, ValueError, ImportError, EnvInfraError) as e:
         raise UserError(f"env.name={cfg.name!r}: cannot make the environment with options {options} ({e})") from None
     if not isinstance(probe, Environment):
         raise UserError(f"env.name={cfg.name!r}: the factory returned {type(probe).__name__}, not an Environment")
