@@ -1,0 +1,240 @@
+"""verifiers (Prime Intellect) environments: a taskset and harness written against verifiers' v1
+API, loaded in ``.venv-verifiers`` the way verifiers loads environments, its model calls served by
+posttrain's engine through the episode runner; outcomes, faults mapped to our classes, token-exact
+trajectories, RL and eval end to end. Lane: ``pytest -m verifiers`` (bash scripts/setup.sh verifiers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.data.records import write_jsonl
+from posttrain.envs.config import EnvConfig
+from posttrain.envs.runner import EpisodeLimits, run_episodes
+from posttrain.envs.session import EnvSession
+from posttrain.envs.vf_env import VerifiersEnv, default_python, stop_drivers
+from posttrain.outcome import OutcomeClass
+from posttrain.rollout import SamplingParams, TorchEngine
+
+pytestmark = [pytest.mark.verifiers,
+              pytest.mark.skipif(not Path(default_python()).exists(),
+                                 reason="needs .venv-verifiers (bash scripts/setup.sh verifiers)")]
+
+GUESS = textwrap.dedent('''
+    """Guess the digit, the verifiers v1 way: a Taskset of typed tasks scored by a @reward, and a
+    Harness whose chat loop runs in-process (verifiers allows it: every model call goes through the
+    interception endpoint it is handed), answering each wrong guess with higher / lower."""
+    import verifiers.v1 as vf
+    from openai import AsyncOpenAI
+    from verifiers.v1.runtimes import ProgramResult
+
+
+    class GuessData(vf.TaskData):
+        secret: int
+
+
+    class GuessTask(vf.Task[GuessData]):
+        @vf.reward(weight=1.0)
+        async def correct(self, trace: vf.Trace) -> float:
+            if self.data.secret < 0:
+                raise ValueError("a broken reward")
+            return float(trace.last_reply.strip() == str(self.data.secret))
+
+
+    class GuessTaskset(vf.Taskset[GuessTask, vf.TasksetConfig]):
+        def load(self):
+            return [GuessTask(GuessData(prompt="Guess a digit.", secret=(7 * i + 3) % 10), self.config.task)
+                    for i in range(8)]
+
+
+    class GuessHarness(vf.Harness[vf.HarnessConfig]):
+        APPENDS_SYSTEM_PROMPT = True
+        NEEDS_CONTAINER = False
+        EXECUTES_CODE = False
+
+        async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
+            client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+            messages = [{"role": "user", "content": data.prompt}]
+            try:
+                for turn in range(3):
+                    reply = await client.chat.completions.create(model=ctx.model, messages=messages,
+                                                                 stream=turn == 1)  # streamed too
+                    if turn == 1:
+                        text = "".join([c.choices[0].delta.content or "" async for c in reply if c.choices])
+                    else:
+                        text = reply.choices[0].message.content or ""
+                    if text.strip() == "crash":
+                        return ProgramResult(exit_code=1, stdout="", stderr="the harness broke")
+                    messages.append({"role": "assistant", "content": text})
+                    guess = text.strip()
+                    if guess == str(data.secret):
+                        break
+                    feedback = ("higher" if int(guess) < data.secret else "lower") if guess.isdigit() else "not a digit"
+                    messages.append({"role": "user", "content": feedback})
+            finally:
+                await client.close()
+            return ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+    __all__ = ["GuessTaskset", "GuessHarness"]
+''')
+
+
+@pytest.fixture(scope="module")
+def taskset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verifiers")
+    (root / "guess_digit").mkdir()
+    (root / "guess_digit" / "__init__.py").write_text(GUESS)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(root) + (os.pathsep + old if old else "")  # the verifiers process imports it
+    yield "guess_digit"
+    stop_drivers()
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+class Made:
+    """A factory keeping the environments it made (to read what verifiers returned)."""
+
+    def __init__(self, **options):
+        self.options, self.envs = options, []
+
+    def __call__(self):
+        env = VerifiersEnv(**self.options)
+        self.envs.append(env)
+        return env
+
+
+def play(tokenizer, scripted, taskset, turns, examples, **options):
+    engine = scripted(lambda prompt, i: turns[prompt.count("<|im_start|>assistant") - 1])
+    return run_episodes(engine, tokenizer, Made(taskset=taskset, timeout_s=60, **options), examples, 1,
+                        SamplingParams(), EpisodeLimits(max_turns=4))
+
+
+def test_episodes_reach_the_verifiers_reward_turn_by_turn(nano_tokenizer, scripted, taskset):
+    examples = [{"prompt": "Guess a digit.", "secret": s} for s in (3, 0, 7, 4)]
+    eps = play(nano_tokenizer, scripted, taskset, ["3", "0", "7"], examples)
+    assert [e.outcome.cls for e in eps] == [OutcomeClass.PASS] * 3 + [OutcomeClass.MODEL_FAIL]
+    assert [e.turns for e in eps] == [1, 2, 3, 3] and eps[3].outcome.reason == "wrong_answer"
+    assert eps[1].messages == [{"role": "user", "content": "Guess a digit."}, {"role": "assistant", "content": "3"},
+                               {"role": "user", "content": "lower"}, {"role": "assistant", "content": "0"}]
+    assert eps[2].messages[2]["content"] == "higher" and eps[0].outcome.reward == 1.0
+    # the records' task_idx picks the taskset's own task (secret 3 for task 0)
+    [ep] = play(nano_tokenizer, scripted, taskset, ["3"], [{"prompt": "", "task_idx": 0}])
+    assert ep.outcome.cls is OutcomeClass.PASS
+
+
+def test_faults_map_to_outcome_classes_and_the_other_episodes_go_on(nano_tokenizer, scripted, taskset):
+    ok, crash = {"prompt": "Guess.", "secret": 3}, {"prompt": "Guess.", "secret": 5}
+    eps = play(nano_tokenizer, scripted, taskset, ["crash"], [crash])
+    assert eps[0].outcome.cls is OutcomeClass.INFRA_FAIL and "HarnessError" in eps[0].outcome.detail
+    eps = play(nano_tokenizer, scripted, taskset, ["3"] * 3, [{"prompt": "Guess.", "secret": -1}, ok])
+    assert eps[0].outcome.cls is OutcomeClass.TASK_FAIL and "a broken reward" in eps[0].outcome.detail  # @reward raised
+    assert eps[1].outcome.cls is OutcomeClass.PASS
+    eps = play(nano_tokenizer, scripted, taskset, ["3"], [{"prompt": "no secret"}, ok])
+    assert eps[0].outcome.cls is OutcomeClass.TASK_FAIL and "secret" in eps[0].outcome.detail  # does not validate
+    assert eps[1].outcome.cls is OutcomeClass.PASS
+    # posttrain's own limit ends an episode verifiers would go on with: the harness is refused, no hang
+    [ep] = run_episodes(scripted(lambda p, i: "1"), nano_tokenizer, Made(taskset=taskset, timeout_s=60), [crash], 1,
+                        SamplingParams(), EpisodeLimits(max_turns=2))
+    assert ep.outcome.cls is OutcomeClass.MODEL_FAIL and ep.outcome.reason == "max_turns"
+
+
+def test_a_dead_verifiers_process_is_infra_fail_never_a_wrong_answer(nano_tokenizer, scripted, taskset):
+    made = Made(taskset=taskset, timeout_s=30, env_options={"timeout": {"episode": 600}})  # a driver of its own
+
+    def script(prompt, i):
+        os.killpg(made.envs[0].driver.proc.pid, signal.SIGKILL)  # it dies while the model thinks
+        made.envs[0].driver.proc.wait()
+        return "1"
+
+    [ep] = run_episodes(scripted(script), nano_tokenizer, made, [{"prompt": "Guess.", "secret": 5}], 1,
+                        SamplingParams(), EpisodeLimits(max_turns=3))
+    assert ep.outcome.cls is OutcomeClass.INFRA_FAIL and "exited" in ep.outcome.detail
+
+
+class Recorder:
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    def generate(self, prompts, n, sampling):
+        ro = self.engine.generate(prompts, n, sampling)
+        self.calls += list(zip(ro.prompt_ids, ro.completion_ids, ro.logprobs))
+        return ro
+
+
+def test_trajectories_are_the_ids_and_logprobs_the_engine_generated(nano_model_dir, nano_tokenizer, taskset):
+    engine = Recorder(TorchEngine(str(nano_model_dir), tokenizer=nano_tokenizer))
+    made = Made(taskset=taskset, timeout_s=60)
+    session = EnvSession(EnvConfig(name=f"verifiers:{taskset}", max_turns=3, max_total_tokens=200,
+                                   options={"timeout_s": 60}), nano_tokenizer)
+    session.make_env = made
+    examples = [{"prompt": "Guess a digit.", "secret": s} for s in (3, 8)]
+    ro, outcomes, rows = session.generate(engine, examples, 2, SamplingParams(temperature=1.0, max_new_tokens=5, seed=1))
+    assert all(o.cls in (OutcomeClass.PASS, OutcomeClass.MODEL_FAIL) for o in outcomes)
+    episodes = session.last
+    assert sum(e.turns for e in episodes) >= 6  # the tiny model rarely guesses: several turns each
+    for r, e in enumerate(rows):
+        ids, mask, logp = ro.completion_ids[r], ro.loss_mask[r], ro.logprobs[r]
+        spans, k = [], 0
+        while k < len(ids):  # the model's turns: the maximal runs of mask 1
+            if mask[k]:
+                j = k
+                while j < len(ids) and mask[j]:
+                    j += 1
+                spans.append((k, j))
+                k = j
+            else:
+                k += 1
+        full = ro.prompt_ids[r] + ids
+        for a, b in spans:  # each is exactly one engine call: its prompt is everything before, ids and log-probs equal
+            prompt = full[: len(ro.prompt_ids[r]) + a]
+            [(gen, lps)] = [(c, lp) for p, c, lp in engine.calls if p == prompt and c[: b - a] == ids[a:b]]
+            assert ids[a:b] == gen[: b - a] and logp[a:b] == lps[: b - a]
+        # and verifiers scored exactly the text of those ids (the runner makes episode k's environment k-th)
+        assert made.envs[e].result["traces"][0]["replies"] == episodes[e].turn_texts
+
+
+def test_rl_and_eval_against_a_verifiers_environment(nano_model_dir, taskset, tmp_path):
+    data = write_jsonl(tmp_path / "guess.jsonl", [{"prompt": "Guess a digit.", "secret": s} for s in range(8)])
+    env = "{name: 'verifiers:" + taskset + "', max_turns: 3, max_total_tokens: 160}"
+    run = tmp_path / "run"
+    assert main(["rl", "algorithm=grpo", f"model.path={nano_model_dir}", f"data.path={data}", f"data.eval_path={data}",
+                 "num_steps=2", "eval_every=2", "save_every=0", "prompts_per_step=2", "rollout.group_size=2",
+                 "rollout.max_new_tokens=4", f"env={env}", "logging.progress=false", f"out_dir={run}"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and rows[-1]["env/turns_mean"] >= 1.0
+    assert rows[-1]["outcomes/INFRA_FAIL_frac"] == 0.0 and rows[-1]["outcomes/TASK_FAIL_frac"] == 0.0
+    assert rows[-1]["mismatch/logprob_abs_diff_max"] < 1e-4 and "eval/heldout/greedy/pass@1" in rows[-1]
+    out = tmp_path / "eval"
+    assert main(["eval", "benchmarks=[{kind: env, name: guess, path: " + str(data) + ", env: " + env + "}]",
+                 "profiles=[{name: sampled, temperature: 1.0, n: 2, max_new_tokens: 4}]", f"model={run}",
+                 f"out_dir={out}", "--no-progress"]) == 0
+    (result,) = json.loads((out / "eval.json").read_text())["results"]
+    assert result["num_problems"] == 8 and 1.0 <= result["env"]["env/turns_mean"] <= 3.0
+
+
+def test_bad_config_is_one_line_and_exit_2(nano_model_dir, taskset, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Guess.", "secret": 1}])
+    base = ["rl", f"model.path={nano_model_dir}", f"data.path={data}", "num_steps=1", "logging.progress=false",
+            f"out_dir={tmp_path / 'run'}"]
+    for name, words in (("verifiers:no_such_taskset", "no_such_taskset"), ("verifiers:", "env.name")):
+        capsys.readouterr()
+        assert main(base + ["env={name: '" + name + "'}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err and "name" in err, err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert sys.modules.get("verifiers") is None  # never imported into posttrain's process
