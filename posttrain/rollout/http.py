@@ -35,7 +35,8 @@ background, handed the current weights, and put back once they confirm them (at 
 
 Async RL (the `EngineHandle` interface: ``submit`` / ``poll``): each submitted call runs in a
 thread like a `generate`, tagged with the version the client held when it was sent. A weight push
-does not wait for those requests: vLLM pauses them where they are (``mode=keep``), reloads, and
+does not wait for those requests: vLLM pauses them (``mode=keep``; when a decoding one freezes is
+the server's), reloads, and
 preempts them so they resume under the new weights, recomputing their caches (their sampler
 log-probs stay those of whatever weights drew each token). So a sample's tokens come from its
 tagged version or newer, and the staleness bound, which counts the tag, holds for every token.

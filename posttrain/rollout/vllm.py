@@ -15,8 +15,9 @@ truncation kept. Without truncation the two are the same and the mismatch metric
 
 Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for each server,
 
-1. ``POST /pause?mode=keep`` — requests in flight are frozen where they are: a push never waits
-   for a generation to end, so async RL keeps generating across syncs (on a server started with
+1. ``POST /pause?mode=keep`` — requests in flight are frozen where they are, so a push need not
+   wait for a generation to end and async RL keeps generating across syncs (when a decoding
+   request freezes is the server's: the CPU build of 0.32 lets it finish first) (on a server started with
    LoRA on, the requests sent finish first and no new one is sent until the probe has answered,
    because vLLM's LoRA path cannot compute the probe's prompt log-probs beside decoding requests);
 2. ``POST /collective_rpc`` ``reload_weights`` from the folder the engine wrote (or, with LoRA,
@@ -105,7 +106,7 @@ class VLLMDialect:
     def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
         """Pause, reload, reset the caches, set the version, resume; '' or why it failed.
 
-        Requests in flight are frozen where they are (``mode=keep``: the push never waits for a
+        Requests in flight are frozen where they are (``mode=keep``: the push need not wait for a
         generation to end) and the cache reset preempts them, so they resume under the new weights
         with their caches recomputed; no token is drawn from a mix of old keys and new weights.
         With LoRA they are drained instead (``probe_alone``)."""
