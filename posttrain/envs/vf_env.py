@@ -56,6 +56,7 @@ from posttrain.envs.base import EnvInfraError, Environment, EnvTaskError, StepRe
 from posttrain.outcome import Outcome
 
 TASK_ERRORS = ("TaskError",)
+MAX_REQUEST_BYTES = 64 << 20  # the episode's whole history, as the harness sends it
 LIMIT_STOPS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
 DRIVER = Path(__file__).with_name("vf_driver.py")
 _LOCK = threading.Lock()
@@ -202,7 +203,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         parts = self.path.strip("/").split("/")
-        body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+        try:
+            size = int(self.headers.get("content-length") or 0)
+            if not 0 <= size <= MAX_REQUEST_BYTES:
+                raise ValueError(f"a request body of {size} bytes (at most {MAX_REQUEST_BYTES})")
+            body = json.loads(self.rfile.read(size) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+        except ValueError as e:  # malformed JSON is a ValueError too
+            self.close_connection = True
+            return self._send(400, json.dumps({"error": {"message": str(e)[:200]}}).encode())
         channel = self.server.channels.get(parts[1]) if len(parts) >= 2 and parts[0] == "ep" else None
         if channel is None or parts[-2:] != ["chat", "completions"]:
             return self._send(404, b'{"error": {"message": "no such episode or route"}}')
