@@ -56,7 +56,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool) 
     return _bos(tokenizer, use_chat_template) + tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>")
 """The tokens that close a turn in the chat templates of ChatML/Qwen, Llama 3, Gemma and Phi-3."""
 
 
@@ -114,7 +114,9 @@ def conversation_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, list
         if not through.startswith(head):
             raise ValueError("the chat template renders a conversation's prefix differently from the "
                              "conversation itself; cannot locate the assistant reply for the loss mask")
-        if text is not None and not head.startswith(text):
+        # the history so far, through the end of the last reply (a template may close a finished
+        # conversation with more, as Phi-3's eos, which the next prompt does not have)
+        if text is not None and not head.startswith(text[:spans[-1][1]] if spans else text):
             pieces.append((text, spans))
             spans = []
         start = through.find(m["content"], len(head))

@@ -16,12 +16,14 @@ Special tokens: ``<|endoftext|>`` (eos and pad), ``<|im_start|>``, ``<|im_end|>`
 turn). Chat templates (`TEMPLATES`), written here in the shape of each family's own: ``chatml``
 (the default, and Llama's here, so the embedded demo model keeps its vocabulary), ``qwen3``
 (ChatML whose rendering drops the ``<think>...</think>`` of assistant turns before the last user
-message, as Qwen3's does), ``llama3`` (header tokens, ``<|eot_id|>``) and ``gemma`` (turn markers,
-the assistant called ``model``, a system message folded into the first user turn). A template's
+message, as Qwen3's does), ``llama3`` (header tokens, ``<|eot_id|>``), ``gemma`` (turn markers,
+the assistant called ``model``, a system message folded into the first user turn), ``mistral``
+(``[INST] ... [/INST]``, replies ending ``</s>``, a system message moved to the last user turn, so
+each new turn re-renders the history) and ``phi3`` (``<|user|>``, ``<|end|>``, a finished
+conversation ending with ``<|endoftext|>``). A template's
 own markers are added to the vocabulary after the trained tokens, and generation stops at
 ``<|endoftext|>`` or the template's end-of-turn token (both in ``generation_config.eos_token_id``).
-``make-tiny --template`` picks one; by default Qwen3 gets ``qwen3``, Gemma 2/3 ``gemma``, the
-others ``chatml``.
+``make-tiny --template`` picks one; by default each family gets its own shape (Llama ``chatml``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,22 @@ GEMMA_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
+MISTRAL_TEMPLATE = (  # a system message goes to the last user turn: every new turn re-renders the history
+    "{% set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' %}"
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+    "<s>"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "{% if m['role'] == 'user' %}"
+    "[INST] {{ system + '\n\n' if system and loop.index0 + (1 if system else 0) == ns.last_user else '' }}"
+    "{{ m['content'] }}[/INST]"
+    "{% else %}{{ m['content'] }}</s>{% endif %}"
+    "{% endfor %}"
+)
+PHI3_TEMPLATE = (  # a finished conversation ends with the eos token, one being answered does not
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% else %}<|endoftext|>{% endif %}"
+)
 # name -> (template, markers added to the vocabulary, the token that ends a turn)
 TEMPLATES: dict[str, tuple[str, list[str], str]] = {
     "chatml": (CHATML_TEMPLATE, [], "<|im_end|>"),
@@ -87,8 +105,10 @@ TEMPLATES: dict[str, tuple[str, list[str], str]] = {
     "llama3": (LLAMA3_TEMPLATE, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
                "<|eot_id|>"),
     "gemma": (GEMMA_TEMPLATE, ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
+    "mistral": (MISTRAL_TEMPLATE, ["<s>", "</s>", "[INST]", "[/INST]"], "</s>"),
+    "phi3": (PHI3_TEMPLATE, ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], "<|end|>"),
 }
-DEFAULT_TEMPLATE = {"qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma"}
+DEFAULT_TEMPLATE = {"qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "mistral": "mistral", "phi3": "phi3"}
 """Each family's template shape when ``--template`` is not given (else ``chatml``)."""
 
 VOCAB_SIZE = 512

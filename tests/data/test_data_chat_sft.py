@@ -108,17 +108,23 @@ def family_tokenizers():
     return {name: build_tokenizer(0, name) for name in TEMPLATES}
 
 
-@pytest.mark.parametrize("template", ["chatml", "llama3", "gemma"])
+@pytest.mark.parametrize("template", ["chatml", "llama3", "gemma", "mistral", "phi3"])
 def test_a_conversation_trains_every_reply_and_its_end_of_turn_in_each_family_shape(family_tokenizers, template):
     from posttrain.models.tiny import TEMPLATES
 
     tok = family_tokenizers[template]
     end = TEMPLATES[template][2]
     assert tok.convert_tokens_to_ids(end) in stop_token_ids(tok, True)
-    (ex,), report = tokenize_sft_report([SFTExample(messages=CONVERSATION)], tok, max_len=512, use_chat_template=True)
-    assert report.kept == 1
-    assert masked_text(tok, ex) == f"{CONVERSATION[2]['content']}{end}{CONVERSATION[4]['content']}{end}"
-    assert tok.decode(ex.input_ids) == tok.apply_chat_template(CONVERSATION, tokenize=False)
+    exs, report = tokenize_sft_report([SFTExample(messages=CONVERSATION)], tok, max_len=512, use_chat_template=True)
+    assert report.kept == len(exs) == (2 if template == "mistral" else 1)
+    assert "".join(masked_text(tok, ex) for ex in exs) == \
+        f"{CONVERSATION[2]['content']}{end}{CONVERSATION[4]['content']}{end}"
+    if template == "mistral":  # the system message moves to the last user turn: each reply with its own prompt
+        assert [tok.decode(ex.input_ids) for ex in exs] == \
+            [tok.apply_chat_template(CONVERSATION[:k], tokenize=False) for k in (3, 5)]
+        assert "Be brief." in tok.decode(exs[0].input_ids).split("[/INST]")[0]
+    else:  # one text; Phi-3's ends with its eos, not trained
+        assert [tok.decode(ex.input_ids) for ex in exs] == [tok.apply_chat_template(CONVERSATION, tokenize=False)]
 
 
 def test_a_template_that_drops_earlier_thinking_trains_each_reply_as_the_model_saw_it(family_tokenizers):
