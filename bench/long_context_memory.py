@@ -8,10 +8,14 @@ its own process, and its peak extra memory is the process's peak resident set si
 update minus its size just before (the model, the optimizer state and the batch). The two modes'
 loss and gradient norm are printed side by side: the chunked head computes the same update.
 
+``--head-only`` measures the head's share alone: the same hidden states (2 rows of 16 + T positions,
+width 256) and head, the token log-probs (``log_softmax(h W^T)[x]``, or `head_token_logprobs`) and
+their backward into h and W; the ratio there is what the head costs, without the body around it.
+
 Configurations whose full-logits side would not fit in this machine's available memory (about 3 x
 T x V x 4 bytes) are skipped with a line saying so.
 
-    .venv/bin/python bench/long_context_memory.py [--tokens 1024,4096,8192] [--vocab 32000,151936]
+    .venv/bin/python bench/long_context_memory.py [--tokens 1024,4096,8192] [--vocab 32000,151936] [--head-only]
 """
 
 from __future__ import annotations
@@ -71,15 +75,45 @@ def one(tokens: int, vocab: int, chunked: bool) -> dict:
     return {"peak_extra": max(0, peak - before), "loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}
 
 
+def head_only(tokens: int, vocab: int, chunked: bool) -> dict:
+    """Peak extra memory of the head alone: token log-probs from hidden states and their backward."""
+    import torch
+
+    from posttrain.algos.head import head_token_logprobs
+
+    def update(positions: int) -> tuple[float, float]:
+        g = torch.Generator().manual_seed(0)
+        hidden = (torch.randn(2, positions, 256, generator=g) * 0.5).requires_grad_()
+        weight = (torch.randn(vocab, 256, generator=g) * 0.05).requires_grad_()
+        targets = torch.randint(0, vocab, (2, positions), generator=g)
+        nonlocal before
+        before = rss_bytes()
+        if chunked:
+            logp = head_token_logprobs(hidden, weight, None, targets)
+        else:
+            logp = (hidden @ weight.T).float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
+        loss = (logp * torch.tensor([[1.0], [-1.0]])).sum() / logp.numel()
+        loss.backward()
+        return loss.item(), torch.cat([hidden.grad.flatten(), weight.grad.flatten()]).norm().item()
+
+    before = 0
+    update(4)  # the kernels' libraries load on first use: not the head's memory
+    loss, grad_norm = update(tokens + 16)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"peak_extra": max(0, peak - before), "loss": loss, "grad_norm": grad_norm}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="1024,4096,8192", help="completion lengths (default 1024,4096,8192)")
     ap.add_argument("--vocab", default="32000,151936", help="vocabulary sizes (default 32000,151936)")
+    ap.add_argument("--head-only", action="store_true",
+                    help="the head's log-probs and their backward alone, not a whole update")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # T,V,chunked: run one configuration, print JSON
     args = ap.parse_args()
     if args.one:
         t, v, c = args.one.split(",")
-        print(json.dumps(one(int(t), int(v), c == "1")))
+        print(json.dumps((head_only if args.head_only else one)(int(t), int(v), c == "1")))
         return
     gib = 1024 ** 3
     print(f"{'T':>6} {'V':>7} {'full GiB':>9} {'chunked GiB':>12} {'ratio':>7}  loss full / chunked, grad norm full / chunked")
@@ -91,7 +125,8 @@ def main() -> None:
                 continue
             out = {}
             for chunked in (False, True):
-                r = subprocess.run([sys.executable, __file__, "--one", f"{t},{v},{int(chunked)}"], capture_output=True,
+                cmd = [sys.executable, __file__, "--one", f"{t},{v},{int(chunked)}"] + ["--head-only"] * args.head_only
+                r = subprocess.run(cmd, capture_output=True,
                                    text=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
                 if r.returncode != 0:
                     raise SystemExit(f"T={t} V={v} chunked={chunked} failed:\n{r.stderr[-2000:]}")
