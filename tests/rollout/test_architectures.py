@@ -34,7 +34,10 @@ CONFIGS = {  # name -> (config, the backend "auto" must pick)
     "qwen2_sliding": (lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=WINDOW,
                                                        max_window_layers=2, **DIMS), "fast"),
     "qwen3": (lambda: transformers.Qwen3Config(**DIMS), "fast"),
+    "qwen3_moe": (lambda: transformers.Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                      **DIMS), "hf"),
     "phi3": (lambda: transformers.Phi3Config(sliding_window=WINDOW, **DIMS), "hf"),
+    "olmo2": (lambda: transformers.Olmo2Config(**DIMS), "hf"),
     # soft caps small enough to bind on a random model's logits and scores
     "gemma2": (lambda: transformers.Gemma2Config(sliding_window=WINDOW, query_pre_attn_scalar=8, attn_logit_softcapping=1.0,
                                                  final_logit_softcapping=2.0, **DIMS), "hf"),
