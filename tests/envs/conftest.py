@@ -59,3 +59,22 @@ def nano_tokenizer(nano_model_dir):
 @pytest.fixture
 def scripted(nano_tokenizer):
     return lambda script: ScriptedEngine(nano_tokenizer, script)
+
+
+def rl_then_eval(model_dir, data, env: str, tmp_path) -> tuple[dict, dict]:
+    """Two GRPO steps with held-out eval against ``env`` (a YAML mapping), then `posttrain eval` of
+    the trained model on the same data: the last metrics row and the eval result."""
+    import json
+
+    from posttrain.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "eval"
+    assert main(["rl", "algorithm=grpo", f"model.path={model_dir}", f"data.path={data}", f"data.eval_path={data}",
+                 "num_steps=2", "eval_every=2", "save_every=0", "prompts_per_step=2", "rollout.group_size=2",
+                 "rollout.max_new_tokens=4", f"env={env}", "logging.progress=false", f"out_dir={run}"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert main(["eval", "benchmarks=[{kind: env, name: guess, path: " + str(data) + ", env: " + env + "}]",
+                 "profiles=[{name: sampled, temperature: 1.0, n: 2, max_new_tokens: 4}]", f"model={run}",
+                 f"out_dir={out}", "--no-progress"]) == 0
+    (result,) = json.loads((out / "eval.json").read_text())["results"]
+    return rows[-1], result

@@ -4,7 +4,6 @@ own client; outcomes, faults mapped to our classes, RL and eval end to end."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,12 +14,12 @@ import pytest
 
 pytest.importorskip("openenv.core")
 
-from posttrain.cli import main  # noqa: E402
 from posttrain.data.records import write_jsonl  # noqa: E402
 from posttrain.envs.openenv import OpenEnvEnv, launch, stop_servers  # noqa: E402
 from posttrain.envs.runner import EpisodeLimits, run_episodes  # noqa: E402
 from posttrain.outcome import OutcomeClass  # noqa: E402
 from posttrain.rollout.types import SamplingParams  # noqa: E402
+from tests.envs.conftest import rl_then_eval  # noqa: E402
 
 GUESS = textwrap.dedent('''
     """Guess the digit: the OpenEnv way (Action / Observation / Environment, create_app)."""
@@ -163,16 +162,7 @@ def test_a_dead_server_is_infra_fail_never_a_wrong_answer(nano_tokenizer, script
 def test_rl_and_eval_against_a_launched_openenv_server(nano_model_dir, guess_module, tmp_path):
     data = write_jsonl(tmp_path / "guess.jsonl", [{"prompt": "Guess the digit.", "seed": s} for s in range(8)])
     env = "{name: openenv, max_turns: 3, max_total_tokens: 160, options: {launch: '" + guess_module + "', action_field: guess}}"
-    run = tmp_path / "run"
-    assert main(["rl", "algorithm=grpo", f"model.path={nano_model_dir}", f"data.path={data}", f"data.eval_path={data}",
-                 "num_steps=2", "eval_every=2", "save_every=0", "prompts_per_step=2", "rollout.group_size=2",
-                 "rollout.max_new_tokens=4", f"env={env}", "logging.progress=false", f"out_dir={run}"]) == 0
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["step"] == 2 and rows[-1]["env/turns_mean"] >= 1.0 and rows[-1]["outcomes/INFRA_FAIL_frac"] == 0.0
-    assert "eval/heldout/greedy/pass@1" in rows[-1]
-    out = tmp_path / "eval"
-    assert main(["eval", "benchmarks=[{kind: env, name: guess, path: " + str(data) + ", env: " + env + "}]",
-                 "profiles=[{name: sampled, temperature: 1.0, n: 2, max_new_tokens: 4}]", f"model={run}",
-                 f"out_dir={out}", "--no-progress"]) == 0
-    (result,) = json.loads((out / "eval.json").read_text())["results"]
+    last, result = rl_then_eval(nano_model_dir, data, env, tmp_path)
+    assert last["step"] == 2 and last["env/turns_mean"] >= 1.0 and last["outcomes/INFRA_FAIL_frac"] == 0.0
+    assert "eval/heldout/greedy/pass@1" in last
     assert result["num_problems"] == 8 and 1.0 <= result["env"]["env/turns_mean"] <= 3.0

@@ -36,10 +36,10 @@ class Talk(Environment):
 
 
 class Recorder:
-    """Wraps an engine, keeping every (prompt ids, completion ids) it produced."""
+    """Wraps an engine, keeping every (prompt ids, completion ids) it produced, and their log-probs."""
 
     def __init__(self, engine):
-        self.engine, self.calls = engine, []
+        self.engine, self.calls, self.logprobs = engine, [], []
 
     @property
     def version(self):
@@ -48,6 +48,7 @@ class Recorder:
     def generate(self, prompts, n, sampling):
         ro = self.engine.generate(prompts, n, sampling)
         self.calls += list(zip(ro.prompt_ids, ro.completion_ids))
+        self.logprobs += ro.logprobs
         return ro
 
 

@@ -5,7 +5,6 @@ trajectories, RL and eval end to end. Lane: ``pytest -m verifiers`` (bash script
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,6 +21,8 @@ from posttrain.envs.session import EnvSession
 from posttrain.envs.vf_env import VerifiersEnv, default_python, stop_drivers
 from posttrain.outcome import OutcomeClass
 from posttrain.rollout import SamplingParams, TorchEngine
+from tests.envs.conftest import rl_then_eval
+from tests.envs.test_runner import Recorder
 
 pytestmark = [pytest.mark.verifiers,
               pytest.mark.skipif(not Path(default_python()).exists(),
@@ -162,20 +163,6 @@ def test_a_dead_verifiers_process_is_infra_fail_never_a_wrong_answer(nano_tokeni
     assert ep.outcome.cls is OutcomeClass.INFRA_FAIL and "exited" in ep.outcome.detail
 
 
-class Recorder:
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    def generate(self, prompts, n, sampling):
-        ro = self.engine.generate(prompts, n, sampling)
-        self.calls += list(zip(ro.prompt_ids, ro.completion_ids, ro.logprobs))
-        return ro
-
-
 def test_trajectories_are_the_ids_and_logprobs_the_engine_generated(nano_model_dir, nano_tokenizer, taskset):
     engine = Recorder(TorchEngine(str(nano_model_dir), tokenizer=nano_tokenizer))
     made = Made(taskset=taskset, timeout_s=60)
@@ -202,7 +189,8 @@ def test_trajectories_are_the_ids_and_logprobs_the_engine_generated(nano_model_d
         full = ro.prompt_ids[r] + ids
         for a, b in spans:  # each is exactly one engine call: its prompt is everything before, ids and log-probs equal
             prompt = full[: len(ro.prompt_ids[r]) + a]
-            [(gen, lps)] = [(c, lp) for p, c, lp in engine.calls if p == prompt and c[: b - a] == ids[a:b]]
+            [(gen, lps)] = [(c, lp) for (p, c), lp in zip(engine.calls, engine.logprobs)
+                            if p == prompt and c[: b - a] == ids[a:b]]
             assert ids[a:b] == gen[: b - a] and logp[a:b] == lps[: b - a]
         # and verifiers scored exactly the text of those ids (the runner makes episode k's environment k-th)
         assert made.envs[e].result["traces"][0]["replies"] == episodes[e].turn_texts
@@ -211,19 +199,10 @@ def test_trajectories_are_the_ids_and_logprobs_the_engine_generated(nano_model_d
 def test_rl_and_eval_against_a_verifiers_environment(nano_model_dir, taskset, tmp_path):
     data = write_jsonl(tmp_path / "guess.jsonl", [{"prompt": "Guess a digit.", "secret": s} for s in range(8)])
     env = "{name: 'verifiers:" + taskset + "', max_turns: 3, max_total_tokens: 160}"
-    run = tmp_path / "run"
-    assert main(["rl", "algorithm=grpo", f"model.path={nano_model_dir}", f"data.path={data}", f"data.eval_path={data}",
-                 "num_steps=2", "eval_every=2", "save_every=0", "prompts_per_step=2", "rollout.group_size=2",
-                 "rollout.max_new_tokens=4", f"env={env}", "logging.progress=false", f"out_dir={run}"]) == 0
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["step"] == 2 and rows[-1]["env/turns_mean"] >= 1.0
-    assert rows[-1]["outcomes/INFRA_FAIL_frac"] == 0.0 and rows[-1]["outcomes/TASK_FAIL_frac"] == 0.0
-    assert rows[-1]["mismatch/logprob_abs_diff_max"] < 1e-4 and "eval/heldout/greedy/pass@1" in rows[-1]
-    out = tmp_path / "eval"
-    assert main(["eval", "benchmarks=[{kind: env, name: guess, path: " + str(data) + ", env: " + env + "}]",
-                 "profiles=[{name: sampled, temperature: 1.0, n: 2, max_new_tokens: 4}]", f"model={run}",
-                 f"out_dir={out}", "--no-progress"]) == 0
-    (result,) = json.loads((out / "eval.json").read_text())["results"]
+    last, result = rl_then_eval(nano_model_dir, data, env, tmp_path)
+    assert last["step"] == 2 and last["env/turns_mean"] >= 1.0
+    assert last["outcomes/INFRA_FAIL_frac"] == 0.0 and last["outcomes/TASK_FAIL_frac"] == 0.0
+    assert last["mismatch/logprob_abs_diff_max"] < 1e-4 and "eval/heldout/greedy/pass@1" in last
     assert result["num_problems"] == 8 and 1.0 <= result["env"]["env/turns_mean"] <= 3.0
 
 
