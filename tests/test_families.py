@@ -98,3 +98,29 @@ def test_two_ranks_equal_one_process_on_every_family(arch, name, family_inputs, 
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=2e-6), (arch, a["step"], key)
                 compared += 1
     assert compared
+
+
+@pytest.mark.parametrize("arch", list(tiny.ARCHS))
+def test_serve_answers_the_openai_client_on_every_family(arch, family_inputs):
+    """`posttrain serve`'s app on the family's model: a chat completion through the openai client is
+    the engine's greedy completion of the family's own chat template, token for token."""
+    import openai
+
+    from posttrain.models.hf import load_tokenizer
+    from posttrain.rollout import SamplingParams, TorchEngine
+    from tests.serve.conftest import SERVED_NAME, make_server
+
+    path = str(family_inputs["models"][arch])
+    tokenizer = load_tokenizer(path)
+    messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "Solve: 3 + 4"}]
+    prompt = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"]
+    ref = TorchEngine(path, tokenizer=tokenizer).generate([prompt], 1, SamplingParams(temperature=0.0, max_new_tokens=12))
+    with make_server(path) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        chat = client.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=12, temperature=0,
+                                              logprobs=True, extra_body={"return_token_ids": True})
+    c = chat.choices[0]
+    assert c.prompt_token_ids == prompt and c.token_ids == ref.completion_ids[0]
+    assert c.message.content == ref.texts[0]
+    assert [t.logprob for t in c.logprobs.content] == ref.logprobs[0]
