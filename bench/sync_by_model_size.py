@@ -8,7 +8,9 @@ here with random weights), one new version of the full weights goes to:
   safetensors, the server loads them, checks and echoes the checksum (the layout of servers apart,
   vLLM's reload included in spirit; vLLM's own figures are bench/vllm_vs_torch.py's);
 - ``ray``: `RayEngines.load_weights` to one engine replica through the object store, waited for
-  until the replica acknowledged the checksum (with ``--ray``; starts a local Ray).
+  until the replica acknowledged the checksum (with ``--ray``; starts a local Ray);
+- ``ray-stream``: `RayEngines.load_buckets` to one replica over the weight group (gloo), in
+  buckets of ``--bucket-mb`` (sync mode's default), until it acknowledged the checksum.
 
 Prints seconds per version (median of ``--repeats``), MiB moved, and MiB/s, and each layout's
 time relative to in-process.
@@ -48,6 +50,19 @@ def build_100m(out: Path) -> Path:
     return path
 
 
+def buckets(weights: dict, mib: float):
+    """The weights in consecutive buckets of about ``mib`` MiB (as `export_buckets` cuts them)."""
+    bucket, size = {}, 0
+    for name, t in weights.items():
+        bucket[name] = t
+        size += t.numel() * t.element_size()
+        if size >= mib * 2**20:
+            yield bucket
+            bucket, size = {}, 0
+    if bucket:
+        yield bucket
+
+
 def timed(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -62,6 +77,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["nano", "tiny", "small", "100m"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ray", action="store_true", help="also push to a Ray engine replica (starts a local Ray)")
+    ap.add_argument("--bucket-mb", type=float, default=64.0, help="bucket size of the streamed Ray push (MiB)")
     args = ap.parse_args()
 
     import torch
@@ -108,10 +124,15 @@ def main() -> None:
                 ray_engines.wait_synced()
 
             row["ray"] = timed(push, args.repeats)
+
+            def stream():
+                ray_engines.load_buckets(buckets(weights, args.bucket_mb), next(version), lambda: checksum)
+
+            row["ray-stream"] = timed(stream, args.repeats)
             ray_engines.close()
         rows.append(row)
         print(f"  {size}: done", flush=True)
-    layouts = ["in-process", "http"] + (["ray"] if args.ray else [])
+    layouts = ["in-process", "http"] + (["ray", "ray-stream"] if args.ray else [])
     print(f"\nseconds per weight version (median of {args.repeats}); MiB/s in brackets; x = vs in-process")
     print(f"{'model':>6} {'params':>11} {'MiB':>8} " + " ".join(f"{k:>24}" for k in layouts))
     for r in rows:

@@ -94,9 +94,77 @@ class World:
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0's ``tensor`` into every rank's (in place)."""
+        if self.distributed:
+            dist.broadcast(tensor, src=0)
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+
+class WeightGroup:
+    """A gloo process group of its own, apart from the trainer's world: rank 0 (the trainer's rank
+    0) broadcasts weights to the engine replicas (ranks 1..), the way verl, OpenRLHF and TRL push
+    weights to engines that live elsewhere. Rank 0 hosts the rendezvous store on ``listen_fd``, a
+    socket it bound to ``host`` (loopback when everything runs on one machine); every rank's gloo
+    connections use ``host``'s interface too. Building the group waits (up to ``timeout_s``) until
+    every rank has joined, and so does every broadcast. The same small interface as `World` for
+    `broadcast_weights`."""
+
+    def __init__(self, host: str, port: int, rank: int, size: int, timeout_s: float, name: str = "weights",
+                 listen_fd: int | None = None):
+        timeout = datetime.timedelta(seconds=timeout_s)
+        extra = {"master_listen_fd": listen_fd} if listen_fd is not None else {}
+        self.store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout, **extra)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore(name, self.store), rank, size, opts)
+        self.rank, self.size, self.device = rank, size, torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    def broadcast_object(self, obj):
+        """Rank 0's picklable ``obj`` on every rank: its length, then its bytes."""
+        import pickle
+
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if self.main else None
+        size = torch.tensor([data.numel() if self.main else 0], dtype=torch.int64)
+        self.broadcast(size)
+        buf = data if self.main else torch.empty(int(size), dtype=torch.uint8)
+        self.broadcast(buf)
+        return obj if self.main else pickle.loads(buf.numpy().tobytes())
+
+
+def broadcast_weights(weights: dict[str, torch.Tensor] | None, group) -> dict[str, torch.Tensor]:
+    """Rank 0's ``weights`` on every rank of ``group`` (a `World` or a `WeightGroup`): names, shapes
+    and dtypes first, then one flat broadcast per dtype (a bucket's tensors in one collective, not
+    one each). Rank 0 takes each tensor out of ``weights`` as it is copied into the flat buffer, so
+    the two together never hold more than the bucket and one tensor. An empty dict comes out as {}."""
+    import math
+
+    meta = group.broadcast_object([(k, tuple(v.shape), v.dtype) for k, v in weights.items()] if group.main else None)
+    out = {}
+    for dtype in dict.fromkeys(d for _, _, d in meta):
+        names = [(k, shape) for k, shape, d in meta if d == dtype]
+        sizes = [math.prod(shape) for _, shape in names]
+        flat = torch.empty(sum(sizes), dtype=dtype, device=group.device)
+        if group.main:
+            for (name, _), part in zip(names, flat.split(sizes)):
+                part.copy_(weights.pop(name).reshape(-1))
+        group.broadcast(flat)
+        for (name, shape), part in zip(names, flat.cpu().split(sizes)):
+            out[name] = part.view(shape)
+    return out
 
 
 _WORLD: World | None = None

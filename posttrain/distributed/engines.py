@@ -13,8 +13,14 @@ result equals one in-process call, token for token.
 Async (the `EngineHandle` of `posttrain.rollout.protocol`): ``submit`` sends a request to the
 replica with the fewest samples in flight and returns at once; ``poll`` collects the answers.
 
-Weights: ``load_weights`` puts the state dict in the object store once per version and passes that
-one reference to every replica. Each replica loads it (its engine verifies the sender's checksum)
+Weights, two ways. ``load_buckets`` (sync mode's default) streams them over the weight group, a
+gloo group of this process (rank 0) and the replicas built on first use (`WeightGroup`, the way
+verl, OpenRLHF and TRL push weights to engines elsewhere): a broadcast per bucket and dtype as the
+buckets leave the trainer's shards, each replica copying a bucket in before the next, so no full
+copy exists anywhere; it needs every replica idle, which sync mode's replicas are at a sync.
+``load_weights`` (async mode) puts the state dict in the object store once per version and passes
+that one reference to every replica, which loads it when its queued requests are done: the
+trainer never waits for a replica. Either way each replica's engine verifies the sender's checksum
 and answers with the checksum of its own tensors read back after the copy, which the handle
 compares with what it sent; a mismatch or a refusal raises `WeightSyncError` naming the replica.
 
@@ -24,7 +30,10 @@ newer, as in the engine process. Each request also carries that version, and a r
 serve it with older weights (a broken ordering fails loudly instead of training on stale samples).
 
 Faults: a replica that dies (killed, out of memory, its node lost) is replaced by a new actor that
-first loads the current weights (the same object-store reference: no second put); ``restarts``
+first loads the current weights (the same object-store reference: no second put; streamed weights
+are kept nowhere, so there the replacement is sent no work until the next version reaches it over
+a group built again with it, and a replica lost in the middle of a stream fails that sync with
+`WeightSyncError`); ``restarts``
 counts the replacements, at most ``max_restarts``, then `EngineDied`. In sync mode the dead
 replica's block is sent again, with the same seeds, so it samples the same tokens. In async mode
 its unanswered requests come back from ``poll`` as `Lost`: the controller returns their prompts to
@@ -39,12 +48,13 @@ import time
 
 import torch
 
+from posttrain.core.dist import WeightGroup, broadcast_weights
 from posttrain.distributed.cluster import require_ray
 from posttrain.rollout.engine import TorchEngine
 from posttrain.rollout.protocol import (
     EngineDied, EngineError, EngineTimeout, Generated, Lost, engine_checksum, load_and_read_back,
 )
-from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
+from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError, weights_checksum
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -88,6 +98,41 @@ class EngineReplica:
         finally:
             self._free_since = time.perf_counter()
 
+    def join_weight_group(self, host: str, port: int, rank: int, size: int, timeout_s: float, name: str) -> None:
+        self.group = None  # the old group's sockets go first
+        self.group = WeightGroup(host, port, rank, size, timeout_s, name)
+
+    def receive_weights(self, version: int) -> str:
+        """Weights broadcast bucket by bucket over the weight group until an empty bucket, then the
+        sender's checksum: each bucket is copied in as it arrives (`TorchEngine.load_buckets`). The
+        stream is read to its end whatever happens, so the sender is never left waiting. Returns the
+        checksum of the engine's own tensors read back after the copy."""
+        self._busy()
+        names: list[str] = []
+
+        def buckets():
+            while bucket := broadcast_weights(None, self.group):
+                names.extend(bucket)
+                yield bucket
+
+        def checksum() -> str:
+            sent.append(self.group.broadcast_object(None))
+            return sent[0]
+
+        stream, sent = buckets(), []
+        try:
+            self.engine.load_buckets(stream, version, checksum)
+        except BaseException:
+            for _ in stream:
+                pass
+            if not sent:
+                checksum()
+            raise
+        finally:
+            self._free_since = time.perf_counter()
+        own = self.engine.model.state_dict()
+        return weights_checksum({k: own[k] for k in names})
+
     def _busy(self) -> float:
         now = time.perf_counter()
         self.idle_s += now - self._free_since
@@ -129,9 +174,10 @@ class RayEngines:
     `EngineHandle` (see the module docstring)."""
 
     def __init__(self, spec: ReplicaSpec, replicas: int, *, request_timeout_s: float = 600.0,
-                 sync_timeout_s: float = 600.0, max_restarts: int = 2, printer=print):
+                 sync_timeout_s: float = 600.0, max_restarts: int = 2, host: str = "127.0.0.1", printer=print):
         self.ray = require_ray()
-        self.spec, self.printer = spec, printer
+        self.spec, self.printer, self.host = spec, printer, host
+        self.stream_weights = False  # whether the RL loop hands new weights to `load_buckets`
         self.request_timeout_s, self.sync_timeout_s, self.max_restarts = request_timeout_s, sync_timeout_s, max_restarts
         self.version, self.restarts = 0, 0
         self.checksums: dict[int, str] = {}  # slot -> checksum its replica read back last
@@ -143,6 +189,9 @@ class RayEngines:
         self._weights = None  # (ref, version, checksum, expected) of the newest version sent
         self._idle: dict[int, float] = {}
         self._idle_dead = 0.0
+        self._group: WeightGroup | None = None  # the weight group, and the actors it was built with
+        self._group_actors: list = []
+        self._behind: set[int] = set()  # slots whose new replica waits for the next streamed version
         self.actors = [self._actor_class.remote(spec) for _ in range(replicas)]
         self._sent = [0] * replicas  # requests sent to each slot
         self._wait_started()
@@ -184,11 +233,13 @@ class RayEngines:
         return self._rid
 
     def _least_loaded(self) -> int:
-        """The replica with the fewest samples in flight; on a tie, the one sent the fewest requests."""
+        """The replica with the fewest samples in flight; on a tie, the one sent the fewest requests.
+        A replica waiting for the next streamed version is passed over."""
         load = [0] * len(self.actors)
         for req in self._requests.values():
             load[req.slot] += len(req.prompts) * req.n
-        return min(range(len(load)), key=lambda slot: (load[slot], self._sent[slot]))
+        ready = [slot for slot in range(len(load)) if slot not in self._behind]
+        return min(ready, key=lambda slot: (load[slot], self._sent[slot]))
 
     def submit(self, prompts, n: int, sampling: SamplingParams) -> int:
         return self._send(self._least_loaded(), prompts, n, sampling)
@@ -197,7 +248,8 @@ class RayEngines:
         """The sync call: whole groups split across the replicas, joined in prompt order."""
         self.wait_synced()
         blocks = split_groups(len(prompts), len(self.actors))
-        todo = {self._send(j, [prompts[i] for i in b], n, sampling.for_prompts(b, len(prompts))): j
+        todo = {self._send(self._least_loaded() if j in self._behind else j, [prompts[i] for i in b], n,
+                           sampling.for_prompts(b, len(prompts))): j
                 for j, b in enumerate(blocks)}
         done: dict[int, Rollouts] = {}
         while todo:
@@ -240,6 +292,69 @@ class RayEngines:
         self.version = version
         for slot in range(len(self.actors)):
             self._send_weights(slot)
+
+    def load_buckets(self, buckets, version: int, checksum) -> None:
+        """Weights streamed to every replica over the weight group (`WeightGroup`: gloo, the trainer
+        as rank 0) as they leave the trainer's shards: one broadcast per bucket and dtype, each
+        replica copying a bucket in before the next (`EngineReplica.receive_weights`), then the
+        sender's ``checksum()``. No second full copy exists anywhere; each replica answers with the
+        checksum it reads back, checked against the buckets' own (cast to the engines' dtype)."""
+        if version < self.version:
+            raise WeightSyncError(f"version {version} is older than the version already sent ({self.version})")
+        self.wait_synced()  # a replica takes part only once it has nothing queued before the stream
+        group = self._weight_group()
+        refs = {a.receive_weights.remote(version): slot for slot, a in enumerate(self.actors)}
+        dtype, held = getattr(torch, self.spec.dtype), WeightsDigest()
+        try:
+            for bucket in buckets:
+                held.update({k: v.to(dtype) for k, v in bucket.items()})
+                broadcast_weights(bucket, group)
+                del bucket
+            broadcast_weights({}, group)
+            group.broadcast_object(checksum())
+        except RuntimeError as e:  # a replica left mid-stream (gloo's timeout or a reset connection)
+            self._group = None  # the next version builds the group again
+            self._after_broken_stream(refs)
+            raise WeightSyncError(f"streaming weights of version {version} to the replicas failed "
+                                  f"({' '.join(str(e).split())[:300]}); replicas replaced: {self.restarts}") from None
+        self.version, self._weights = version, None  # nothing in the object store to restore from
+        self._acks.update({ref: _Ack(slot, self.actors[slot], version, held.hexdigest()) for ref, slot in refs.items()})
+        try:
+            self.wait_synced()
+        finally:  # after a refusal the other replicas' answers are not awaited: the error names one
+            for ref in refs:
+                self._acks.pop(ref, None)
+        self._behind.clear()
+
+    def _after_broken_stream(self, refs: dict) -> None:
+        """Replace the replicas that died; the others answer with the stream's error, expected here."""
+        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=min(self.sync_timeout_s, 30.0))
+        for ref in ready:
+            slot = refs[ref]
+            try:
+                self._on_reply_of(slot, self.actors[slot], lambda: self._get(ref, self.name(slot)))
+            except (EngineError, WeightSyncError):
+                pass
+
+    def _weight_group(self) -> WeightGroup:
+        """The weight group of this process and the current replicas; built again when one was replaced."""
+        if self._group is not None and self._group_actors == [a._actor_id for a in self.actors]:
+            return self._group
+        import socket
+        import uuid
+
+        self._group = None
+        listen = socket.socket()
+        listen.bind((self.host, 0))
+        listen.listen()
+        port, name, size = listen.getsockname()[1], f"weights-{uuid.uuid4().hex[:8]}", len(self.actors) + 1
+        joins = [a.join_weight_group.remote(self.host, port, slot + 1, size, self.sync_timeout_s, name)
+                 for slot, a in enumerate(self.actors)]
+        group = WeightGroup(self.host, port, 0, size, self.sync_timeout_s, name, listen_fd=listen.detach())
+        for slot, ref in enumerate(joins):
+            self._get(ref, f"{self.name(slot)} could not join the weight group")
+        self._group, self._group_actors = group, [a._actor_id for a in self.actors]
+        return group
 
     def _send_weights(self, slot: int) -> None:
         ref, version, checksum, expected = self._weights
@@ -309,6 +424,8 @@ class RayEngines:
         self.actors[slot] = self._actor_class.remote(self.spec)
         if self._weights is not None:
             self._send_weights(slot)  # first in its queue: nothing is served with the model's initial weights
+        elif self.version > 0:  # streamed weights are not kept: it is sent no work until the next version
+            self._behind.add(slot)
 
     def _wait(self, done, what: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -74,6 +74,12 @@ class RolloutConfig:
     """Under torchrun (sync mode, backend=torch, runtime=local, no environment): every rank holds
     its own engine and generates its own whole groups, with the full weights broadcast to it after
     each update; false: rank 0 alone generates the step (docs/rl.md)."""
+    ray_weights: str = "auto"
+    """runtime=ray: how new weights reach the replicas. ``stream``: broadcast bucket by bucket over a
+    gloo group of the trainer and the replicas, no full copy anywhere (sync mode); ``object_store``:
+    one put of the whole state dict per version, which replicas load when their queued requests are
+    done, so the trainer never waits for them; ``auto``: stream in sync mode, the object store in
+    async mode (docs/ray.md)."""
     sync_bucket_mb: float = 512.0
     """Weight sync streams the full weights out of the trainer's shards in buckets of about this
     many MiB (a layer's LoRA weights stay together): rank 0 holds one bucket at a time, each
@@ -106,6 +112,8 @@ class RolloutConfig:
             raise ConfigValueError("retries" if self.retries < 0 else "retry_backoff_s", "must be >= 0")
         if self.replicas < 1:
             raise ConfigValueError("replicas", "must be >= 1")
+        if self.ray_weights not in ("auto", "stream", "object_store"):
+            raise ConfigValueError("ray_weights", "must be auto, stream or object_store")
         if self.replica_cpus <= 0 or self.replica_gpus < 0:
             raise ConfigValueError("replica_cpus" if self.replica_cpus <= 0 else "replica_gpus",
                                    "must be > 0" if self.replica_cpus <= 0 else "must be >= 0")
@@ -372,6 +380,9 @@ class RLConfig:
                                    f"{self.rollout.backend} use runtime=local")
         if self.max_staleness < 0:
             raise ConfigValueError("max_staleness", "must be >= 0")
+        if self.mode == "async" and self.rollout.ray_weights == "stream":
+            raise ConfigValueError("rollout.ray_weights", "stream is for mode=sync: in async mode the trainer would "
+                                   "wait at every sync for each replica's requests in flight (use auto or object_store)")
         if self.mode == "async" and self.rollout.backend == "vllm" and self.rollout.vllm.sleep_during_update:
             raise ConfigValueError("rollout.vllm.sleep_during_update", "sync mode only: asleep, a server "
                                    "generates nothing while the trainer trains, which is all async overlaps")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import math
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from posttrain.algos import ADVANTAGES
 from posttrain.algos.advantages import zero_variance
 from posttrain.core.checkpoint import load_checkpoint, save_checkpoint
-from posttrain.core.dist import World, init_world, shard_range
+from posttrain.core.dist import World, broadcast_weights, init_world, shard_range
 from posttrain.core.fsdp import shard_model
 from posttrain.core.loop import Plan, drive, open_run
 from posttrain.core.optim import build_optimizer, build_scheduler, seed_everything
@@ -299,9 +298,10 @@ def sync_weights(run: RLRun, version: int | None = None) -> None:
     checksum: `posttrain.rollout.vllm`).
 
     The weights leave the shards in buckets (``rollout.sync_bucket_mb``) straight to where they go:
-    every colocated rank's engine (a broadcast per bucket), safetensors shards for servers, or
-    rank 0's in-process engine; so no process holds a second full copy. Ray replicas and the async
-    engine process take one whole dict (the object store or the pipe holds a copy anyway)."""
+    every colocated rank's engine (a broadcast per bucket), safetensors shards for servers, Ray
+    replicas in sync mode (a broadcast per bucket over the weight group), or rank 0's in-process
+    engine; so no process holds a second full copy. Ray replicas in async mode and the async engine
+    process take one whole dict (the object store or the pipe holds it while the trainer moves on)."""
     run.version = run.version + 1 if version is None else version
     backend = run.cfg.rollout.backend
     adapter_only = backend == "vllm" and run.cfg.model.lora.enabled
@@ -344,7 +344,7 @@ def _hand_over(engine, buckets, version: int, sent, extra: dict) -> None:
             return
         if isinstance(engine, HTTPEngine):
             engine.load_buckets(buckets, version, **extra)
-        elif isinstance(engine, TorchEngine):
+        elif isinstance(engine, TorchEngine) or getattr(engine, "stream_weights", False):  # or Ray replicas
             engine.load_buckets(buckets, version, sent.hexdigest)
         else:
             weights = {k: v for b in buckets for k, v in b.items()}
@@ -482,28 +482,6 @@ def colocates(cfg: RLConfig, world: World) -> bool:
             and cfg.runtime == "local" and not cfg.env.name)
 
 
-def broadcast_weights(weights: dict[str, torch.Tensor], world: World) -> dict[str, torch.Tensor]:
-    """Rank 0's ``weights`` on every rank: names, shapes and dtypes first, then one flat broadcast
-    per dtype (a bucket's tensors in one collective, not one each). Rank 0 takes each tensor out of
-    ``weights`` as it is copied into the flat buffer, so the two together never hold more than the
-    bucket and one tensor."""
-    import torch.distributed as dist
-
-    meta = world.broadcast_object([(k, tuple(v.shape), v.dtype) for k, v in weights.items()] if world.main else None)
-    out = {}
-    for dtype in dict.fromkeys(d for _, _, d in meta):
-        names = [(k, shape) for k, shape, d in meta if d == dtype]
-        sizes = [math.prod(shape) for _, shape in names]
-        flat = torch.empty(sum(sizes), dtype=dtype, device=world.device)
-        if world.main:
-            for (name, _), part in zip(names, flat.split(sizes)):
-                part.copy_(weights.pop(name).reshape(-1))
-        dist.broadcast(flat, src=0)
-        for (name, shape), part in zip(names, flat.cpu().split(sizes)):
-            out[name] = part.view(shape)
-    return out
-
-
 def server_dialect(cfg: RLConfig):
     from posttrain.rollout.http import PosttrainDialect
     from posttrain.rollout.sglang import SGLangDialect
@@ -565,8 +543,11 @@ def ray_engines(cfg: RLConfig, printer=print):
                                 f"ray.address)")
     spec = ReplicaSpec(path=str(Path(path).resolve()) if Path(path).exists() else path, dtype=r.engine_dtype,
                        cpus=r.replica_cpus, gpus=r.replica_gpus)
-    return RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,
-                      max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer)
+    engines = RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,
+                         max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer,
+                         host=ray.util.get_node_ip_address() if cfg.ray.address else "127.0.0.1")
+    engines.stream_weights = r.ray_weights == "stream" or r.ray_weights == "auto" and cfg.mode == "sync"
+    return engines
 
 
 def check_world(cfg: RLConfig, world: World) -> None:

@@ -118,6 +118,101 @@ def test_a_replica_killed_before_a_sync_call_is_replaced_with_the_current_weight
         handle.close()
 
 
+def _buckets(weights: dict[str, torch.Tensor], per: int):
+    names = list(weights)
+    return iter([{k: weights[k].clone() for k in names[i:i + per]} for i in range(0, len(names), per)])
+
+
+def test_weights_streamed_over_the_weight_group_reach_every_replica(ray_cluster, prompts, nano_model_dir):
+    """Buckets broadcast over the weight group (the trainer as gloo rank 0, two replicas): every
+    replica reads back the sender's checksum and samples what a local engine holding those weights
+    samples; nothing goes through the object store; the group is built once and reused."""
+    handle = RayEngines(ReplicaSpec(path=str(nano_model_dir)), 2, request_timeout_s=120, sync_timeout_s=120)
+    local = TorchEngine(str(nano_model_dir))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    puts, put = [], ray_cluster.put
+    try:
+        ray_cluster.put = lambda obj, **kw: puts.append(1) or put(obj, **kw)
+        groups = []
+        for version, delta in ((1, 0.01), (2, -0.02)):
+            weights = _shifted(nano_model_dir, delta)
+            checksum = weights_checksum(weights)
+            handle.load_buckets(_buckets(weights, 3), version, lambda: checksum)
+            groups.append(handle._group)
+            assert handle.version == version and handle.checksums == {0: checksum, 1: checksum}
+            local.load_weights(weights, version, checksum)
+        assert puts == [] and groups[0] is groups[1]
+        got = handle.generate(prompts, 2, sampling)
+        assert got.completion_ids == local.generate(prompts, 2, sampling).completion_ids
+        assert set(got.policy_version) == {2}
+    finally:
+        ray_cluster.put = put
+        handle.close()
+
+
+def test_a_stream_whose_checksum_is_wrong_is_refused_by_every_replica_and_the_next_one_loads(
+        ray_cluster, prompts, nano_model_dir):
+    handle = RayEngines(ReplicaSpec(path=str(nano_model_dir)), 2, request_timeout_s=120, sync_timeout_s=120)
+    try:
+        weights = _shifted(nano_model_dir, 0.01)
+        with pytest.raises(WeightSyncError, match=r"engine replica \d \(actor [0-9a-f]+\) refused weights of version 1"):
+            handle.load_buckets(_buckets(weights, 4), 1, lambda: "0" * 32)
+        checksum = weights_checksum(weights)
+        handle.load_buckets(_buckets(weights, 4), 2, lambda: checksum)  # the group still works
+        assert handle.checksums == {0: checksum, 1: checksum}
+    finally:
+        handle.close()
+
+
+def test_a_replica_killed_between_streamed_versions_waits_for_the_next_one(ray_cluster, prompts, nano_model_dir):
+    """Streamed weights are not kept anywhere, so a replacement replica is sent no work until the
+    next version reaches it (the group is built again with it); meanwhile the other replica serves
+    the whole call, with the same seeds, so the samples are the same."""
+    handle = RayEngines(ReplicaSpec(path=str(nano_model_dir)), 2, request_timeout_s=120, sync_timeout_s=120,
+                        printer=lambda *_: None)
+    local = TorchEngine(str(nano_model_dir))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=9)
+    try:
+        first = _shifted(nano_model_dir, 0.02)
+        handle.load_buckets(_buckets(first, 5), 1, lambda: weights_checksum(first))
+        local.load_weights(first, 1, weights_checksum(first))
+        old_group = handle._group
+        ray_cluster.kill(handle.actors[1])
+        got = handle.generate(prompts, 3, sampling)
+        assert handle.restarts == 1 and handle._behind == {1}
+        assert got.completion_ids == local.generate(prompts, 3, sampling).completion_ids
+        assert set(got.policy_version) == {1}
+        second = _shifted(nano_model_dir, -0.01)
+        handle.load_buckets(_buckets(second, 5), 2, lambda: weights_checksum(second))
+        assert handle._group is not old_group and handle._behind == set()
+        assert handle.checksums == {0: weights_checksum(second), 1: weights_checksum(second)}
+    finally:
+        handle.close()
+
+
+def test_a_replica_killed_in_the_middle_of_a_stream_fails_that_sync_and_the_next_one_reaches_all(
+        ray_cluster, prompts, nano_model_dir):
+    handle = RayEngines(ReplicaSpec(path=str(nano_model_dir)), 2, request_timeout_s=120, sync_timeout_s=30,
+                        printer=lambda *_: None)
+    try:
+        weights = _shifted(nano_model_dir, 0.01)
+
+        def killing(parts):
+            for i, part in enumerate(parts):
+                if i == 1:
+                    ray_cluster.kill(handle.actors[1])
+                yield part
+
+        with pytest.raises(WeightSyncError, match=r"streaming weights of version 1 to the replicas failed"):
+            handle.load_buckets(killing(_buckets(weights, 2)), 1, lambda: weights_checksum(weights))
+        assert handle.restarts == 1
+        checksum = weights_checksum(weights)
+        handle.load_buckets(_buckets(weights, 2), 2, lambda: checksum)
+        assert handle.checksums == {0: checksum, 1: checksum} and handle._behind == set()
+    finally:
+        handle.close()
+
+
 # ------------------------------------------------------------------------------------ RL over Ray
 
 
@@ -152,9 +247,15 @@ def _same_runs(local, ray):
         assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6)
 
 
-def test_sync_grpo_over_two_replicas_equals_the_local_run(ray_cluster, overrides, tmp_path):
+@pytest.mark.parametrize("weights", ["auto", "object_store"])  # auto streams them in sync mode
+def test_sync_grpo_over_two_replicas_equals_the_local_run(ray_cluster, overrides, tmp_path, weights, monkeypatch):
+    streamed = []
+    load_buckets = RayEngines.load_buckets
+    monkeypatch.setattr(RayEngines, "load_buckets", lambda self, *a: streamed.append(a[1]) or load_buckets(self, *a))
     run_rl(overrides("local"), printer=lambda *_: None)
-    run_rl(overrides("ray", runtime="ray", **{"rollout.replicas": 2}), printer=lambda *_: None)
+    run_rl(overrides("ray", runtime="ray", **{"rollout.replicas": 2, "rollout.ray_weights": weights,
+                                              "rollout.sync_bucket_mb": 0.05}), printer=lambda *_: None)
+    assert streamed == ([1, 2, 3] if weights == "auto" else [])
     local, ray = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
     assert [r["step"] for r in local] == [0, 1, 2, 3]
     _same_runs(local, ray)
