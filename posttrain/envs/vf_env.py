@@ -194,10 +194,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _send(self, code: int, payload: bytes, ctype: str = "application/json") -> None:
+    def _send(self, code: int, payload: bytes, ctype: str = "application/json", close: bool = False) -> None:
         self.send_response(code)
         self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(payload)))
+        if close:  # the body was not read: the connection cannot carry another request
+            self.send_header("connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(payload)
 
@@ -205,13 +208,16 @@ class _Handler(BaseHTTPRequestHandler):
         parts = self.path.strip("/").split("/")
         try:
             size = int(self.headers.get("content-length") or 0)
-            if not 0 <= size <= MAX_REQUEST_BYTES:
-                raise ValueError(f"a request body of {size} bytes (at most {MAX_REQUEST_BYTES})")
+        except ValueError:
+            size = -1
+        if not 0 <= size <= MAX_REQUEST_BYTES:
+            message = f"a request body must have a content-length of 0 to {MAX_REQUEST_BYTES} bytes"
+            return self._send(400, json.dumps({"error": {"message": message}}).encode(), close=True)
+        try:
             body = json.loads(self.rfile.read(size) or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
         except ValueError as e:  # malformed JSON is a ValueError too
-            self.close_connection = True
             return self._send(400, json.dumps({"error": {"message": str(e)[:200]}}).encode())
         channel = self.server.channels.get(parts[1]) if len(parts) >= 2 and parts[0] == "ep" else None
         if channel is None or parts[-2:] != ["chat", "completions"]:
