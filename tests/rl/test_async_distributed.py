@@ -109,6 +109,27 @@ def test_async_k0_at_two_ranks_with_ray_replicas_equals_one_process(rl_overrides
         assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
 
 
+@pytest.mark.slow
+def test_sync_at_two_ranks_streaming_weights_to_ray_replicas_equals_one_process(rl_overrides, plugin_on_path,
+                                                                                tmp_path, torchrun):
+    """Sync mode, rank 0 driving two Ray replicas: the buckets leave both ranks' FSDP shards and rank
+    0 broadcasts each over the weight group to the replicas (rollout.ray_weights=auto streams in
+    sync mode); the same run as one process."""
+    pytest.importorskip("ray")
+    args = [a.replace("mode=async", "mode=sync") for a in _args(rl_overrides, plugin_on_path, num_steps=2,
+                                                                 runtime="ray", **{"rollout.replicas": 2,
+                                                                                   "ray.num_cpus": 4,
+                                                                                   "rollout.sync_bucket_mb": 0.05})]
+    assert "mode=sync" in args
+    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}", timeout=600)
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    assert all(r["grad_norm"] > 0 for r in one)
+    for a, b in zip(one, two):
+        assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
+
+
 def test_async_k0_with_the_calculator_at_two_ranks_equals_one_process(nano_model_dir, tmp_path, torchrun, monkeypatch):
     """Multi-turn episodes in async mode under torchrun: rank 0 drives the episodes' turns and
     hands the ranks their rows (episodes stay on rank 0, reduced to env/* metrics); the same run
