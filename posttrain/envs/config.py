@@ -112,6 +112,8 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
         from posttrain.envs.vf_env import VerifiersEnv
 
         factory, options = VerifiersEnv, {"taskset": cfg.name.partition(":")[2], **options}
+        if cfg.tools_style:
+            options.setdefault("tools_style", cfg.tools_style)
     else:
         factory = _resolve(EMBEDDED.get(cfg.name, cfg.name))
 

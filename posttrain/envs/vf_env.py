@@ -22,6 +22,10 @@ its own endpoint in front of its own engine:
   sampler's log-probs; async RL, limits and evaluation work unchanged. The model's turn is sent to
   verifiers as the text of those ids, so the trace verifiers scores holds exactly what was sampled.
 
+Tools: the function tools a request offers are the episode's `tools` (the runner shows them to the
+model as it shows any environment's), and a turn's ``<tool_call>`` blocks go back to the harness
+in the response's ``tool_calls``; a malformed call is sent as text alone.
+
 Sampling parameters in the harness's requests are ignored: posttrain's sampling (``rollout.*``, the
 eval profile) decides, as its trainer must know what it sampled from. A harness that rewrites the
 history it sends (compaction, dropped turns) no longer extends what the model saw: that episode
@@ -53,6 +57,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from posttrain.envs.base import EnvInfraError, Environment, EnvTaskError, StepResult
+from posttrain.envs.tools import MalformedCall, Tool, parse_tool_calls
 from posttrain.outcome import Outcome
 
 TASK_ERRORS = ("TaskError",)
@@ -181,10 +186,10 @@ class _Pending:
     """One model request of an episode, waiting for its answer (a turn's text, or None: refused)."""
 
     def __init__(self, body: dict):
-        self.body, self.answer, self.ready = body, None, threading.Event()
+        self.body, self.answer, self.tool_calls, self.ready = body, None, [], threading.Event()
 
-    def reply(self, answer: str | None) -> None:
-        self.answer = answer
+    def reply(self, answer: str | None, tool_calls: list[dict] | None = None) -> None:
+        self.answer, self.tool_calls = answer, tool_calls or []
         self.ready.set()
 
 
@@ -226,18 +231,22 @@ class _Handler(BaseHTTPRequestHandler):
         channel.put(("request", pending))
         if not pending.ready.wait(self.server.answer_timeout_s) or pending.answer is None:
             return self._send(503, b'{"error": {"message": "the episode was ended by posttrain"}}')
-        self._answer(body, pending.answer)
+        self._answer(body, pending.answer, pending.tool_calls)
 
-    def _answer(self, body: dict, text: str) -> None:
+    def _answer(self, body: dict, text: str, tool_calls: list[dict]) -> None:
         model, rid = body.get("model", "posttrain"), f"chatcmpl-{uuid.uuid4().hex[:12]}"
+        message, finish = {"role": "assistant", "content": text}, "tool_calls" if tool_calls else "stop"
+        if tool_calls:
+            message["tool_calls"] = tool_calls
         if not body.get("stream"):
             out = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                   "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
             return self._send(200, json.dumps(out).encode())
         chunk = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-        events = [{**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
-                  {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        delta = {**message, "tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls)]} if tool_calls else message
+        events = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+                  {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
                   {**chunk, "choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}]
         data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
         self._send(200, data.encode(), "text/event-stream")
@@ -273,6 +282,33 @@ def _text(content) -> str:
     return "" if content is None else str(content)
 
 
+def offered_tools(body: dict) -> dict[str, Tool]:
+    """The function tools a harness's request offers (``tools``), as `Tool`s to parse calls against;
+    the harness runs them, not posttrain."""
+    out = {}
+    for t in body.get("tools") or []:
+        f = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            continue
+        params = f.get("parameters") if isinstance(f.get("parameters"), dict) else {}
+        out[f["name"]] = Tool(f["name"], None, str(f.get("description") or ""),
+                              {"type": "object", "properties": dict(params.get("properties") or {}),
+                               "required": list(params.get("required") or [])})
+    return out
+
+
+def wire_calls(text: str, tools: dict[str, Tool]) -> list[dict]:
+    """The OpenAI ``tool_calls`` of a turn's text (posttrain's ``<tool_call>`` syntax); none when it
+    calls nothing or a call is malformed: the harness then gets the text alone, and what the model
+    wrote is scored as verifiers scores it."""
+    try:
+        calls = parse_tool_calls(text, tools) if tools else []
+    except MalformedCall:
+        return []
+    return [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for c in calls]
+
+
 def _message(m: dict) -> dict:
     out = {"role": m.get("role", "user"), "content": _text(m.get("content"))}
     if m.get("name"):
@@ -306,7 +342,7 @@ class VerifiersEnv(Environment):
 
     def __init__(self, taskset: str, *, taskset_options: dict | None = None, env_options: dict | None = None,
                  python: str = "", pass_threshold: float = 1.0, timeout_s: float = 120.0,
-                 max_turns: int | None = None):
+                 max_turns: int | None = None, tools_style: str = "json"):
         if not taskset:
             raise ValueError("verifiers: name the taskset, env.name=verifiers:<taskset id>")
         env_options = dict(env_options or {})
@@ -314,6 +350,8 @@ class VerifiersEnv(Environment):
         self.spec = {"taskset": taskset, "taskset_options": dict(taskset_options or {}), "env_options": env_options}
         self.python = python or default_python()
         self.pass_threshold, self.timeout_s, self.max_turns = pass_threshold, timeout_s, max_turns
+        self.tools_style, self.tools, self._offered = tools_style, [], {}
+        """The tools the harness offers (the runner shows them to the model, `EpisodeRunner.render`)."""
         self.driver = driver(self.python, self.spec, start_timeout_s=max(timeout_s, 60.0))
         self.rid, self.events, self.pending, self.sent, self.done = "", None, None, [], True
         self.result: dict | None = None
@@ -353,10 +391,12 @@ class VerifiersEnv(Environment):
                 f"verifiers: the episode ended before its first model call ({outcome.reason}: {outcome.detail})")
         self.pending = value
         self.sent = [_message(m) for m in value.body.get("messages") or []]
+        self._offered = offered_tools(value.body)
+        self.tools = list(self._offered.values())
         return list(self.sent)
 
     def step(self, text: str) -> StepResult:
-        self.pending.reply(text)
+        self.pending.reply(text, wire_calls(text, self._offered))
         self.sent.append({"role": "assistant", "content": text})
         kind, value = self._next()
         if kind == "done":

@@ -88,11 +88,72 @@ GUESS = textwrap.dedent('''
 ''')
 
 
+ADD = textwrap.dedent('''
+    """Add two numbers with a tool: the harness offers ``add`` as an OpenAI function tool, runs the
+    calls it gets back in ``tool_calls`` and sends their results as ``tool`` messages; the reward is
+    the final answer."""
+    import json
+
+    import verifiers.v1 as vf
+    from openai import AsyncOpenAI
+    from verifiers.v1.runtimes import ProgramResult
+
+    ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
+           "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                          "required": ["a", "b"]}}}
+
+
+    class AddData(vf.TaskData):
+        a: int
+        b: int
+
+
+    class AddTask(vf.Task[AddData]):
+        @vf.reward(weight=1.0)
+        async def correct(self, trace: vf.Trace) -> float:
+            return float(trace.last_reply.strip() == str(self.data.a + self.data.b))
+
+
+    class AddTaskset(vf.Taskset[AddTask, vf.TasksetConfig]):
+        def load(self):
+            return [AddTask(AddData(prompt="Add 2 and 3.", a=2, b=3), self.config.task)]
+
+
+    class AddHarness(vf.Harness[vf.HarnessConfig]):
+        APPENDS_SYSTEM_PROMPT = True
+        NEEDS_CONTAINER = False
+        EXECUTES_CODE = False
+
+        async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
+            client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+            messages = [{"role": "user", "content": data.prompt}]
+            try:
+                for turn in range(3):
+                    reply = await client.chat.completions.create(model=ctx.model, messages=messages, tools=[ADD])
+                    message = reply.choices[0].message
+                    messages.append(message.model_dump(exclude_none=True))
+                    if not message.tool_calls:
+                        break
+                    for call in message.tool_calls:
+                        args = json.loads(call.function.arguments)
+                        messages.append({"role": "tool", "tool_call_id": call.id,
+                                         "content": f"the sum is {args['a'] + args['b']}"})
+            finally:
+                await client.close()
+            return ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+    __all__ = ["AddTaskset", "AddHarness"]
+''')
+
+
 @pytest.fixture(scope="module")
 def taskset(tmp_path_factory):
     root = tmp_path_factory.mktemp("verifiers")
     (root / "guess_digit").mkdir()
     (root / "guess_digit" / "__init__.py").write_text(GUESS)
+    (root / "add_tool").mkdir()
+    (root / "add_tool" / "__init__.py").write_text(ADD)
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(root) + (os.pathsep + old if old else "")  # the verifiers process imports it
     yield "guess_digit"
@@ -132,6 +193,27 @@ def test_episodes_reach_the_verifiers_reward_turn_by_turn(nano_tokenizer, script
     # the records' task_idx picks the taskset's own task (secret 3 for task 0)
     [ep] = play(nano_tokenizer, scripted, taskset, ["3"], [{"prompt": "", "task_idx": 0}])
     assert ep.outcome.cls is OutcomeClass.PASS
+
+
+def test_tool_calls_reach_the_harness_as_tool_calls_and_their_results_come_back(nano_tokenizer, scripted, taskset):
+    """The tools a harness offers are shown to the model in the system message; a turn's
+    ``<tool_call>`` blocks go back in the response's ``tool_calls``, the harness runs them, and its
+    ``tool`` messages are the next observation. A malformed call is plain text to the harness."""
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    prompts = []
+    script = lambda prompt, i: prompts.append(prompt) or (call if "<|im_start|>tool" not in prompt else "5")  # noqa: E731
+    [ep] = run_episodes(scripted(script), nano_tokenizer, Made(taskset="add_tool", timeout_s=60), [{"task_idx": 0}], 1,
+                        SamplingParams(), EpisodeLimits(max_turns=4))
+    assert ep.outcome.cls is OutcomeClass.PASS and ep.turns == 2
+    assert prompts[0].startswith("<|im_start|>system\nYou may call these tools:") and '"name": "add"' in prompts[0]
+    user, first, result, last = ep.messages
+    assert user["content"] == "Add 2 and 3." and first == {"role": "assistant", "content": call}
+    assert result == {"role": "tool", "content": "the sum is 5"}  # the harness ran the call it was handed
+    assert last == {"role": "assistant", "content": "5"}
+    bad = '<tool_call>{"name": "add", "arguments": {"a": "two"}}</tool_call>'
+    [ep] = run_episodes(scripted(lambda prompt, i: bad), nano_tokenizer, Made(taskset="add_tool", timeout_s=60),
+                        [{"task_idx": 0}], 1, SamplingParams(), EpisodeLimits(max_turns=4))
+    assert ep.turns == 1 and ep.outcome.cls is OutcomeClass.MODEL_FAIL  # no tool_calls: the harness took it as an answer
 
 
 def test_faults_map_to_outcome_classes_and_the_other_episodes_go_on(nano_tokenizer, scripted, taskset):
