@@ -20,6 +20,11 @@ prints the mean difference with a 95% interval over seeds (t), next to the mean 
     .venv/bin/python bench/async_overlap.py --demo-out runs/demo0     # an existing demo run directory
     .venv/bin/python bench/async_overlap.py --seeds 3 --eval-prompts 500   # the accuracy comparison
     .venv/bin/python bench/async_overlap.py --steps 3 --profile quick # a smoke run
+    .venv/bin/python bench/async_overlap.py --ranks 2                 # a 2-rank trainer (torchrun)
+
+With ``--ranks N`` the trainer is ``torchrun --nproc-per-node N`` (FSDP2 on gloo), all its ranks
+pinned to the trainer core, rank 0 driving the replica on the same pinned Ray: the overlap of a
+sharded trainer with an engine apart (its ideal measured on its own sync run, as above).
 
 The demo's run directory is reused when it holds an SFT checkpoint (``OUT/sft``); otherwise the
 demo's model, data and SFT stage are run first (``--profile``: full is the demo's, quick a smoke).
@@ -76,7 +81,7 @@ def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args,
     from posttrain.rl.run import run_rl
 
     p = PROFILES[args.profile]
-    cfg = load_config(RLConfig, None, [
+    overrides = [
         f"model.path={ckpt}", f"data.path={paths['prompts_train']}", f"data.eval_path={paths['prompts_eval']}",
         f"data.eval_max_prompts={args.eval_prompts}", f"rollout.group_size={p['group_size']}",
         f"rollout.max_new_tokens={p['max_new_tokens']}", "algorithm=grpo", "verifier=arithmetic",
@@ -84,9 +89,28 @@ def rl_run(name: str, extra: list[str], ckpt: str, paths: dict, out: Path, args,
         "optim.beta2=0.999", "optim.warmup_steps=10", "optim.schedule=cosine", "dynamic_sampling.enabled=true",
         "dynamic_sampling.max_rounds=3", "eval_every=0", "save_every=0", "kl.track=false", f"seed={seed}",
         "runtime=ray", "rollout.replicas=1", "rollout.replica_cpus=1", "asynchrony.trainer_threads=1",
-        f"out_dir={out / name}", "resume=false", "logging.progress=false", *extra])
-    run_rl(cfg, printer=lambda *_: None)
+        f"out_dir={out / name}", "resume=false", "logging.progress=false", *extra]
+    if args.ranks > 1:
+        torchrun(args.ranks, overrides)
+    else:
+        run_rl(load_config(RLConfig, None, overrides), printer=lambda *_: None)
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def torchrun(ranks: int, overrides: list[str]) -> None:
+    """``posttrain rl`` under torchrun on the trainer core, its rank 0 joining this Ray."""
+    import subprocess
+    import sys
+
+    from posttrain.distributed.cluster import require_ray
+
+    ray = require_ray()
+    cmd = ["taskset", "-c", str(TRAINER_CORE), sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={ranks}", "-m", "posttrain", "rl", *overrides,
+           f"ray.address={ray.get_runtime_context().gcs_address}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"torchrun failed:\n{r.stderr[-3000:]}")
 
 
 def report(sync: dict, asyn: dict, steps: int) -> tuple[float, float]:
@@ -131,6 +155,7 @@ def main() -> None:
     p.add_argument("--eval-prompts", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="the first RL seed (the SFT start is the demo's)")
     p.add_argument("--seeds", type=int, default=1, help="sync/async pairs, with RL seeds SEED, SEED+1, ...")
+    p.add_argument("--ranks", type=int, default=1, help="trainer processes (torchrun) on the trainer core")
     args = p.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two cores (one for the engine, one for the trainer)")
