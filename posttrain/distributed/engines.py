@@ -174,10 +174,11 @@ class RayEngines:
     `EngineHandle` (see the module docstring)."""
 
     def __init__(self, spec: ReplicaSpec, replicas: int, *, request_timeout_s: float = 600.0,
-                 sync_timeout_s: float = 600.0, max_restarts: int = 2, host: str = "127.0.0.1", printer=print):
+                 sync_timeout_s: float = 600.0, max_restarts: int = 2, host: str = "127.0.0.1",
+                 stream_weights: bool = False, printer=print):
         self.ray = require_ray()
         self.spec, self.printer, self.host = spec, printer, host
-        self.stream_weights = False  # whether the RL loop hands new weights to `load_buckets`
+        self.stream_weights = stream_weights  # whether the RL loop hands new weights to `load_buckets`
         self.request_timeout_s, self.sync_timeout_s, self.max_restarts = request_timeout_s, sync_timeout_s, max_restarts
         self.version, self.restarts = 0, 0
         self.checksums: dict[int, str] = {}  # slot -> checksum its replica read back last

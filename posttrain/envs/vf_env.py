@@ -350,12 +350,16 @@ class VerifiersEnv(Environment):
         self.spec = {"taskset": taskset, "taskset_options": dict(taskset_options or {}), "env_options": env_options}
         self.python = python or default_python()
         self.pass_threshold, self.timeout_s, self.max_turns = pass_threshold, timeout_s, max_turns
-        self.tools_style, self.tools, self._offered = tools_style, [], {}
-        """The tools the harness offers (the runner shows them to the model, `EpisodeRunner.render`)."""
+        self.tools_style, self._offered = tools_style, {}
         self.driver = driver(self.python, self.spec, start_timeout_s=max(timeout_s, 60.0))
         self.rid, self.events, self.pending, self.sent, self.done = "", None, None, [], True
         self.result: dict | None = None
         """What verifiers returned for the episode (rewards, errors, the replies its traces hold)."""
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools the harness offers (the runner shows them to the model, `EpisodeRunner.render`)."""
+        return list(self._offered.values())
 
     def _task(self, example: dict) -> dict:
         if isinstance(example.get("task"), dict):
@@ -392,7 +396,6 @@ class VerifiersEnv(Environment):
         self.pending = value
         self.sent = [_message(m) for m in value.body.get("messages") or []]
         self._offered = offered_tools(value.body)
-        self.tools = list(self._offered.values())
         return list(self.sent)
 
     def step(self, text: str) -> StepResult:

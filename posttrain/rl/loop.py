@@ -543,11 +543,10 @@ def ray_engines(cfg: RLConfig, printer=print):
                                 f"ray.address)")
     spec = ReplicaSpec(path=str(Path(path).resolve()) if Path(path).exists() else path, dtype=r.engine_dtype,
                        cpus=r.replica_cpus, gpus=r.replica_gpus)
-    engines = RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,
-                         max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer,
-                         host=ray.util.get_node_ip_address() if cfg.ray.address else "127.0.0.1")
-    engines.stream_weights = r.ray_weights == "stream" or r.ray_weights == "auto" and cfg.mode == "sync"
-    return engines
+    return RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,
+                      max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer,
+                      host=ray.util.get_node_ip_address() if cfg.ray.address else "127.0.0.1",
+                      stream_weights=r.ray_weights == "stream" or r.ray_weights == "auto" and cfg.mode == "sync")
 
 
 def check_world(cfg: RLConfig, world: World) -> None:
