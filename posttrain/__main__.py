@@ -1,7 +1,5 @@
 """``python -m posttrain`` (and ``torchrun ... -m posttrain``): the command line."""
 
-import sys
+from posttrain.cli import entry
 
-from posttrain.cli import main
-
-sys.exit(main())
+entry()

@@ -81,5 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry() -> None:
+    """The ``posttrain`` command: `main`, and under torchrun a rank that leaves without the
+    interpreter's teardown (`posttrain.core.dist.exit_rank` says why)."""
+    code = main()
+    from posttrain.core.dist import launched_by_torchrun, exit_rank
+
+    if launched_by_torchrun():
+        exit_rank(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -15,6 +15,8 @@ import atexit
 import dataclasses
 import datetime
 import os
+import sys
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -204,6 +206,25 @@ def init_world(device: str = "cpu", timeout_s: float = 1800.0) -> World:
 def _leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a torchrun rank whose work is done: run the exit handlers (the process group's
+    teardown among them) while the interpreter is whole, flush, and leave with ``code`` without
+    the interpreter's own teardown.
+
+    Why: destroying the process group does not stop gloo's threads (its transport loop and worker
+    loops live on while FSDP's mesh and the model still refer to the group), and they then die with
+    the interpreter. Now and then that ends in ``std::terminate`` and the rank aborts (SIGABRT)
+    after its work is done, which torchrun reports as a failed run. ``os._exit`` ends every thread
+    at once, with nothing left to unwind."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said on it
+            pass
+    os._exit(code)
 
 
 def current_world() -> World:
