@@ -58,3 +58,6 @@ def main(model_dir: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    from posttrain.core.dist import exit_rank
+
+    exit_rank(0)  # as `python -m posttrain` leaves a rank: gloo threads must not abort it at exit
