@@ -89,7 +89,10 @@ def main() -> None:
     parser.add_argument("--measure", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        return measure(args.measure)
+        from posttrain.core.dist import exit_rank
+
+        measure(args.measure)
+        exit_rank(0)  # a rank leaves as `python -m posttrain` leaves one
 
     from posttrain.models.hf import quiet_transformers
     from posttrain.models.tiny import build_tiny

@@ -118,7 +118,10 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [float("inf") if b == "whole" else float(b) for b in args.buckets]
     if args.measure:
-        return measure(args.measure, sizes, args.repeats)
+        from posttrain.core.dist import exit_rank
+
+        measure(args.measure, sizes, args.repeats)
+        exit_rank(0)  # a rank leaves as `python -m posttrain` leaves one
     from sync_by_model_size import build_100m
 
     from posttrain.models.hf import quiet_transformers
