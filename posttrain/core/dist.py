@@ -217,7 +217,11 @@ def exit_rank(code: int) -> NoReturn:
     loops live on while FSDP's mesh and the model still refer to the group), and they then die with
     the interpreter. Now and then that ends in ``std::terminate`` and the rank aborts (SIGABRT)
     after its work is done, which torchrun reports as a failed run. ``os._exit`` ends every thread
-    at once, with nothing left to unwind."""
+    at once, with nothing left to unwind. Before that it does what the interpreter's exit does
+    first: wait for the threads that are not daemons (a user's reward module may start one)."""
+    import threading
+
+    threading._shutdown()  # the interpreter's own first step at exit: executors wound down, threads joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

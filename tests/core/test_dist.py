@@ -27,6 +27,8 @@ def test_exit_rank_runs_the_exit_handlers_flushes_and_keeps_the_code_without_the
                 print("interpreter teardown", flush=True)
 
         kept = Teardown()
+        import threading, time
+        threading.Thread(target=lambda: (time.sleep(0.5), print("thread done, ", end=""))).start()  # not a daemon
         atexit.register(lambda: open({str(tmp_path / "handler")!r}, "w").write("ran"))
         print("buffered line", end="")  # a pipe is block-buffered: lost unless flushed
         exit_rank(3)
@@ -34,5 +36,5 @@ def test_exit_rank_runs_the_exit_handlers_flushes_and_keeps_the_code_without_the
     ''')
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 3
-    assert r.stdout == "buffered line"  # flushed, and neither the teardown nor the line after ran
+    assert r.stdout == "buffered linethread done, "  # waited for the thread; flushed; no teardown, nothing after
     assert (tmp_path / "handler").read_text() == "ran"
