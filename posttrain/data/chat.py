@@ -104,8 +104,11 @@ def conversation_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, list
     blocks of replies before the last user message) shows the model a history that is not a
     prefix of the whole conversation's rendering; each reply whose prompt breaks the prefix starts
     a new text: the conversation up to that reply, rendered as it was when the model wrote it. The
-    same split as the RL episode runner's segments at a prefix break."""
-    pieces, text, spans = [], None, []
+    same split as the RL episode runner's segments at a prefix break.
+
+    A reply with ``"weight": 0`` (OpenAI's fine-tuning format) is context, not a target: it has no
+    span, and a text left with no span to train on is left out."""
+    pieces, text, spans = [], None, []  # spans: (start, end, trained)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
@@ -123,10 +126,11 @@ def conversation_pieces(tokenizer, messages: list[dict]) -> list[tuple[str, list
         if start < 0:
             raise ValueError("the chat template does not reproduce the assistant reply verbatim")
         text = through
-        spans.append((start, start + len(m["content"])))
+        spans.append((start, start + len(m["content"]), m.get("weight", 1) != 0))
     if text is None:
         return [(_apply(tokenizer, messages, add_generation_prompt=False), [])]
-    return pieces + [(text, spans)]
+    return [(t, [(a, b) for a, b, trained in s if trained]) for t, s in pieces + [(text, spans)]
+            if any(trained for *_, trained in s)]
 
 
 def encode_with_mask(tokenizer, text: str, spans: list[tuple[int, int]], *,

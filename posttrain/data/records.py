@@ -180,7 +180,10 @@ def parse_sft(record: dict, where: str) -> SFTExample:
     needs = "an SFT record needs prompt+completion or messages"
     if record.get("messages") is not None:
         messages = _check_messages(record["messages"], where, "messages")
-        if not any(m["role"] == "assistant" for m in messages):
+        for i, m in enumerate(messages):
+            if "weight" in m and (m["role"] != "assistant" or m["weight"] not in (0, 1) or isinstance(m["weight"], float)):
+                raise UserError(f"{where}: messages[{i}].weight must be 0 or 1, on an assistant message")
+        if not any(m["role"] == "assistant" and m.get("weight", 1) == 1 for m in messages):
             raise UserError(f"{where}: field 'messages' has no assistant turn to train on")
         return SFTExample(messages=messages)
     if "prompt" not in record and "completion" not in record:

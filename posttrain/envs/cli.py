@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "eval (default compact, the environment's default; none keeps a tiny model's prompts short)")
     parser.add_argument("--direct-frac", type=float, default=0.0,
                         help="calculator: share of traces that answer at once, without the tool (default 0)")
+    parser.add_argument("--retry-frac", type=float, default=0.0,
+                        help="repo: share of traces whose first replace misses (shown, not trained on) and is "
+                             "retried (default 0)")
     parser.add_argument("--repair-frac", type=float, default=0.5,
                         help="code_repair: share of traces that fix a wrong first version (default 0.5)")
 
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             written = write_repo_data(Path(args.out_dir), n_train=args.n_train, n_eval=args.n_eval, seed=args.seed,
-                                      tools_style=args.tools_style)
+                                      tools_style=args.tools_style, retry_frac=args.retry_frac)
         except ValueError as e:
             raise UserError(f"repo: {e}") from None
     else:

@@ -12,7 +12,8 @@ module passes all its tests and the buggy one fails a visible and a hidden test.
 Train and held-out tasks never share a (catalogue choice, bug, constants) combination: a task's
 split is a hash of its id. `sft_record` writes the trace of a good episode (run the tests, read
 the module, replace the buggy line, submit) for a warm start by `posttrain sft`, with the tool
-outputs exactly as `posttrain.envs.repo` prints them.
+outputs exactly as `posttrain.envs.repo` prints them; some traces can first miss with a
+``replace`` and recover (the missed call kept out of the loss).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def split_of(task_id: str) -> str:
 
 
 def make_task(names: tuple[str, ...], buggy: int, bug: int, ks: tuple[int, ...]) -> dict | None:
-    """One task, or None when the bug does not show on the visible and the hidden inputs."""
+    """One task, or None when the bug does not show on the visible and the hidden inputs, or when
+    the buggy line is not the only one of its kind in the module (no ``replace`` could name it)."""
     correct = "\n\n".join(_source(n, CATALOGUE[n][0], k) for n, k in zip(names, ks))
     bugged = "\n\n".join(_source(n, CATALOGUE[n][2][bug] if i == buggy else CATALOGUE[n][0], k)
                      for i, (n, k) in enumerate(zip(names, ks)))
@@ -84,7 +86,8 @@ def make_task(names: tuple[str, ...], buggy: int, bug: int, ks: tuple[int, ...])
             want = _evaluate(correct, name, arg)
             hidden.append(f"    assert call('pkg.ops.{name}', {arg}) == {want!r}\n")
             seen_hidden |= i == buggy and _evaluate(bugged, name, arg) != want
-    if not (seen_visible and seen_hidden):
+    buggy_line = f"    {CATALOGUE[names[buggy]][2][bug].replace('K', str(ks[buggy]))}\n"
+    if not (seen_visible and seen_hidden) or bugged.count(buggy_line) != 1:
         return None
     task_id = f"repo/{'-'.join(names)}/{buggy}{bug}/{'-'.join(map(str, ks))}"
     return {"id": task_id, "prompt": DEFAULT_PROMPT,
@@ -154,25 +157,51 @@ def expected_report(task: dict) -> str:
     return "\n".join(lines + [f"{len(names) - failed} passed, {failed} failed"])
 
 
-def sft_record(task: dict, tools, tools_style: str = "compact") -> dict:
-    """The conversation of a good episode: run the tests, read the module, fix the line, submit."""
+def miscopies(text: str, old: str, new: str) -> list[str]:
+    """Plausible wrong copies of ``old`` (a ``replace`` that misses): the fixed text written as the
+    old one, the constant off, a word dropped or doubled; only those that do not occur exactly once
+    in ``text``, so the call fails."""
+    words = old.split(" ")
+    wrong = [new] + [old.replace(d, str((int(d) + 1) % 10), 1) for d in sorted(set(filter(str.isdigit, old)))]
+    wrong += [" ".join(words[:i] + words[i + 1:]) for i in range(len(words))]
+    wrong += [" ".join(words[:i + 1] + words[i:]) for i in range(len(words))]
+    return [w for w in dict.fromkeys(wrong) if w.strip() and w != old and text.count(w) != 1]
+
+
+def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Random | None = None) -> dict:
+    """The conversation of a good episode: run the tests, read the module, fix the line, submit.
+
+    With ``retry`` (a random source) the first ``replace`` misses (a `miscopies` pick) and the
+    next one gets it right: the missed call has ``"weight": 0``, so SFT shows the model the
+    environment's error and the recovery without teaching it to miss. The error is the one the
+    environment prints (it is asked)."""
+    from posttrain.envs.repo import RepoEnv
+
     prompt = task["prompt"].replace("{files}", ", ".join(task["files"]))
-    bug = task["bug"]
+    bug, text = task["bug"], task["files"][task["bug"]["path"]]
+    old, new = minimal_edit(text, bug["old"], bug["new"])
     messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
-    steps = [("run_tests", {}, expected_report(task)),
-             ("read_file", {"path": bug["path"]}, task["files"][bug["path"]]),
-             ("replace", dict(zip(("path", "old", "new"), (bug["path"], *minimal_edit(
-                 task["files"][bug["path"]], bug["old"], bug["new"])))),
-              f"replaced 1 occurrence in {bug['path']}")]
-    for name, args, result in steps:
-        messages += [{"role": "assistant", "content": format_call(name, args)},
-                     {"role": "tool", "name": name, "content": result}]
+    steps = [("run_tests", {}, expected_report(task), 1), ("read_file", {"path": bug["path"]}, text, 1)]
+    wrong = miscopies(text, old, new) if retry is not None else []
+    if wrong:
+        env = RepoEnv(tools_style=tools_style)
+        env.reset(task)
+        args = {"path": bug["path"], "old": retry.choice(wrong), "new": new}
+        [error] = env.step(format_call("replace", args)).observation
+        steps.append(("replace", args, error["content"], 0))
+    steps.append(("replace", {"path": bug["path"], "old": old, "new": new}, f"replaced 1 occurrence in {bug['path']}", 1))
+    for name, args, result, weight in steps:
+        call = {"role": "assistant", "content": format_call(name, args)}
+        messages += [call if weight else {**call, "weight": 0}, {"role": "tool", "name": name, "content": result}]
     return {"messages": messages + [{"role": "assistant", "content": format_call("submit", {})}]}
 
 
 def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
-                    tools_style: str = "compact") -> dict[str, Path]:
-    """``prompts_train.jsonl`` / ``prompts_eval.jsonl`` (tasks) and ``sft_train.jsonl`` (traces)."""
+                    tools_style: str = "compact", retry_frac: float = 0.0) -> dict[str, Path]:
+    """``prompts_train.jsonl`` / ``prompts_eval.jsonl`` (tasks) and ``sft_train.jsonl`` (traces;
+    ``retry_frac`` of them miss with a first ``replace`` and retry, see `sft_record`)."""
+    if not 0.0 <= retry_frac <= 1.0:
+        raise ValueError(f"retry_frac must be within [0, 1], got {retry_frac}")
     from posttrain.data.records import write_jsonl
     from posttrain.envs.repo import RepoEnv
 
@@ -182,5 +211,7 @@ def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 2
         tasks = sample_tasks(n, split=split, seed=seed)
         written[f"prompts_{split}"] = write_jsonl(out / f"prompts_{split}.jsonl", tasks)
         if split == "train":
-            written["sft_train"] = write_jsonl(out / "sft_train.jsonl", [sft_record(t, tools, tools_style) for t in tasks])
+            rng = random.Random(f"{seed}:retry")
+            written["sft_train"] = write_jsonl(out / "sft_train.jsonl", [
+                sft_record(t, tools, tools_style, retry=rng if rng.random() < retry_frac else None) for t in tasks])
     return written

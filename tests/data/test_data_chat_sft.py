@@ -63,6 +63,26 @@ def test_messages_train_every_assistant_turn(nano_tokenizer):
     assert "Solve: 4 × 5" in unmasked_text(tok, ex)
 
 
+def test_a_reply_of_weight_0_is_context_and_not_a_target(nano_tokenizer):
+    tok = nano_tokenizer
+    msgs = [{"role": "user", "content": "Solve: 2 × 3"}, {"role": "assistant", "content": "Answer: 5", "weight": 0},
+            {"role": "user", "content": "Wrong. Again?"}, {"role": "assistant", "content": "Answer: 6", "weight": 1}]
+    [ex] = tokenize_sft([SFTExample(messages=msgs)], tok, max_len=512, use_chat_template=True)
+    assert masked_text(tok, ex) == "Answer: 6<|im_end|>"  # neither the wrong reply nor its end of turn
+    assert "Answer: 5" in unmasked_text(tok, ex)
+    [plain] = tokenize_sft([SFTExample(messages=[{k: v for k, v in m.items() if k != "weight"} for m in msgs])], tok,
+                           max_len=512, use_chat_template=True)
+    assert plain.input_ids == ex.input_ids  # the same text: only the mask differs
+
+
+def test_a_weight_0_reply_in_a_re_rendered_history_leaves_out_its_own_text(family_tokenizers):
+    tok = family_tokenizers["qwen3"]
+    weighted = [dict(m, weight=0) if i == 2 else m for i, m in enumerate(CONVERSATION)]
+    [only] = tokenize_sft([SFTExample(messages=weighted)], tok, max_len=512, use_chat_template=True)
+    assert tok.decode(only.input_ids) == tok.apply_chat_template(CONVERSATION, tokenize=False)
+    assert masked_text(tok, only) == CONVERSATION[4]["content"] + "<|im_end|>"
+
+
 def test_overlong_examples_dropped_or_truncated_and_counted(nano_tokenizer, caplog):
     tok = nano_tokenizer
     exs = [SFTExample(prompt="Solve: 17 × 13", completion=COMPLETION),

@@ -71,6 +71,13 @@ def test_missing_field_names_file_line_and_field(tmp_path):
         load_preference_examples(write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "c"}]))
     with pytest.raises(UserError, match=r"x:9: field 'messages' has no assistant turn"):
         parse_sft({"messages": [{"role": "user", "content": "hi"}]}, "x:9")
+    with pytest.raises(UserError, match=r"x:9: field 'messages' has no assistant turn"):
+        parse_sft({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a", "weight": 0}]},
+                  "x:9")
+    for bad in ({"role": "assistant", "content": "a", "weight": 0.5}, {"role": "assistant", "content": "a", "weight": 1.0},
+                {"role": "user", "content": "a", "weight": 1}):
+        with pytest.raises(UserError, match=r"x:4: messages\[0\]\.weight must be 0 or 1, on an assistant message"):
+            parse_sft({"messages": [bad, {"role": "assistant", "content": "b"}]}, "x:4")
     with pytest.raises(UserError, match=r"x:2: field 'completion' must be a string"):
         parse_sft({"prompt": "p", "completion": 5}, "x:2")
 

@@ -246,6 +246,36 @@ def test_the_good_episode_is_token_exact_and_passes(pool, tasks, nano_tokenizer,
     assert metrics["env/tool_calls_mean"] == 4 and 0 < metrics["time/env_reset_ms_mean"] < 1000
 
 
+def test_a_trace_that_misses_first_replays_through_the_environment_exactly_and_passes(pool, tasks, nano_tokenizer):
+    import random
+
+    from posttrain.envs.runner import EpisodeLimits, run_episodes
+    from posttrain.rollout.types import SamplingParams
+    from tests.envs.conftest import ScriptedEngine
+
+    task = tasks[1]
+    record = sft_record(task, RepoEnv().tools, "none", retry=random.Random(3))
+    turns = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    assert [m.get("weight", 1) for m in record["messages"] if m["role"] == "assistant"] == [1, 1, 0, 1, 1]
+    engine = ScriptedEngine(nano_tokenizer, lambda prompt, i: turns[prompt.count("<|im_start|>assistant")-1])
+    [episode] = run_episodes(engine, nano_tokenizer, lambda: RepoEnv(pool=pool, tools_style="none"), [task], 1,
+                             SamplingParams(max_new_tokens=200), EpisodeLimits(max_turns=8, max_total_tokens=4096))
+    assert episode.outcome.cls is OutcomeClass.PASS and episode.tool_errors == 1
+    # the error the trace shows after the miss is the environment's own
+    assert [m for m in episode.messages if m["role"] == "tool"] == [m for m in record["messages"] if m["role"] == "tool"]
+
+
+def test_every_miscopy_misses_and_the_fix_does_not(tasks):
+    from posttrain.envs.repo_tasks import minimal_edit, miscopies
+
+    for task in sample_tasks(200, split="train"):
+        text, bug = task["files"]["pkg/ops.py"], task["bug"]
+        old, new = minimal_edit(text, bug["old"], bug["new"])
+        wrong = miscopies(text, old, new)
+        assert wrong and text.count(old) == 1
+        assert all(text.count(w) != 1 for w in wrong)
+
+
 def test_make_env_data_writes_tasks_and_traces(tmp_path):
     assert main(["make-env-data", "repo", str(tmp_path), "--n-train", "5", "--n-eval", "3"]) == 0
     train = [json.loads(line) for line in (tmp_path / "prompts_train.jsonl").read_text().splitlines()]
@@ -253,6 +283,19 @@ def test_make_env_data_writes_tasks_and_traces(tmp_path):
     assert len(train) == 5 and len(sft) == 5 and len((tmp_path / "prompts_eval.jsonl").read_text().splitlines()) == 3
     assert all({"files", "hidden_tests", "fix", "id"} <= set(t) for t in train)
     assert all(s["messages"][-1]["content"] == format_call("submit", {}) for s in sft)
+    assert not any("weight" in m for s in sft for m in s["messages"])
+
+
+def test_make_env_data_retry_frac_writes_missed_calls_the_sft_loader_keeps_out_of_the_loss(tmp_path):
+    from posttrain.data.records import load_sft_examples
+
+    assert main(["make-env-data", "repo", str(tmp_path), "--n-train", "200", "--n-eval", "1", "--retry-frac", "0.3"]) == 0
+    examples = load_sft_examples(tmp_path / "sft_train.jsonl")
+    missed = [ex for ex in examples if any(m.get("weight") == 0 for m in ex.messages)]
+    assert 40 <= len(missed) <= 80  # about 30% of 200
+    assert all(len(ex.messages) == (len(examples[0].messages) + 2 if ex in missed else len(examples[0].messages))
+               for ex in examples if ex.messages[0]["role"] == examples[0].messages[0]["role"])
+    assert main(["make-env-data", "repo", str(tmp_path), "--retry-frac", "1.5"]) == 2
 
 
 def test_the_task_in_the_docs_passes_the_audit(pool, tmp_path):
