@@ -455,6 +455,9 @@ class RayEngines:
         return self._idle_dead + sum(self._idle.values())
 
     def close(self) -> None:
+        # gloo's threads end with the weight group (destroying a process group does not stop them):
+        # here, not as the interpreter exits, where a thread that outlives it can abort the process
+        self._group = None
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors = []

@@ -123,10 +123,20 @@ def _buckets(weights: dict[str, torch.Tensor], per: int):
     return iter([{k: weights[k].clone() for k in names[i:i + per]} for i in range(0, len(names), per)])
 
 
+def _gloo_threads() -> int:
+    import gc
+    import os
+
+    gc.collect()
+    return sum(open(f"/proc/self/task/{t}/comm").read().startswith("pt_gloo") for t in os.listdir("/proc/self/task"))
+
+
 def test_weights_streamed_over_the_weight_group_reach_every_replica(ray_cluster, prompts, nano_model_dir):
     """Buckets broadcast over the weight group (the trainer as gloo rank 0, two replicas): every
     replica reads back the sender's checksum and samples what a local engine holding those weights
-    samples; nothing goes through the object store; the group is built once and reused."""
+    samples; nothing goes through the object store; the group is built once and reused; closing
+    the handle ends the group's threads."""
+    threads_before = _gloo_threads()
     handle = RayEngines(ReplicaSpec(path=str(nano_model_dir)), 2, request_timeout_s=120, sync_timeout_s=120)
     local = TorchEngine(str(nano_model_dir))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
@@ -145,9 +155,11 @@ def test_weights_streamed_over_the_weight_group_reach_every_replica(ray_cluster,
         got = handle.generate(prompts, 2, sampling)
         assert got.completion_ids == local.generate(prompts, 2, sampling).completion_ids
         assert set(got.policy_version) == {2}
+        assert _gloo_threads() > threads_before
     finally:
         ray_cluster.put = put
         handle.close()
+    assert _gloo_threads() <= threads_before
 
 
 def test_a_stream_whose_checksum_is_wrong_is_refused_by_every_replica_and_the_next_one_loads(
