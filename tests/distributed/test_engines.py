@@ -159,6 +159,7 @@ def test_weights_streamed_over_the_weight_group_reach_every_replica(ray_cluster,
     finally:
         ray_cluster.put = put
         handle.close()
+    groups.clear()  # the test's own references
     assert _gloo_threads() <= threads_before
 
 
