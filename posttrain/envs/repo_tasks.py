@@ -86,15 +86,16 @@ def make_task(names: tuple[str, ...], buggy: int, bug: int, ks: tuple[int, ...])
             want = _evaluate(correct, name, arg)
             hidden.append(f"    assert call('pkg.ops.{name}', {arg}) == {want!r}\n")
             seen_hidden |= i == buggy and _evaluate(bugged, name, arg) != want
-    buggy_line = f"    {CATALOGUE[names[buggy]][2][bug].replace('K', str(ks[buggy]))}\n"
-    if not (seen_visible and seen_hidden) or bugged.count(buggy_line) != 1:
+    k = str(ks[buggy])
+    old = f"    {CATALOGUE[names[buggy]][2][bug].replace('K', k)}"  # the buggy line, and its fix
+    new = f"    {CATALOGUE[names[buggy]][0].replace('K', k)}"
+    if not (seen_visible and seen_hidden) or bugged.count(old + "\n") != 1:
         return None
     task_id = f"repo/{'-'.join(names)}/{buggy}{bug}/{'-'.join(map(str, ks))}"
     return {"id": task_id, "prompt": DEFAULT_PROMPT,
             "files": {"pkg/ops.py": bugged, "tests/test_ops.py": "".join(visible)},
             "hidden_tests": "".join(hidden), "fix": {"pkg/ops.py": correct},
-            "bug": {"path": "pkg/ops.py", "old": f"    {CATALOGUE[names[buggy]][2][bug].replace('K', str(ks[buggy]))}",
-                    "new": f"    {CATALOGUE[names[buggy]][0].replace('K', str(ks[buggy]))}"}}
+            "bug": {"path": "pkg/ops.py", "old": old, "new": new}}
 
 
 def minimal_edit(text: str, old: str, new: str) -> tuple[str, str]:
