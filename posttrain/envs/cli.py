@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-frac", type=float, default=0.0,
                         help="repo: share of traces whose first replace misses (shown, not trained on) and is "
                              "retried (default 0)")
+    parser.add_argument("--give-up-frac", type=float, default=0.0,
+                        help="repo: share of traces that submit right after running the tests, unfixed (default 0)")
     parser.add_argument("--repair-frac", type=float, default=0.5,
                         help="code_repair: share of traces that fix a wrong first version (default 0.5)")
 
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             written = write_repo_data(Path(args.out_dir), n_train=args.n_train, n_eval=args.n_eval, seed=args.seed,
-                                      tools_style=args.tools_style, retry_frac=args.retry_frac)
+                                      tools_style=args.tools_style, retry_frac=args.retry_frac,
+                                      give_up_frac=args.give_up_frac)
         except ValueError as e:
             raise UserError(f"repo: {e}") from None
     else:

@@ -169,8 +169,12 @@ def miscopies(text: str, old: str, new: str) -> list[str]:
     return [w for w in dict.fromkeys(wrong) if w.strip() and w != old and text.count(w) != 1]
 
 
-def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Random | None = None) -> dict:
+def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Random | None = None,
+               give_up: bool = False) -> dict:
     """The conversation of a good episode: run the tests, read the module, fix the line, submit.
+
+    With ``give_up`` the trace submits right after the tests, the project unchanged (what a model
+    that gives up does; it never passes, so RL has that choice to unlearn).
 
     With ``retry`` (a random source) the first ``replace`` misses (a `miscopies` pick) and the
     next one gets it right: the missed call has ``"weight": 0``, so SFT shows the model the
@@ -183,6 +187,8 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
     old, new = minimal_edit(text, bug["old"], bug["new"])
     messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
     steps = [("run_tests", {}, expected_report(task), 1), ("read_file", {"path": bug["path"]}, text, 1)]
+    if give_up:
+        steps, retry = steps[:1], None
     wrong = miscopies(text, old, new) if retry is not None else []
     if wrong:
         env = RepoEnv(tools_style=tools_style)
@@ -190,7 +196,8 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
         args = {"path": bug["path"], "old": retry.choice(wrong), "new": new}
         [error] = env.step(format_call("replace", args)).observation
         steps.append(("replace", args, error["content"], 0))
-    steps.append(("replace", {"path": bug["path"], "old": old, "new": new}, f"replaced 1 occurrence in {bug['path']}", 1))
+    if not give_up:
+        steps.append(("replace", {"path": bug["path"], "old": old, "new": new}, f"replaced 1 occurrence in {bug['path']}", 1))
     for name, args, result, weight in steps:
         call = {"role": "assistant", "content": format_call(name, args)}
         messages += [call if weight else {**call, "weight": 0}, {"role": "tool", "name": name, "content": result}]
@@ -198,11 +205,13 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
 
 
 def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
-                    tools_style: str = "compact", retry_frac: float = 0.0) -> dict[str, Path]:
+                    tools_style: str = "compact", retry_frac: float = 0.0, give_up_frac: float = 0.0) -> dict[str, Path]:
     """``prompts_train.jsonl`` / ``prompts_eval.jsonl`` (tasks) and ``sft_train.jsonl`` (traces;
-    ``retry_frac`` of them miss with a first ``replace`` and retry, see `sft_record`)."""
-    if not 0.0 <= retry_frac <= 1.0:
-        raise ValueError(f"retry_frac must be within [0, 1], got {retry_frac}")
+    ``retry_frac`` of them miss with a first ``replace`` and retry, ``give_up_frac`` of them submit
+    unfixed, see `sft_record`)."""
+    for name, frac in (("retry_frac", retry_frac), ("give_up_frac", give_up_frac)):
+        if not 0.0 <= frac <= 1.0:
+            raise ValueError(f"{name} must be within [0, 1], got {frac}")
     from posttrain.data.records import write_jsonl
     from posttrain.envs.repo import RepoEnv
 
@@ -212,7 +221,8 @@ def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 2
         tasks = sample_tasks(n, split=split, seed=seed)
         written[f"prompts_{split}"] = write_jsonl(out / f"prompts_{split}.jsonl", tasks)
         if split == "train":
-            rng = random.Random(f"{seed}:retry")
+            rng, quit_rng = random.Random(f"{seed}:retry"), random.Random(f"{seed}:give-up")
             written["sft_train"] = write_jsonl(out / "sft_train.jsonl", [
-                sft_record(t, tools, tools_style, retry=rng if rng.random() < retry_frac else None) for t in tasks])
+                sft_record(t, tools, tools_style, retry=rng if rng.random() < retry_frac else None,
+                           give_up=quit_rng.random() < give_up_frac) for t in tasks])
     return written

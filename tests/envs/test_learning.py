@@ -100,3 +100,42 @@ def test_code_repair_passes_more_after_the_last_turn_than_after_the_first(tmp_pa
           f"after the last {last:.3f}; turns per episode {sum(e.turns for e in eps) / len(eps):.2f}")
     assert not any(e.outcome.cls is OutcomeClass.INFRA_FAIL for e in eps)
     assert last > first
+
+
+REPO = EnvConfig(name="repo", tools_style="none", max_turns=6, max_total_tokens=768)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # ~25 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
+def test_grpo_raises_repo_episode_success(tmp_path):
+    # As for the calculator: a warm start that can fix the bug (1000 SFT steps on traces that run the
+    # tests, read the module, replace the line and submit; some miss a first replace and retry), then a
+    # short SFT on traces that mostly submit right after the tests, unfixed. Such an episode never
+    # passes, so GRPO's reward is for going on to read and fix. How well the tiny model copies the line
+    # is not what moves here: from the warm start alone, 10 GRPO steps left success where it was.
+    sft, data = warm_start(tmp_path, "repo", 1000, "--tools-style", "none", "--retry-frac", "0.3", "--n-eval", "64",
+                           max_len=768)
+    assert main(["make-env-data", "repo", str(tmp_path / "mixed"), "--tools-style", "none", "--seed", "1",
+                 "--retry-frac", "0.3", "--give-up-frac", "0.6", "--n-eval", "0"]) == 0
+    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={sft}", "num_steps=60", "data.max_len=768",
+                 "optim.warmup_steps=0", f"data.path={tmp_path / 'mixed' / 'sft_train.jsonl'}", "logging.progress=false",
+                 f"out_dir={tmp_path / 'sft-mixed'}"]) == 0
+    start = latest_checkpoint(tmp_path / "sft-mixed")
+    held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
+    before = episodes(start, held_out, REPO, 4, 1.0, 160)
+
+    assert main(["rl", str(EXAMPLES / "grpo_repo.yaml"), f"model.path={start}",
+                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", "num_steps=25", "kl.track=false",
+                 "rollout.max_new_tokens=160", "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}"]) == 0
+    after = episodes(latest_checkpoint(tmp_path / "rl"), held_out, REPO, 4, 1.0, 160)
+    edits = lambda eps: sum(any('"replace"' in t or '"write_file"' in t for t in e.turn_texts) for e in eps) / len(eps)  # noqa: E731
+    print(f"repo episode success (T=1, {len(held_out)} held-out x 4): {success(before):.3f} -> {success(after):.3f}; "
+          f"episodes that edit before submitting {edits(before):.2f} -> {edits(after):.2f}")
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "loss" in r]
+    assert len(trained) == 25 and all(r["outcomes/INFRA_FAIL_frac"] == 0.0 for r in trained)
+    assert {"env/turns_mean", "env/tool_calls_mean", "env/tool_error_frac", "time/env_reset_ms_mean"} <= set(trained[-1])
+    assert edits(after) >= edits(before) + 0.2
+    # 256 episodes each: the standard error of the difference is at most 0.044 (both at 0.5), so this
+    # is more than two of them at any success rate.
+    assert success(after) >= success(before) + 0.09

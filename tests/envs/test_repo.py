@@ -265,6 +265,23 @@ def test_a_trace_that_misses_first_replays_through_the_environment_exactly_and_p
     assert [m for m in episode.messages if m["role"] == "tool"] == [m for m in record["messages"] if m["role"] == "tool"]
 
 
+def test_a_trace_that_gives_up_submits_after_the_tests_and_fails_in_the_environment(pool, tasks, nano_tokenizer):
+    from posttrain.envs.runner import EpisodeLimits, run_episodes
+    from posttrain.rollout.types import SamplingParams
+    from tests.envs.conftest import ScriptedEngine
+
+    task = tasks[2]
+    record = sft_record(task, RepoEnv().tools, "none", give_up=True)
+    turns = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    assert turns == [format_call("run_tests", {}), format_call("submit", {})]
+    assert record["messages"][:3] == sft_record(task, RepoEnv().tools, "none")["messages"][:3]
+    engine = ScriptedEngine(nano_tokenizer, lambda prompt, i: turns[prompt.count("<|im_start|>assistant")-1])
+    [episode] = run_episodes(engine, nano_tokenizer, lambda: RepoEnv(pool=pool, tools_style="none"), [task], 1,
+                             SamplingParams(max_new_tokens=200), EpisodeLimits(max_turns=8, max_total_tokens=4096))
+    # the model's failure, scored like any wrong answer (not the task's nor the infrastructure's)
+    assert episode.outcome.cls is OutcomeClass.MODEL_FAIL and episode.tool_errors == 0
+
+
 def test_every_miscopy_misses_and_the_fix_does_not(tasks):
     from posttrain.envs.repo_tasks import minimal_edit, miscopies
 
@@ -296,6 +313,16 @@ def test_make_env_data_retry_frac_writes_missed_calls_the_sft_loader_keeps_out_o
     assert all(len(ex.messages) == (len(examples[0].messages) + 2 if ex in missed else len(examples[0].messages))
                for ex in examples if ex.messages[0]["role"] == examples[0].messages[0]["role"])
     assert main(["make-env-data", "repo", str(tmp_path), "--retry-frac", "1.5"]) == 2
+
+
+def test_make_env_data_give_up_frac_writes_traces_that_submit_unfixed(tmp_path):
+    assert main(["make-env-data", "repo", str(tmp_path), "--n-train", "200", "--n-eval", "1", "--give-up-frac", "0.4"]) == 0
+    sft = [json.loads(line) for line in (tmp_path / "sft_train.jsonl").read_text().splitlines()]
+    calls = [[m["content"] for m in s["messages"] if m["role"] == "assistant"] for s in sft]
+    quit_early = [c for c in calls if len(c) == 2]
+    assert 60 <= len(quit_early) <= 100  # about 40% of 200
+    assert all(c[-1] == format_call("submit", {}) and len(c) in (2, 4) for c in calls)
+    assert main(["make-env-data", "repo", str(tmp_path), "--give-up-frac", "-0.1"]) == 2
 
 
 def test_the_task_in_the_docs_passes_the_audit(pool, tmp_path):
