@@ -230,6 +230,12 @@ class ServeState:
 # ------------------------------------------------------------------------------ routes
 
 def _routes(state: ServeState) -> list[Route]:
+    return _openai_routes(state) + _info_routes(state) + _control_routes(state)
+
+
+def _openai_routes(state: ServeState) -> list[Route]:
+    """The OpenAI-compatible API: health, the model list, completions and chat completions."""
+
     @endpoint
     async def health(request: Request) -> Response:
         if not state.worker.alive:
@@ -261,6 +267,18 @@ def _routes(state: ServeState) -> list[Route]:
     @endpoint
     async def chat_completions(request: Request) -> Response:
         return await generate(request, lambda b, lim: parse_chat(b, lim, state.render_chat), chat_body, "chatcmpl")
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+
+
+def _info_routes(state: ServeState) -> list[Route]:
+    """What a trainer reads of the server (SGLang's names): the model and its weights' version, the
+    batching figures, and the native generate route with the prompt's log-probs (the sync probe)."""
 
     @endpoint
     async def model_info(request: Request) -> Response:
@@ -295,6 +313,18 @@ def _routes(state: ServeState) -> list[Route]:
         return JSON(native_body(rid=native.rid or uuid.uuid4().hex, native=native,
                                 choice=choices_of(r, native.req)[0], prompt_logprobs=lp,
                                 weight_version=state.weight_label or str(r.policy_version[0])))
+
+    return [
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/generate", native_generate, methods=["POST"]),
+    ]
+
+
+def _control_routes(state: ServeState) -> list[Route]:
+    """What a trainer does to the server around a weight sync (SGLang's names): pause and continue
+    new generations, flush the cache, load new weights."""
 
     @endpoint
     async def pause_generation(request: Request) -> Response:
@@ -336,15 +366,7 @@ def _routes(state: ServeState) -> list[Route]:
             return error_response(APIError(500, msg, code="internal_error"), success=False, message=msg)
 
     return [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/update_weights_from_disk", update_weights, methods=["POST"]),
-        Route("/get_model_info", model_info, methods=["GET"]),
-        Route("/model_info", model_info, methods=["GET"]),
-        Route("/server_info", server_info, methods=["GET"]),
-        Route("/generate", native_generate, methods=["POST"]),
         Route("/pause_generation", pause_generation, methods=["POST"]),
         Route("/continue_generation", continue_generation, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
