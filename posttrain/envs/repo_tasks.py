@@ -197,7 +197,8 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
         [error] = env.step(format_call("replace", args)).observation
         steps.append(("replace", args, error["content"], 0))
     if not give_up:
-        steps.append(("replace", {"path": bug["path"], "old": old, "new": new}, f"replaced 1 occurrence in {bug['path']}", 1))
+        fixed = f"replaced 1 occurrence in {bug['path']}"
+        steps.append(("replace", {"path": bug["path"], "old": old, "new": new}, fixed, 1))
     for name, args, result, weight in steps:
         call = {"role": "assistant", "content": format_call(name, args)}
         messages += [call if weight else {**call, "weight": 0}, {"role": "tool", "name": name, "content": result}]
@@ -205,7 +206,8 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
 
 
 def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
-                    tools_style: str = "compact", retry_frac: float = 0.0, give_up_frac: float = 0.0) -> dict[str, Path]:
+                    tools_style: str = "compact", retry_frac: float = 0.0,
+                    give_up_frac: float = 0.0) -> dict[str, Path]:
     """``prompts_train.jsonl`` / ``prompts_eval.jsonl`` (tasks) and ``sft_train.jsonl`` (traces;
     ``retry_frac`` of them miss with a first ``replace`` and retry, ``give_up_frac`` of them submit
     unfixed, see `sft_record`)."""

@@ -41,6 +41,28 @@ def warm_start(tmp_path, env: str, sft_steps: int, *make_data, max_len: int = 16
     return latest_checkpoint(tmp_path / "sft"), tmp_path / "data"
 
 
+def grpo_from_a_mixed_start(tmp_path, env: EnvConfig, warm: tuple, mixed: tuple, max_len: int, mixed_max_len: int,
+                            rl_overrides: tuple, max_new_tokens: int) -> tuple[list, list]:
+    """The learning tests' design: a warm start on good traces (1000 SFT steps), 60 more SFT steps
+    on traces of which most skip the behaviour the environment rewards (``mixed``: make-env-data
+    flags), then 25 GRPO steps of the environment's example; held-out episodes (64 x 4 at T=1)
+    before and after GRPO."""
+    sft, data = warm_start(tmp_path, env.name, 1000, "--tools-style", "none", "--n-eval", "64", *warm, max_len=max_len)
+    assert main(["make-env-data", env.name, str(tmp_path / "mixed"), "--tools-style", "none", "--seed", "1",
+                 "--n-eval", "0", *mixed]) == 0
+    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={sft}", "num_steps=60", "optim.lr=1e-3",
+                 f"data.max_len={mixed_max_len}", "optim.warmup_steps=0",
+                 f"data.path={tmp_path / 'mixed' / 'sft_train.jsonl'}", "logging.progress=false",
+                 f"out_dir={tmp_path / 'sft-mixed'}"]) == 0
+    start = latest_checkpoint(tmp_path / "sft-mixed")
+    held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
+    before = episodes(start, held_out, env, 4, 1.0, max_new_tokens)
+    assert main(["rl", str(EXAMPLES / f"grpo_{env.name}.yaml"), f"model.path={start}",
+                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", "num_steps=25", "kl.track=false",
+                 "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}", *rl_overrides]) == 0
+    return before, episodes(latest_checkpoint(tmp_path / "rl"), held_out, env, 4, 1.0, max_new_tokens)
+
+
 CALC = EnvConfig(name="calculator", tools_style="none", max_turns=3, max_total_tokens=256)
 
 
@@ -53,23 +75,9 @@ def test_grpo_raises_calculator_episode_success(tmp_path):
     # out of the tiny model's reach without it, so GRPO's reward is for calling the tool and copying.
     # The copying is learned abruptly (around step 150 of 1000 with the example's schedule; with lr 3e-3
     # and 10 warmup steps it came at step 250 for some seeds and never for others).
-    sft, data = warm_start(tmp_path, "calculator", 1000, "--tools-style", "none", "--n-eval", "64", max_len=128)
-    assert main(["make-env-data", "calculator", str(tmp_path / "mixed"), "--tools-style", "none", "--seed", "1",
-                 "--direct-frac", "0.6", "--n-eval", "0"]) == 0
-    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={sft}", "num_steps=60", "optim.lr=1e-3",
-                 "data.max_len=192",
-                 "optim.warmup_steps=0", f"data.path={tmp_path / 'mixed' / 'sft_train.jsonl'}", "logging.progress=false",
-                 f"out_dir={tmp_path / 'sft-mixed'}"]) == 0
-    start = latest_checkpoint(tmp_path / "sft-mixed")
-    held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
-    before = episodes(start, held_out, CALC, 4, 1.0, 96)
-
-    assert main(["rl", str(EXAMPLES / "grpo_calculator.yaml"), f"model.path={start}",
-                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", "num_steps=25", "kl.track=false",
-                 "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}"]) == 0
-    after = episodes(latest_checkpoint(tmp_path / "rl"), held_out, CALC, 4, 1.0, 96)
+    before, after = grpo_from_a_mixed_start(tmp_path, CALC, (), ("--direct-frac", "0.6"), 128, 192, (), 96)
     tool_use = lambda eps: sum(e.tool_calls > 0 for e in eps) / len(eps)  # noqa: E731
-    print(f"calculator episode success (T=1, {len(held_out)} held-out x 4): {success(before):.3f} -> "
+    print(f"calculator episode success (T=1, 64 held-out x 4): {success(before):.3f} -> "
           f"{success(after):.3f}; episodes calling the tool {tool_use(before):.2f} -> {tool_use(after):.2f}")
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     worst = max(r["mismatch/logprob_abs_diff_max"] for r in rows if "mismatch/logprob_abs_diff_max" in r)
@@ -105,6 +113,11 @@ def test_code_repair_passes_more_after_the_last_turn_than_after_the_first(tmp_pa
 REPO = EnvConfig(name="repo", tools_style="none", max_turns=6, max_total_tokens=768)
 
 
+def edits(eps) -> float:
+    """The share of episodes that change the project (a ``replace`` or ``write_file`` call)."""
+    return sum(any('"replace"' in t or '"write_file"' in t for t in e.turn_texts) for e in eps) / len(eps)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # ~25 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
 def test_grpo_raises_repo_episode_success(tmp_path):
@@ -113,29 +126,20 @@ def test_grpo_raises_repo_episode_success(tmp_path):
     # short SFT on traces that mostly submit right after the tests, unfixed. Such an episode never
     # passes, so GRPO's reward is for going on to read and fix. How well the tiny model copies the line
     # is not what moves here: from the warm start alone, 10 GRPO steps left success where it was.
-    sft, data = warm_start(tmp_path, "repo", 1000, "--tools-style", "none", "--retry-frac", "0.3", "--n-eval", "64",
-                           max_len=768)
-    assert main(["make-env-data", "repo", str(tmp_path / "mixed"), "--tools-style", "none", "--seed", "1",
-                 "--retry-frac", "0.3", "--give-up-frac", "0.6", "--n-eval", "0"]) == 0
-    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={sft}", "num_steps=60", "data.max_len=768",
-                 "optim.warmup_steps=0", f"data.path={tmp_path / 'mixed' / 'sft_train.jsonl'}", "logging.progress=false",
-                 f"out_dir={tmp_path / 'sft-mixed'}"]) == 0
-    start = latest_checkpoint(tmp_path / "sft-mixed")
-    held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
-    before = episodes(start, held_out, REPO, 4, 1.0, 160)
-
-    assert main(["rl", str(EXAMPLES / "grpo_repo.yaml"), f"model.path={start}",
-                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", "num_steps=25", "kl.track=false",
-                 "rollout.max_new_tokens=160", "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}"]) == 0
-    after = episodes(latest_checkpoint(tmp_path / "rl"), held_out, REPO, 4, 1.0, 160)
-    edits = lambda eps: sum(any('"replace"' in t or '"write_file"' in t for t in e.turn_texts) for e in eps) / len(eps)  # noqa: E731
-    print(f"repo episode success (T=1, {len(held_out)} held-out x 4): {success(before):.3f} -> {success(after):.3f}; "
+    before, after = grpo_from_a_mixed_start(tmp_path, REPO, ("--retry-frac", "0.3"),
+                                            ("--retry-frac", "0.3", "--give-up-frac", "0.6"), 768, 768,
+                                            ("rollout.max_new_tokens=160",), 160)
+    print(f"repo episode success (T=1, 64 held-out x 4): {success(before):.3f} -> {success(after):.3f}; "
           f"episodes that edit before submitting {edits(before):.2f} -> {edits(after):.2f}")
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "loss" in r]
     assert len(trained) == 25 and all(r["outcomes/INFRA_FAIL_frac"] == 0.0 for r in trained)
-    assert {"env/turns_mean", "env/tool_calls_mean", "env/tool_error_frac", "time/env_reset_ms_mean"} <= set(trained[-1])
     assert edits(after) >= edits(before) + 0.2
+    assert main(["report", str(tmp_path / "rl"), "--out", str(tmp_path / "report.html")]) == 0
+    from posttrain.eval.report import ENV_PANEL, find_runs, series_for
+
+    assert "<h3>Episodes</h3>" in (tmp_path / "report.html").read_text()  # turns, tool calls and errors, reset time
+    assert len(series_for(ENV_PANEL, find_runs([tmp_path / "rl"]))) == 4
     # 256 episodes each: the standard error of the difference is at most 0.044 (both at 0.5), so this
     # is more than two of them at any success rate.
     assert success(after) >= success(before) + 0.09
