@@ -37,12 +37,13 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
     }
     for cls in OutcomeClass:
         m[f"outcomes/{cls.value}_frac"] = sum(o.cls is cls for o in outcomes) / n
-    reasons: dict[str, int] = {}
+    reasons: dict[str, int] = {}  # why samples failed, masked ones too (a tool that hangs: INFRA_FAIL/env_timeout)
     for o in outcomes:
-        if o.cls is OutcomeClass.MODEL_FAIL:
-            reasons[o.reason] = reasons.get(o.reason, 0) + 1
-    for reason, count in reasons.items():
-        m[f"outcomes/MODEL_FAIL/{reason}_frac"] = count / n
+        if o.cls is not OutcomeClass.PASS and o.reason:
+            key = f"outcomes/{o.cls.value}/{o.reason}_frac"
+            reasons[key] = reasons.get(key, 0) + 1
+    for key, count in reasons.items():
+        m[key] = count / n
     return m
 
 

@@ -60,6 +60,20 @@ PLUGIN = textwrap.dedent('''
             outcome = super().judge(text)
             frac = sum(c.isalnum() for c in text) / max(len(text), 1)
             return outcome if outcome.is_reward and outcome.reward == 1.0 else Outcome.model_fail(outcome.reason, reward=frac)
+
+    import time
+
+    class HangsOnEvenPrompts(Chat3):
+        """Chat3 whose tool hangs (for 10 minutes) in the episodes of prompts ending in an even digit."""
+
+        def reset(self, example):
+            self.hangs = example["prompt"][-1] in "02468"
+            return super().reset(example)
+
+        def step(self, text):
+            if self.hangs:
+                time.sleep(600)
+            return super().step(text)
 ''')
 
 
@@ -155,6 +169,30 @@ def test_async_k1_three_turn_episodes_respect_the_staleness_bound(nano_model_dir
     assert rows[0]["async/staleness_max"] == 0 and rows[1]["async/staleness_max"] == 1
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
     assert ledger["counts"]["trained"] == 6  # 3 steps of 2 prompts, none lost or trained twice
+
+
+def test_async_a_hanging_tool_is_masked_and_counted_and_the_steps_go_on(nano_model_dir, arith_data_dir, tmp_path,
+                                                                       env_plugin):
+    """In async RL a tool that hangs ends its episode at ``env.step_timeout_s`` as INFRA_FAIL (masked,
+    counted with its reason), the other episodes train, and every prompt is trained once."""
+    import time
+
+    prompts = [json.loads(line)["prompt"] for line in (arith_data_dir / "prompts_train.jsonl").read_text().splitlines()]
+    assert {p[-1] in "02468" for p in prompts[:12]} == {True, False}  # both kinds are drawn
+    cfg = load_config(RLConfig, None, overrides(nano_model_dir, arith_data_dir, tmp_path, **{
+        "env.name": "rl_test_envs:HangsOnEvenPrompts", "env.step_timeout_s": 1, "mode": "async", "max_staleness": 1,
+        "num_steps": 3, "prompts_per_step": 4, "asynchrony.self_test": False}))
+    t0 = time.monotonic()
+    run_rl(cfg, printer=lambda *_: None)
+    assert time.monotonic() - t0 < 300  # a hang held to its end would take 600 s
+    rows = _rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    infra = [r["outcomes/INFRA_FAIL_frac"] for r in rows]
+    assert sum(infra) > 0 and all(f < 1 for f in infra), infra
+    assert all(r["grad_norm"] > 0 for r in rows)  # the episodes that did not hang are trained on
+    assert all(r["outcomes/INFRA_FAIL/env_timeout_frac"] == r["outcomes/INFRA_FAIL_frac"] for r in rows)
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert ledger["counts"]["trained"] + ledger["counts"]["dropped"] == 12, ledger["counts"]
 
 
 @pytest.mark.parametrize("override, needle", [

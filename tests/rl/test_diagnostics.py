@@ -50,3 +50,23 @@ def test_lengths_count_the_models_tokens_not_the_environments():
     m = rollout_metrics(ro, [Outcome.model_fail(reward=0.0)] * 2, 0.0)
     assert m["response_length/mean"] == 2.0 and m["response_length/max"] == 3 and m["tokens/env"] == 5
     assert ro.model_tokens() == [3, 1]
+
+
+def test_outcome_fractions_and_the_reasons_of_every_failing_class():
+    from posttrain.outcome import Outcome
+    from posttrain.rl.diagnostics import rollout_metrics
+    from posttrain.rollout import Rollouts, SamplingParams
+
+    outcomes = [Outcome.passed(), Outcome.model_fail("wrong_answer"), Outcome.model_fail("wrong_answer"),
+                Outcome.model_fail("max_turns"), Outcome.infra_fail("env_timeout", "hung"),
+                Outcome.infra_fail("env_timeout", "hung"), Outcome.infra_fail("env_error", "raised"),
+                Outcome.task_fail("bad_test", "broken")]
+    n = len(outcomes)
+    ro = Rollouts(prompt_idx=[0] * n, prompt_ids=[[1]] * n, completion_ids=[[5]] * n, logprobs=[[0.0]] * n,
+                  finish_reason=["eos"] * n, policy_version=[0] * n, sampling=SamplingParams())
+    m = rollout_metrics(ro, outcomes, 0.0)
+    assert {k: v for k, v in m.items() if k.startswith("outcomes/")} == {
+        "outcomes/PASS_frac": 1 / 8, "outcomes/MODEL_FAIL_frac": 3 / 8, "outcomes/TASK_FAIL_frac": 1 / 8,
+        "outcomes/INFRA_FAIL_frac": 3 / 8, "outcomes/MODEL_FAIL/wrong_answer_frac": 2 / 8,
+        "outcomes/MODEL_FAIL/max_turns_frac": 1 / 8, "outcomes/INFRA_FAIL/env_timeout_frac": 2 / 8,
+        "outcomes/INFRA_FAIL/env_error_frac": 1 / 8, "outcomes/TASK_FAIL/bad_test_frac": 1 / 8}
