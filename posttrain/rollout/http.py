@@ -14,7 +14,8 @@ server holding the same weights draws the same samples.
 Weights: `load_weights` writes the tensors as ``model.safetensors``, or streamed in parts
 (`load_buckets`) as one shard per part with ``model.safetensors.index.json`` (or, for a LoRA adapter,
 ``adapter_model.safetensors`` + ``adapter_config.json``) into ``weights_dir/v{version}/`` (written in
-a temporary folder, then renamed, so a server never sees half a file) and has every server load it.
+a temporary folder, then renamed, so a server never sees half a file: `posttrain.rollout.weights_folder`)
+and has every server load it.
 How is the server's *dialect*: ``posttrain serve`` (`PosttrainDialect`) takes
 ``/update_weights_from_disk`` and must echo the version and checksum; vLLM (`posttrain.rollout.vllm`)
 is paused, reloaded, versioned and resumed, then verified by the version it reads back and by its
@@ -45,14 +46,10 @@ tagged version or newer, and the staleness bound, which counts the tag, holds fo
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import re
-import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,14 +58,10 @@ import torch
 
 from posttrain.rollout.protocol import EngineError, Generated, Lost
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError
+from posttrain.rollout.weights_folder import prune_versions, write_version
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
-ADAPTER_FILE = "adapter_model.safetensors"
-MODEL_FILES = ("config.json", "generation_config.json")  # copied next to the weights when known
-_VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
 class ServerUnreachable(RuntimeError):
@@ -596,72 +589,12 @@ class HTTPEngine:
             return len(self.urls) - len(self._dead)
 
     def _write(self, buckets, version: int, digest: WeightsDigest | None) -> tuple[Path, str | None]:
-        """``weights_dir/v{version}/`` from the parts, and, given a ``digest`` to build, the checksum
-        of what it holds."""
         if self.weights_dir is None:
             raise WeightSyncError("HTTPEngine has no weights_dir: weights cannot be handed to the servers")
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
-        final = self.weights_dir / f"v{version}"
-        tmp = self.weights_dir / f".v{version}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
-            if self.adapter_config is not None:  # a LoRA adapter, as peft saves one: small, one file
-                adapter = {k: v for part in buckets for k, v in part.items()}
-                _save(adapter, tmp / ADAPTER_FILE, version, digest)
-                (tmp / "adapter_config.json").write_text(json.dumps(self.adapter_config))
-            else:
-                _save_shards(buckets, tmp, version, digest)
-            for name in MODEL_FILES if self.model_files and self.adapter_config is None else ():
-                src = Path(self.model_files) / name
-                if src.is_file():
-                    shutil.copyfile(src, tmp / name)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return final.resolve(), digest.hexdigest() if digest else None
+        return write_version(self.weights_dir, buckets, version, digest, adapter_config=self.adapter_config,
+                             model_files=self.model_files)
 
     def _prune(self, current: Path) -> None:
         """Keep the ``keep_versions`` folders written last (the current one included)."""
         self._written = [p for p in self._written if p != current] + [current]
-        keep = set(self._written[-self.keep_versions:])
-        for p in self.weights_dir.iterdir():
-            if p.is_dir() and _VERSION_DIR.match(p.name) and p.resolve() not in keep:
-                shutil.rmtree(p, ignore_errors=True)
-
-
-def _save(weights: dict[str, torch.Tensor], path: Path, version: int, digest) -> None:
-    from safetensors.torch import save_file
-
-    tensors, seen = {}, set()
-    for name, t in weights.items():  # safetensors refuses tensors that share memory
-        t = t.detach().to("cpu").contiguous()
-        if t.untyped_storage().data_ptr() in seen:
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        tensors[name] = t
-    if digest is not None:
-        digest.update(tensors)
-    save_file(tensors, str(path), metadata={"format": "pt", "version": str(version)})
-
-
-def _save_shards(buckets, folder: Path, version: int, digest) -> None:
-    """One shard per part, named the way transformers and vLLM read sharded checkpoints; a single
-    part is plain ``model.safetensors``."""
-    names: list[dict[str, torch.Tensor]] = []
-    for i, part in enumerate(buckets):
-        _save(part, folder / f"part-{i}", version, digest)
-        names.append({k: v.numel() * v.element_size() for k, v in part.items()})
-        del part  # not held while the next one is gathered
-    if len(names) == 1:
-        os.replace(folder / "part-0", folder / WEIGHTS_FILE)
-        return
-    weight_map, total = {}, 0
-    for i, sizes in enumerate(names):
-        shard = f"model-{i + 1:05d}-of-{len(names):05d}.safetensors"
-        os.replace(folder / f"part-{i}", folder / shard)
-        weight_map.update(dict.fromkeys(sizes, shard))
-        total += sum(sizes.values())
-    (folder / WEIGHTS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+        prune_versions(self.weights_dir, set(self._written[-self.keep_versions:]))

@@ -29,7 +29,8 @@ from posttrain.rollout import (
     WeightSyncError,
     weights_checksum,
 )
-from posttrain.rollout.http import WEIGHTS_FILE, PosttrainDialect, model_eos_ids
+from posttrain.rollout.http import PosttrainDialect, model_eos_ids
+from posttrain.rollout.weights_folder import WEIGHTS_FILE
 from posttrain.rollout.types import prompt_seed
 from posttrain.verifiers.evaluate import score
 
