@@ -33,7 +33,8 @@ from posttrain.rl.async_.selftest import self_test
 from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
-from posttrain.rl.loop import (checkpoint, held_out_eval, http_engine, learn, maybe_resume, ray_engines, setup,
+from posttrain.rl.engines import http_engine, ray_engines
+from posttrain.rl.loop import (checkpoint, held_out_eval, learn, maybe_resume, setup,
                                share_step, sync_weights, tokens_so_far)
 from posttrain.tracking import StageTimer, latest_checkpoint
 
