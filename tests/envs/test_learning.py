@@ -5,9 +5,11 @@ data with `posttrain make-env-data`, warm-start with `posttrain sft` on the trac
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.cli import main
 from posttrain.envs.config import EnvConfig
@@ -118,9 +120,20 @@ def edits(eps) -> float:
     return sum(any('"replace"' in t or '"write_file"' in t for t in e.turn_texts) for e in eps) / len(eps)
 
 
+@pytest.fixture
+def both_cores():
+    """Torch on two threads for one test (the suite runs on one, tests/conftest.py): the slow lane
+    runs its tests one after another, and the repository test's ~560-token episodes are the first
+    whose kernels gain from a second core (measured: 23 min instead of 35)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # ~25 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
-def test_grpo_raises_repo_episode_success(tmp_path):
+@pytest.mark.timeout(3600)  # ~23 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
+def test_grpo_raises_repo_episode_success(tmp_path, both_cores):
     # As for the calculator: a warm start that can fix the bug (1000 SFT steps on traces that run the
     # tests, read the module, replace the line and submit; some miss a first replace and retry), then a
     # short SFT on traces that mostly submit right after the tests, unfixed. Such an episode never
