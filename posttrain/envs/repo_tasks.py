@@ -180,15 +180,25 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
     next one gets it right: the missed call has ``"weight": 0``, so SFT shows the model the
     environment's error and the recovery without teaching it to miss. The error is the one the
     environment prints (it is asked)."""
+    prompt = task["prompt"].replace("{files}", ", ".join(task["files"]))
+    messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
+    steps = [("run_tests", {}, expected_report(task), 1)]
+    if not give_up:
+        steps += _fix_steps(task, tools_style, retry)
+    for name, args, result, weight in steps:
+        call = {"role": "assistant", "content": format_call(name, args)}
+        messages += [call if weight else {**call, "weight": 0}, {"role": "tool", "name": name, "content": result}]
+    return {"messages": messages + [{"role": "assistant", "content": format_call("submit", {})}]}
+
+
+def _fix_steps(task: dict, tools_style: str, retry: random.Random | None) -> list[tuple]:
+    """``(tool, arguments, result, weight)`` of reading the module and fixing the line, a missed
+    ``replace`` first (weight 0) when ``retry`` is given."""
     from posttrain.envs.repo import RepoEnv
 
-    prompt = task["prompt"].replace("{files}", ", ".join(task["files"]))
     bug, text = task["bug"], task["files"][task["bug"]["path"]]
     old, new = minimal_edit(text, bug["old"], bug["new"])
-    messages = with_tools_message([{"role": "user", "content": prompt}], tools, tools_style)
-    steps = [("run_tests", {}, expected_report(task), 1), ("read_file", {"path": bug["path"]}, text, 1)]
-    if give_up:
-        steps, retry = steps[:1], None
+    steps = [("read_file", {"path": bug["path"]}, text, 1)]
     wrong = miscopies(text, old, new) if retry is not None else []
     if wrong:
         env = RepoEnv(tools_style=tools_style)
@@ -196,13 +206,8 @@ def sft_record(task: dict, tools, tools_style: str = "compact", retry: random.Ra
         args = {"path": bug["path"], "old": retry.choice(wrong), "new": new}
         [error] = env.step(format_call("replace", args)).observation
         steps.append(("replace", args, error["content"], 0))
-    if not give_up:
-        fixed = f"replaced 1 occurrence in {bug['path']}"
-        steps.append(("replace", {"path": bug["path"], "old": old, "new": new}, fixed, 1))
-    for name, args, result, weight in steps:
-        call = {"role": "assistant", "content": format_call(name, args)}
-        messages += [call if weight else {**call, "weight": 0}, {"role": "tool", "name": name, "content": result}]
-    return {"messages": messages + [{"role": "assistant", "content": format_call("submit", {})}]}
+    fixed = f"replaced 1 occurrence in {bug['path']}"
+    return steps + [("replace", {"path": bug["path"], "old": old, "new": new}, fixed, 1)]
 
 
 def write_repo_data(out_dir: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0,

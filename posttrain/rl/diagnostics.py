@@ -12,6 +12,7 @@ the data is too easy or too hard for the current policy).
 
 from __future__ import annotations
 
+import collections
 import statistics
 
 from posttrain.outcome import Outcome, OutcomeClass
@@ -37,13 +38,10 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
     }
     for cls in OutcomeClass:
         m[f"outcomes/{cls.value}_frac"] = sum(o.cls is cls for o in outcomes) / n
-    reasons: dict[str, int] = {}  # why samples failed, masked ones too (a tool that hangs: INFRA_FAIL/env_timeout)
-    for o in outcomes:
-        if o.cls is not OutcomeClass.PASS and o.reason:
-            key = f"outcomes/{o.cls.value}/{o.reason}_frac"
-            reasons[key] = reasons.get(key, 0) + 1
-    for key, count in reasons.items():
-        m[key] = count / n
+    # why samples failed, masked ones too (a tool that hangs: INFRA_FAIL/env_timeout)
+    reasons = collections.Counter(f"outcomes/{o.cls.value}/{o.reason}_frac" for o in outcomes
+                                  if o.cls is not OutcomeClass.PASS and o.reason)
+    m.update({key: count / n for key, count in reasons.items()})
     return m
 
 

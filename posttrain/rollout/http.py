@@ -63,7 +63,6 @@ from posttrain.rollout.weights_folder import prune_versions, write_version
 log = logging.getLogger(__name__)
 
 
-
 class ServerUnreachable(RuntimeError):
     """A rollout server did not answer its health check: an outage, not bad input (exit 1)."""
 
