@@ -32,8 +32,8 @@ serve it with older weights (a broken ordering fails loudly instead of training 
 Faults: a replica that dies (killed, out of memory, its node lost) is replaced by a new actor that
 first loads the current weights (the same object-store reference: no second put; streamed weights
 are kept nowhere, so there the replacement is sent no work until the next version reaches it over
-a group built again with it, and a replica lost in the middle of a stream fails that sync with
-`WeightSyncError`); ``restarts``
+a group built again with it, and a call that finds every replica so waiting fails with
+`EngineError`; a replica lost in the middle of a stream fails that sync with `WeightSyncError`); ``restarts``
 counts the replacements, at most ``max_restarts``, then `EngineDied`. In sync mode the dead
 replica's block is sent again, with the same seeds, so it samples the same tokens. In async mode
 its unanswered requests come back from ``poll`` as `Lost`: the controller returns their prompts to
@@ -235,11 +235,17 @@ class RayEngines:
 
     def _least_loaded(self) -> int:
         """The replica with the fewest samples in flight; on a tie, the one sent the fewest requests.
-        A replica waiting for the next streamed version is passed over."""
+        A replica waiting for the next streamed version is passed over; when every one waits, the
+        call fails with `EngineError`: that version comes only after the call (waiting would never
+        end), and the run saves a checkpoint whose resume sends the weights again."""
         load = [0] * len(self.actors)
         for req in self._requests.values():
             load[req.slot] += len(req.prompts) * req.n
         ready = [slot for slot in range(len(load)) if slot not in self._behind]
+        if not ready:
+            raise EngineError(f"every engine replica was replaced after the last streamed weights (version "
+                              f"{self.version}) and holds none of them; streamed weights are kept nowhere to "
+                              f"restore from (rollout.ray_weights=object_store keeps them)")
         return min(ready, key=lambda slot: (load[slot], self._sent[slot]))
 
     def submit(self, prompts, n: int, sampling: SamplingParams) -> int:

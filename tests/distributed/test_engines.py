@@ -4,6 +4,7 @@ local runs step for step, and replicas killed at random points lose no prompt an
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from posttrain.errors import UserError
 from posttrain.rl.config import RLConfig
 from posttrain.rl.run import run_rl
 from posttrain.rollout import SamplingParams, TorchEngine, WeightSyncError, weights_checksum
-from posttrain.rollout.protocol import EngineTimeout
+from posttrain.rollout.protocol import EngineError, EngineTimeout, Lost
 from tests.rl.conftest import PLUGIN
 
 TEXTS = ["1+2=", "7-3=", "4+4=", "9-1=", "2+5="]
@@ -38,6 +39,34 @@ def test_split_groups_balances_whole_groups():
     assert split_groups(5, 2) == [[0, 1, 2], [3, 4]]
     assert split_groups(6, 3) == [[0, 1], [2, 3], [4, 5]]
     assert split_groups(1, 3) == [[0]]
+
+
+class _Actor:
+    """Stands for a replica's actor handle in the bookkeeping (no Ray)."""
+
+    def __init__(self, n: int):
+        self._actor_id = bytes([n]) * 16
+
+
+def _streamed_handle() -> RayEngines:
+    """One replica's bookkeeping after streamed weights of version 1, without starting Ray."""
+    handle = object.__new__(RayEngines)
+    handle.__dict__.update(
+        spec=None, printer=lambda *_: None, version=1, restarts=0, max_restarts=2, _requests={}, _acks={},
+        _ready=[], _weights=None, _idle={}, _idle_dead=0.0, _behind=set(), _sent=[0], actors=[_Actor(0)],
+        _actor_class=SimpleNamespace(remote=lambda _: _Actor(1)))
+    return handle
+
+
+def test_a_lone_replica_lost_mid_call_with_streamed_weights_is_an_engine_error():
+    """The replacement holds none of the streamed weights and the next version only comes after the
+    call: an `EngineError` (the RL driver's cue to checkpoint), not a wait that never ends."""
+    handle = _streamed_handle()
+    handle._requests[1] = SimpleNamespace(actor=handle.actors[0], slot=0, prompts=[[1]], n=2)
+    handle._replace(0, handle.actors[0])
+    assert handle._behind == {0} and handle._ready == [Lost(1, "engine_replica_died")]
+    with pytest.raises(EngineError, match=r"every engine replica was replaced .*\(version 1\)"):
+        handle.submit([[1]], 2, SamplingParams())
 
 
 def test_generate_splits_whole_groups_and_equals_one_local_call(engines, prompts, nano_model_dir, monkeypatch):
