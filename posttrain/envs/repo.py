@@ -44,7 +44,6 @@ tests do not load -> TASK_FAIL (bad_test); the sandbox died -> INFRA_FAIL (`EnvI
 
 from __future__ import annotations
 
-import json
 import re
 
 from posttrain.envs.base import EnvInfraError, EnvTaskError, StepResult
@@ -316,8 +315,6 @@ class RepoEnv(ToolEnv):
         before = calls[:[c.name for c in calls].index("submit")]
         info = {"tool_calls": len(before) + 1, "tool_errors": 0}
         if before:  # the calls written before the submit run first
-            body = "".join(f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
-                           for c in before)
-            info["tool_errors"] = super().step(body).info.get("tool_errors", 0)
+            info["tool_errors"] = self.run_calls(before).info["tool_errors"]
         outcome = self.judge(text)
         return StepResult(reward=outcome.reward, done=True, outcome=outcome, info=info)

@@ -23,7 +23,7 @@ as INFRA_FAIL / TASK_FAIL.
 from __future__ import annotations
 
 from posttrain.envs.base import EnvInfraError, Environment, EnvTaskError, StepResult
-from posttrain.envs.tools import MalformedCall, Tool, parse_tool_calls
+from posttrain.envs.tools import MalformedCall, Tool, ToolCall, parse_tool_calls
 from posttrain.outcome import Outcome
 
 MALFORMED_POLICIES = ("continue", "end")
@@ -63,6 +63,11 @@ class ToolEnv(Environment):
         if not calls:
             outcome = self.judge(text)
             return StepResult(reward=outcome.reward, done=True, outcome=outcome)
+        return self.run_calls(calls)
+
+    def run_calls(self, calls: list[ToolCall]) -> StepResult:
+        """The parsed ``calls`` run in order, their results as tool messages (never re-parsed from
+        text: an argument may hold ``</tool_call>`` once decoded)."""
         results, errors = [], 0
         for call in calls:
             try:

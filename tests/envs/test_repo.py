@@ -119,6 +119,17 @@ def test_calls_before_a_submit_run_first(pool, tasks):
     assert result.done and result.outcome.cls is OutcomeClass.PASS and result.info["tool_calls"] == 2
 
 
+def test_a_write_before_a_submit_runs_even_when_its_text_holds_the_closing_tag(pool, tasks):
+    # JSON lets a model write "</" as "<\/", so the closing tag can sit inside an argument
+    task = tasks[1]
+    fixed = task["fix"]["pkg/ops.py"] + "# </tool_call>\n"
+    text = format_call("write_file", {"path": "pkg/ops.py", "content": fixed}).replace(
+        "# </tool_call>", "# <\\/tool_call>") + format_call("submit", {})
+    result = env_of(pool, task).step(text)
+    assert result.info == {"tool_calls": 2, "tool_errors": 0}
+    assert result.outcome.cls is OutcomeClass.PASS
+
+
 def test_broken_tasks_are_task_fail_not_the_models(pool, tasks):
     with pytest.raises(EnvTaskError, match="hidden_tests"):
         RepoEnv(pool=pool).reset({"files": {"a.py": ""}})
