@@ -10,7 +10,8 @@ function, so a fix that breaks another function does not pass either. ``fix`` is
 module passes all its tests and the buggy one fails a visible and a hidden test.
 
 Train and held-out tasks never share a (catalogue choice, bug, constants) combination: a task's
-split is a hash of its id. `sft_record` writes the trace of a good episode (run the tests, read
+split is a hash of that combination with the functions in sorted order (`content_key`), so the
+same module with its functions listed the other way round is never a held-out task. `sft_record` writes the trace of a good episode (run the tests, read
 the module, replace the buggy line, submit) for a warm start by `posttrain sft`, with the tool
 outputs exactly as `posttrain.envs.repo` prints them; some traces can first miss with a
 ``replace`` and recover (the missed call kept out of the loss).
@@ -62,8 +63,15 @@ def _evaluate(source: str, name: str, arg_src: str):
         return e
 
 
-def split_of(task_id: str) -> str:
-    digest = hashlib.sha256(f"{_SALT}:{task_id}".encode()).digest()
+def content_key(names: tuple[str, ...], buggy: int, bug: int, ks: tuple[int, ...]) -> str:
+    """What a task is whatever order its functions are listed in: each function with its constant
+    (and the bug, on the buggy one), sorted. The split hashes this, not the id, which has the order."""
+    parts = (f"{n}={k}" + (f"!{bug}" if i == buggy else "") for i, (n, k) in enumerate(zip(names, ks)))
+    return "/".join(sorted(parts))
+
+
+def split_of(key: str) -> str:
+    digest = hashlib.sha256(f"{_SALT}:{key}".encode()).digest()
     return "eval" if int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_FRAC else "train"
 
 
@@ -130,8 +138,11 @@ def sample_tasks(n: int, *, split: str = "train", seed: int = 0, functions: int 
             break
         names = tuple(rng.sample(sorted(CATALOGUE), functions))
         ks = tuple(rng.randint(2, 9) for _ in names)
-        task = make_task(names, rng.randrange(functions), rng.randrange(2), ks)
-        if task is None or task["id"] in seen or split_of(task["id"]) != split:
+        buggy, bug = rng.randrange(functions), rng.randrange(2)
+        if split_of(content_key(names, buggy, bug, ks)) != split:
+            continue
+        task = make_task(names, buggy, bug, ks)
+        if task is None or task["id"] in seen:
             continue
         seen.add(task["id"])
         out.append(task)

@@ -65,6 +65,14 @@ def test_train_and_held_out_tasks_never_share_a_task_and_each_bug_shows(tasks):
         assert "1 failed" in expected_report(t)
 
 
+def test_no_held_out_task_is_a_training_task_with_its_functions_in_another_order():
+    def content(task):  # the module's functions, sorted: the task whatever order they are listed in
+        return tuple(sorted(f.strip() for f in task["files"]["pkg/ops.py"].split("\n\n\n")))
+
+    train = {content(t) for t in sample_tasks(2000, split="train")}  # make-env-data's default sizes
+    assert [t["id"] for t in sample_tasks(200, split="eval") if content(t) in train] == []
+
+
 def test_the_sandbox_report_is_the_one_the_traces_show(pool, tasks):
     for task in tasks[:4]:
         assert tool(env_of(pool, task), "run_tests") == expected_report(task)
