@@ -8,7 +8,7 @@ mask. The rules follow transformers' own mask construction:
   ``config.sliding_window`` (Gemma 2/3, Qwen2/3 with ``use_sliding_window``, Ministral);
 * a config without it (Mistral, Mixtral, Phi-3, Starcoder2) applies ``config.sliding_window`` to
   every layer when it is set, if the model's code builds sliding masks at all (Llama carries the
-  attribute without using it);
+  attribute without using it), asked of the model's own class under peft's or FSDP2's wrapper;
 * a window W lets the token at position p see positions p-W+1 .. p (``sliding_window_overlay``).
 
 Anything else (chunked, linear or recurrent layers, bidirectional attention) is `UnsupportedModel`.
@@ -35,8 +35,15 @@ def refuse(model, what: str) -> UnsupportedModel:
 
 def _builds_sliding_masks(model) -> bool:
     """Whether the model's code builds sliding-window masks: its modeling module imports
-    transformers' builder exactly when it uses ``config.sliding_window``."""
-    return hasattr(sys.modules.get(type(model).__module__), "create_sliding_window_causal_mask")
+    transformers' builder exactly when it uses ``config.sliding_window``.
+
+    The model's own class is found under any wrapper: peft holds the transformers model inside its
+    own (``get_base_model``), and FSDP2 swaps in a subclass defined in torch, so every class of the
+    MRO is asked, not only the outermost one.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return any(hasattr(sys.modules.get(c.__module__), "create_sliding_window_causal_mask")
+               for c in type(base).__mro__)
 
 
 def attention_windows(model) -> dict[str | None, int | None]:

@@ -1,12 +1,19 @@
 """Packed forwards: a micro-batch's rows end to end in one sequence, attention inside each row,
 give the padded forward's log-probs and gradients for every family the engine runs (sliding
-windows included, with rows longer than the window), and the policy takes the same steps."""
+windows included, with rows longer than the window, also under peft's and FSDP2's wrappers), and
+the policy takes the same steps."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from posttrain.models import tiny
-from posttrain.models.hf import ModelConfig, load_model
+from posttrain.models.hf import LoraConfig, ModelConfig, load_model
 from posttrain.rl import policy as policy_module
 from posttrain.rl.batch import build_batch
 from posttrain.rl.packed import install, packed_logits, packed_tokens, packs
@@ -41,8 +48,21 @@ def _ragged(vocab: int, lengths=(150, 3, 71, 9, 1, 40)):
     return build_batch(ro, [1.0] * len(comps), [True] * len(comps), pad_id=0)
 
 
+def _logp(t: TargetLogits) -> torch.Tensor:
+    return t.place(t.logits_BXV.float().log_softmax(-1).gather(-1, t.targets_BX[..., None]).squeeze(-1))
+
+
+def padded_and_packed_logp(model, mb) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mb``'s target log-probs from the padded forward and, after `install`, the packed one."""
+    with torch.no_grad():
+        out = model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, position_ids=mb.position_ids_BT())
+        padded = _logp(TargetLogits.full(out.logits[:, :-1], mb.input_ids_BT[:, 1:]))
+        assert install(model) and packs(model)
+        return padded, _logp(packed_logits(model, mb, torch.device("cpu")))
+
+
 def _logp_and_grads(model, t: TargetLogits, mb):
-    logp = t.place(t.logits_BXV.float().log_softmax(-1).gather(-1, t.targets_BX[..., None]).squeeze(-1))
+    logp = _logp(t)
     model.zero_grad()
     (logp * mb.mask_BT).sum().backward()
     return logp.detach(), [p.grad.clone() for p in model.parameters()]
@@ -71,6 +91,27 @@ def test_packed_rows_give_the_padded_forward(family_dirs, arch):
     torch.testing.assert_close(packed_logp[mb.mask_BT], padded_logp[mb.mask_BT], atol=1e-5, rtol=1e-5)
     for a, b in zip(padded_grads, packed_grads):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_a_lora_model_packs_with_its_sliding_window(family_dirs):
+    # peft's model class lives in peft, not in the modeling module that builds Mistral's sliding masks
+    model = load_model(ModelConfig(path=str(family_dirs["mistral"]), lora=LoraConfig(enabled=True, r=4)))
+    mb = _ragged(model.config.get_text_config().vocab_size)
+    padded, packed = padded_and_packed_logp(model, mb)
+    torch.testing.assert_close(packed[mb.mask_BT], padded[mb.mask_BT], atol=1e-5, rtol=1e-5)
+
+
+def test_fsdp_ranks_pack_with_the_sliding_window(family_dirs):
+    # FSDP2 swaps each sharded module's class for a subclass defined in torch; with LoRA, around peft's
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).with_name("packed_ranks.py")), str(family_dirs["mistral"])]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert sorted((x["case"], x["rank"]) for x in rows) == [("lora", 0), ("lora", 1), ("plain", 0), ("plain", 1)]
+    for x in rows:
+        assert x["sharded"] and x["max_abs_diff"] < 1e-5, x
 
 
 def test_soft_capped_attention_and_broken_rows_keep_the_padded_forward(family_dirs):
