@@ -16,8 +16,9 @@ The flags, and why:
   ``/update_weight_version``, ``/resume``, ``/weight_info``);
 * ``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` when the policy trains a LoRA
   adapter, so that only the adapter is sent at each sync;
-* ``--host 127.0.0.1`` unless told otherwise, and ``--api-key $POSTTRAIN_API_KEY`` whenever that
-  is set (required when the bind is not loopback).
+* ``--host 127.0.0.1`` unless told otherwise (``::1`` binds IPv6 loopback), and
+  ``VLLM_API_KEY=$POSTTRAIN_API_KEY`` in the server's environment whenever that is set (required
+  when the bind is not loopback): in its argv any local user would read it from ``ps``.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class VLLMConfig:
     python: str = ""
     """The vLLM environment's interpreter; empty: ``$POSTTRAIN_VLLM_PYTHON``, else ``.venv-vllm``."""
     host: str = "127.0.0.1"
-    """Address the launched servers bind; anything but loopback needs ``$POSTTRAIN_API_KEY`` (the
-    servers get it as ``--api-key``, the client sends it; a key never goes in a config file)."""
+    """Address the launched servers bind (IPv4 or IPv6, e.g. ``::1``); anything but loopback needs
+    ``$POSTTRAIN_API_KEY`` (the servers get it in their environment as ``VLLM_API_KEY``, the client
+    sends it; a key never goes in a config file)."""
     dtype: str = "float32"
     """The servers' weight dtype (``--dtype``): float32, bfloat16 or float16."""
     max_model_len: int = 2048
@@ -111,9 +113,15 @@ def vllm_python(spec: ServerSpec) -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
+    """A port free on ``host``, asked of a socket of the host's own address family (IPv6 for ``::1``)."""
+    family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(addr)
         return s.getsockname()[1]
+
+
+def server_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"  # an IPv6 literal takes brackets
 
 
 def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
@@ -127,13 +135,15 @@ def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
         cmd.append("--enable-sleep-mode")
     if spec.lora_rank > 0:
         cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank), "--max-loras", "1"]
-    if os.environ.get(API_KEY_ENV):  # vLLM reads it as VLLM_API_KEY too, but says so in its argv nowhere
-        cmd += ["--api-key", os.environ[API_KEY_ENV]]
-    return cmd + list(spec.extra_args)
+    return cmd + list(spec.extra_args)  # the API key goes in the environment (`server_env`), never here
 
 
 def server_env(spec: ServerSpec, index: int) -> dict[str, str]:
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib)}
+    # vLLM's api_server checks VLLM_API_KEY, where `ps` cannot show it; only the key the client sends
+    env.pop("VLLM_API_KEY", None)
+    if os.environ.get(API_KEY_ENV):
+        env["VLLM_API_KEY"] = os.environ[API_KEY_ENV]
     if spec.lora_rank > 0:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     if spec.gpus:
@@ -168,7 +178,7 @@ class VLLMServers:
         try:
             for i in range(self.n):
                 self.procs.append(self._launch(i, free_port(self.spec.host)))
-                self.urls.append(f"http://{self.spec.host}:{self._port(i)}")
+                self.urls.append(server_url(self.spec.host, self._port(i)))
             self.wait_ready()
         except BaseException:
             self.stop()

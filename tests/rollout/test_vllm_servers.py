@@ -1,0 +1,52 @@
+"""Launching vLLM servers without vLLM: what a server's process is given (argv, environment), and
+the start-up path over IPv6 loopback with a stand-in server that answers ``/health``."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from posttrain.rollout import vllm_servers
+from posttrain.rollout.http import API_KEY_ENV
+from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers, server_command, server_env
+
+# argv: -c HOST DIR --port PORT (`VLLMServers` reads the port back from "--port")
+STAND_IN = ("import runpy, sys; sys.argv = ['http.server', '--bind', sys.argv[1], '--directory', sys.argv[2], "
+            "sys.argv[4]]; runpy.run_module('http.server', run_name='__main__')")
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_the_api_key_reaches_a_server_in_its_environment_not_its_command_line(monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "key-that-ps-must-not-show")
+    spec = ServerSpec(model="/models/tiny", host="0.0.0.0")
+    argv = server_command(spec, "python", 8000)
+    assert "--api-key" not in argv and not any("key-that-ps" in a for a in argv)
+    assert server_env(spec, 0)["VLLM_API_KEY"] == "key-that-ps-must-not-show"
+
+
+def test_a_server_checks_no_key_the_client_does_not_send(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "left-over-from-the-shell")
+    assert "VLLM_API_KEY" not in server_env(ServerSpec(model="/models/tiny"), 0)
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_servers_on_ipv6_loopback_start_and_answer_at_a_bracketed_url(monkeypatch, tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "health").write_text("ok")
+    monkeypatch.setattr(vllm_servers, "server_command",
+                        lambda spec, python, port: [python, "-c", STAND_IN, spec.host, str(tmp_path / "site"),
+                                                    "--port", str(port)])
+    spec = ServerSpec(model="/models/tiny", host="::1", python=sys.executable, startup_timeout_s=60)
+    with VLLMServers(spec, 1, tmp_path / "logs", printer=lambda *_: None) as urls:
+        assert len(urls) == 1 and urls[0].startswith("http://[::1]:")
