@@ -1,14 +1,18 @@
 """Judge rewards: an OpenAI-compatible server grades each completion with a rubric.
 
 `Judge` fills the rubric (a template with ``{prompt}``, ``{completion}``, ``{reference}`` and
-``{criteria}``) for each sample, asks the judge model at ``judge.urls`` over
-``/v1/chat/completions`` (temperature 0), and parses a score from its answer: a JSON object with a
-``"score"`` field, or else the last ``Score: N`` line. The score over ``max_score`` is the reward;
-at ``pass_score`` or above the sample is a PASS, below a MODEL_FAIL.
+``{criteria}``; only those four are filled, so other braces, a JSON answer format, stay as written)
+for each sample, asks the judge model at ``judge.urls`` over ``/v1/chat/completions``
+(temperature 0), and parses its final verdict: whichever comes last of a JSON object with a
+``"score"`` field and a ``Score: N`` line. Not the first: a judge often quotes the answer it grades,
+and the policy writes that answer. The score over ``max_score`` is the reward; at ``pass_score`` or
+above the sample is a PASS, below a MODEL_FAIL.
 
-A judge that cannot grade is never "the model was wrong": a connection error, a non-2xx answer, a
-timeout, or an answer with no score in range is INFRA_FAIL (``judge_error``, ``judge_timeout``,
-``judge_unparseable``), masked from the gradient and counted. Grades are cached by (prompt,
+A judge that cannot grade is never "the model was wrong": a connection error, a non-2xx answer, no
+whole answer within ``timeout_s`` (a deadline for the whole grade: httpx's timeout bounds each
+read, so a judge dripping its answer would otherwise hold the step), a malformed answer, or one
+with no score in range is INFRA_FAIL (``judge_error``, ``judge_timeout``, ``judge_unparseable``),
+masked from the gradient and counted. Grades are cached by (prompt,
 completion, rubric), so a repeated sample is graded once (``judge/cache_hit_rate``). A batch is
 graded ``concurrency`` requests at a time. ``$POSTTRAIN_API_KEY`` goes with every request as a
 bearer token, as for rollout servers.
@@ -21,7 +25,9 @@ import hashlib
 import json
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import httpx
 
@@ -46,6 +52,7 @@ Answer to grade:
 Think briefly, then end with one line of the form "Score: N", N an integer from 0 to 10."""
 
 _SCORE_LINE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_FIELD = re.compile(r"\{(prompt|completion|reference|criteria)\}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -55,7 +62,8 @@ class JudgeConfig:
     model: str = ""
     """The model name sent in each request (the server's served name)."""
     rubric: str = DEFAULT_RUBRIC
-    """The grading prompt: {prompt}, {completion}, {reference} and {criteria} are filled in."""
+    """The grading prompt: {prompt}, {completion}, {reference} and {criteria} are filled in; any other
+    braces are sent as written (no doubling needed)."""
     criteria: str = "Correct, complete, and clearly stated."
     """What the rubric's {criteria} says (an example's own ``criteria`` field wins)."""
     max_score: float = 10.0
@@ -65,7 +73,8 @@ class JudgeConfig:
     weight: float = 1.0
     """With another verifier: the judge's reward weight added to it (verifier: judge = the judge alone)."""
     timeout_s: float = 60.0
-    """Longest wait for one grade; past it the sample is INFRA_FAIL (judge_timeout)."""
+    """Deadline of one grade, all of it (connecting, the judge thinking, reading its answer); past
+    it the sample is INFRA_FAIL (judge_timeout)."""
     max_tokens: int = 256
     """Most tokens the judge may write per grade."""
     concurrency: int = 8
@@ -139,15 +148,33 @@ class Judge:
     # ------------------------------------------------------------------------------------------
 
     def _fill(self, completion: str, example: dict) -> str:
-        return self.cfg.rubric.format(prompt=_text(example.get("prompt", "")), completion=completion,
-                                      reference=str(example.get("answer", example.get("reference", ""))),
-                                      criteria=example.get("criteria", self.cfg.criteria))
+        fields = {"prompt": _text(example.get("prompt", "")), "completion": str(completion),
+                  "reference": str(example.get("answer", example.get("reference", ""))),
+                  "criteria": str(example.get("criteria", self.cfg.criteria))}
+        # one pass, named fields only: the rubric's other braces stay literal, and a completion
+        # that writes "{reference}" is not filled in with the reference
+        return _FIELD.sub(lambda m: fields[m.group(1)], self.cfg.rubric)
 
     def _try_grade(self, prompt: str):
+        """The score of ``prompt``, or the `_Ungraded` why not, by ``timeout_s`` from now. The grade
+        runs on a thread of its own so the wait is a deadline; left behind, it stops itself at its
+        next read of the answer (`_post`)."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        done: Future = Future()
+        threading.Thread(target=self._grade_into, args=(prompt, deadline, done), daemon=True,
+                         name="judge-grade").start()
         try:
-            return self._grade(prompt)
+            return done.result(timeout=self.cfg.timeout_s)
+        except FutureTimeout:
+            return _Ungraded("judge_timeout", f"no grade within {self.cfg.timeout_s:g} s")
+
+    def _grade_into(self, prompt: str, deadline: float, done: Future) -> None:
+        try:
+            done.set_result(self._grade(prompt, deadline))
         except _Ungraded as e:
-            return e
+            done.set_result(e)
+        except Exception as e:  # a surprise in one answer is that sample's failure, never its batch's
+            done.set_result(_Ungraded("judge_error", f"{type(e).__name__}: {e}"))
 
     def _outcome(self, score) -> Outcome:
         if isinstance(score, _Ungraded):
@@ -157,42 +184,63 @@ class Judge:
             return Outcome.passed(reward=reward)
         return Outcome.model_fail("judged_below_pass", reward=reward, detail=f"judge score {score:g}")
 
-    def _grade(self, prompt: str) -> float:
+    def _grade(self, prompt: str, deadline: float) -> float:
         with self._lock:
             url = self.cfg.urls[self._next % len(self.cfg.urls)]
             self._next += 1
         body = {"model": self.cfg.model, "messages": [{"role": "user", "content": prompt}],
                 "temperature": 0.0, "max_tokens": self.cfg.max_tokens}
+        status, raw = self._post(url, body, deadline)
+        if status != 200:
+            raise _Ungraded("judge_error", f"{url}: HTTP {status}: {raw[:200]}")
         try:
-            r = self._client.post(f"{url.rstrip('/')}/v1/chat/completions", json=body)
-        except httpx.TimeoutException:
-            raise _Ungraded("judge_timeout", f"{url}: no grade within {self.cfg.timeout_s:g} s") from None
-        except httpx.HTTPError as e:
-            raise _Ungraded("judge_error", f"{url}: {type(e).__name__}: {e}") from None
-        if r.status_code != 200:
-            raise _Ungraded("judge_error", f"{url}: HTTP {r.status_code}: {r.text[:200]}")
-        try:
-            text = r.json()["choices"][0]["message"]["content"] or ""
+            text = json.loads(raw)["choices"][0]["message"]["content"] or ""
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _Ungraded("judge_error", f"{url}: malformed answer: {r.text[:200]}") from None
+            raise _Ungraded("judge_error", f"{url}: malformed answer: {raw[:200]}") from None
+        if not isinstance(text, str):
+            raise _Ungraded("judge_error", f"{url}: the answer's content is {type(text).__name__}, not text")
         score = parse_score(text)
         if score is None or not 0 <= score <= self.cfg.max_score:
             raise _Ungraded("judge_unparseable", f"no score in 0..{self.cfg.max_score:g} in the judge's answer: "
                                                  f"{text[-200:]!r}")
         return score
 
+    def _post(self, url: str, body: dict, deadline: float) -> tuple[int, str]:
+        """Status and text of the judge's answer, read chunk by chunk so that it is cut at ``deadline``."""
+        timeout = max(deadline - time.monotonic(), 0.01)  # no single read outlives the deadline by much
+        try:
+            with self._client.stream("POST", f"{url.rstrip('/')}/v1/chat/completions", json=body,
+                                     timeout=timeout) as r:
+                raw = bytearray()
+                for chunk in r.iter_bytes():
+                    if time.monotonic() > deadline:
+                        raise _Ungraded("judge_timeout", f"{url}: no whole answer within {self.cfg.timeout_s:g} s")
+                    raw += chunk
+                return r.status_code, raw.decode("utf-8", "replace")
+        except httpx.TimeoutException:
+            raise _Ungraded("judge_timeout", f"{url}: no grade within {self.cfg.timeout_s:g} s") from None
+        except httpx.HTTPError as e:
+            raise _Ungraded("judge_error", f"{url}: {type(e).__name__}: {e}") from None
+
 
 def parse_score(text: str) -> float | None:
-    """The score in a judge's answer: a JSON object's ``"score"``, else the last ``Score: N``."""
-    for match in re.finditer(r"\{[^{}]*\}", text):
+    """The judge's final verdict: whichever ends last of a JSON object's ``"score"`` and a
+    ``Score: N`` line. Earlier ones may be quoted from the answer under grade."""
+    found = [(m.end(), float(m.group(1))) for m in _SCORE_LINE.finditer(text)] + list(_json_scores(text))
+    return max(found)[1] if found else None
+
+
+def _json_scores(text: str):
+    """``(end, score)`` of each JSON object in ``text`` with a numeric ``"score"`` (nested ones too)."""
+    decoder = json.JSONDecoder()
+    for start in (m.start() for m in re.finditer(r"\{", text)):
         try:
-            value = json.loads(match.group(0)).get("score")
-        except (ValueError, AttributeError):
+            obj, end = decoder.raw_decode(text, start)
+        except ValueError:
             continue
+        value = obj.get("score") if isinstance(obj, dict) else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    found = _SCORE_LINE.findall(text)
-    return float(found[-1]) if found else None
+            yield end, float(value)
 
 
 def _text(prompt) -> str:
