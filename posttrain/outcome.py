@@ -11,12 +11,16 @@ Four classes (docs/rl.md, "Outcomes"):
 Only PASS and MODEL_FAIL are rewards. TASK_FAIL and INFRA_FAIL carry no learning signal: the RL
 loop masks them from the gradient and counts them, so a dead sandbox is never scored as a wrong
 answer.
+
+`checked` is the one gate every reward passes where it enters (verifiers, environments): a NaN or
+infinite reward is INFRA_FAIL, since one would turn its whole group's advantages into NaN.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 
 
 class OutcomeClass(str, enum.Enum):
@@ -70,3 +74,18 @@ class Outcome:
     @staticmethod
     def infra_fail(reason: str, detail: str = "") -> "Outcome":
         return Outcome(OutcomeClass.INFRA_FAIL, 0.0, reason, detail)
+
+
+def checked(outcome: Outcome) -> Outcome:
+    """``outcome``, or INFRA_FAIL (``verifier_error``) when it is a reward that is not a finite number:
+    whatever produced it failed, and a NaN would spread to every advantage of its group."""
+    if not outcome.is_reward:
+        return outcome
+    try:
+        finite = math.isfinite(outcome.reward)
+    except TypeError:
+        finite = False
+    if finite:
+        return outcome
+    return Outcome.infra_fail("verifier_error", f"{outcome.cls.value} with reward {outcome.reward!r}, "
+                                                "not a finite number")

@@ -22,6 +22,8 @@ segment (prompt included; each turn may generate up to the sampling's ``max_new_
 more than the room left), ``step_timeout_s`` per ``reset`` / ``step``. A limit ends the episode
 with the environment's ``on_limit`` verdict (MODEL_FAIL by default). An environment that raises
 or times out ends its episode as INFRA_FAIL (TASK_FAIL for `EnvTaskError`); the others go on.
+Every verdict passes `posttrain.outcome.checked` here, so a NaN or infinite reward from any
+environment or adapter is INFRA_FAIL (verifier_error).
 A timed-out step's thread cannot be killed: it is abandoned, and its environment never reused.
 """
 
@@ -37,7 +39,7 @@ from posttrain.data.chat import stop_token_ids
 from posttrain.envs.base import Environment, EnvInfraError, EnvTaskError, StepResult, default_outcome
 from posttrain.envs.tools import template_takes_tools, with_tools_message
 from posttrain.envs.trajectory import Episode, Segment
-from posttrain.outcome import Outcome
+from posttrain.outcome import Outcome, checked
 from posttrain.rollout.types import SamplingParams
 
 
@@ -74,7 +76,7 @@ class _Live:
         return self.seg.prompt_ids + self.seg.completion_ids
 
     def finish(self, outcome: Outcome) -> None:
-        self.episode.outcome = outcome
+        self.episode.outcome = checked(outcome)
 
 
 def _outcome_of_error(e: BaseException) -> Outcome:

@@ -4,9 +4,9 @@ A verifier is any function ``(completion: str, example: dict) -> Outcome``. Reci
 registry name (`VERIFIERS`) or by an import path ``package.module:function`` (`resolve_verifier`),
 so user-written rewards need no registration.
 
-`safe_verify` is how every caller should run a verifier: an exception becomes INFRA_FAIL
-("verifier_error"), which the RL loop masks from the gradient — a crashing verifier must never
-read as "the model was wrong" (reward 0).
+`safe_verify` is how every caller should run a verifier: an exception, or a NaN or infinite reward
+(`posttrain.outcome.checked`), becomes INFRA_FAIL ("verifier_error"), which the RL loop masks from
+the gradient — a crashing verifier must never read as "the model was wrong" (reward 0).
 
 A verifier may carry a ``batch`` attribute, ``(completions, examples) -> list[Outcome]``, that
 `score_batch` uses to judge a whole batch at once (the code verifier runs it on parallel
@@ -23,7 +23,7 @@ import importlib
 from collections.abc import Callable
 
 from posttrain.errors import UserError
-from posttrain.outcome import Outcome, OutcomeClass
+from posttrain.outcome import Outcome, OutcomeClass, checked
 from posttrain.verifiers import basic
 
 Verifier = Callable[[str, dict], Outcome]
@@ -76,7 +76,8 @@ def resolve_verifier(spec: str) -> Verifier:
 
 
 def safe_verify(fn: Verifier, completion: str, example: dict) -> Outcome:
-    """Run ``fn``; an exception or a non-Outcome result becomes INFRA_FAIL ("verifier_error")."""
+    """Run ``fn``; an exception, a non-Outcome result or a non-finite reward becomes INFRA_FAIL
+    ("verifier_error")."""
     try:
         outcome = fn(completion, example)
     except Exception as e:
@@ -85,7 +86,7 @@ def safe_verify(fn: Verifier, completion: str, example: dict) -> Outcome:
         return Outcome.infra_fail("verifier_error", f"{type(e).__name__}: {e}")
     if not isinstance(outcome, Outcome):
         return Outcome.infra_fail("verifier_error", f"verifier returned {type(outcome).__name__}, not Outcome")
-    return outcome
+    return checked(outcome)
 
 
 def score_batch(fn: Verifier, completions: list[str], examples: list[dict]) -> list[Outcome]:
@@ -108,7 +109,7 @@ def _safe_batch(batch, completions: list[str], examples: list[dict]) -> list[Out
         return [Outcome.infra_fail("verifier_error", f"{type(e).__name__}: {e}")] * len(completions)
     if len(outcomes) != len(completions) or not all(isinstance(o, Outcome) for o in outcomes):
         return [Outcome.infra_fail("verifier_error", "batch verifier returned a malformed list")] * len(completions)
-    return outcomes
+    return [checked(o) for o in outcomes]
 
 
 def combine(verifiers_with_weights: list[tuple[Verifier, float]]) -> Verifier:

@@ -4,6 +4,7 @@ prefix-break split, and every fault ending only its own episode with the right c
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 import torch
@@ -381,3 +382,91 @@ def test_without_truncated_logprobs_the_behaviour_logprobs_are_the_samplers(nano
     assert m.sum() > 4
     assert torch.equal(batch.behaviour_logp_BT[m], batch.sampler_logp_BT[m])  # never 0: π/μ, not π
     assert float(batch.behaviour_logp_BT[m].max()) < 0
+
+
+class OneTurn(Environment):
+    """Ends at its first step with ``verdict()``."""
+
+    def __init__(self, verdict):
+        self.verdict = verdict
+
+    def reset(self, example):
+        return [{"role": "user", "content": "go"}]
+
+    def step(self, text):
+        return self.verdict()
+
+
+class FakeOpenEnvClient:
+    """openenv's GenericEnvClient whose server scores every step ``reward``."""
+
+    reward = float("nan")
+
+    def __init__(self, **kwargs):
+        pass
+
+    def sync(self):
+        return self
+
+    def reset(self, **kwargs):
+        return types.SimpleNamespace(observation={"feedback": "Guess."}, reward=None, done=False)
+
+    def step(self, action):
+        return types.SimpleNamespace(observation={"feedback": "?"}, reward=self.reward, done=True)
+
+    def close(self):
+        pass
+
+
+class FakeSkyRLEnv:
+    """A SkyRL-gym environment whose reward is ``reward``."""
+
+    reward = float("nan")
+
+    def init(self, messages):
+        return messages, {}
+
+    def step(self, text):
+        return {"observations": [], "reward": self.reward, "done": True, "metadata": {}}
+
+    def close(self):
+        pass
+
+
+def _adapter(name: str, reward: float, monkeypatch):
+    """A maker of environments of adapter ``name`` whose reward source answers ``reward``."""
+    from posttrain.envs.vf_env import outcome_of
+
+    if name == "openenv":
+        import openenv.core
+
+        from posttrain.envs.openenv import OpenEnvEnv
+
+        monkeypatch.setattr(FakeOpenEnvClient, "reward", reward)
+        monkeypatch.setattr(openenv.core, "GenericEnvClient", FakeOpenEnvClient)
+        return lambda: OpenEnvEnv(url="http://127.0.0.1:9", action_field="guess")
+    if name == "skyrl":
+        import skyrl_gym
+
+        from posttrain.envs.skyrl import SkyRLEnv
+
+        monkeypatch.setattr(FakeSkyRLEnv, "reward", reward)
+        monkeypatch.setattr(skyrl_gym, "make", lambda *a, **k: FakeSkyRLEnv())
+        return lambda: SkyRLEnv("gsm8k")
+    verdicts = {
+        "step_reward": lambda: StepResult(reward=reward, done=True),
+        "outcome": lambda: StepResult(done=True, outcome=Outcome.passed(reward)),
+        "verifiers": lambda: StepResult(done=True, outcome=outcome_of({"ok": True, "traces": [{"reward": reward}]},
+                                                                      1.0)),
+    }
+    return lambda: OneTurn(verdicts[name])
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("adapter", ["step_reward", "outcome", "verifiers", "openenv", "skyrl"])
+def test_a_non_finite_reward_from_any_environment_is_infra_fail(adapter, reward, nano_tokenizer, scripted, monkeypatch):
+    make = _adapter(adapter, reward, monkeypatch)
+    [ep] = run_episodes(scripted(lambda p, i: "5"), nano_tokenizer, make, [{"prompt": "q", "answer": "5"}], 1,
+                        SamplingParams(), EpisodeLimits(max_turns=2))
+    assert (ep.outcome.cls, ep.outcome.reason) == (OutcomeClass.INFRA_FAIL, "verifier_error")
+    assert not ep.outcome.is_reward and "not a finite number" in ep.outcome.detail

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from posttrain.errors import UserError
 from posttrain.outcome import Outcome, OutcomeClass
@@ -96,6 +97,30 @@ def test_a_raising_verifier_is_infra_fail_not_reward_zero():
     assert combined.cls is INFRA_FAIL
     outs = score_batch(boom, ["a", "b"], [{}, {}])
     assert [o.cls for o in outs] == [INFRA_FAIL, INFRA_FAIL]
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_reward_is_infra_fail_and_its_group_keeps_finite_advantages(reward):
+    from posttrain.algos.advantages import grpo, reinforce_pp, rloo
+    from posttrain.rl.batch import group_outcomes
+
+    def broken(completion, example):
+        return Outcome.passed(reward) if completion == "odd" else arithmetic(completion, example)
+
+    def broken_batch(completions, examples):
+        return [broken(c, e) for c, e in zip(completions, examples)]
+
+    texts, examples = ["Answer: 1", "odd", "Answer: 2", "Answer: 1"], [{"answer": "1"}] * 4
+    out = safe_verify(broken, "odd", {})
+    assert (out.cls, out.reason) == (INFRA_FAIL, "verifier_error") and "not a finite number" in out.detail
+    broken.batch = broken_batch
+    for fn in (broken, combine([(broken, 1.0), (format_reward, 0.05)])):
+        outcomes = score_batch(fn, texts, examples)
+        assert [o.cls for o in outcomes] == [PASS, INFRA_FAIL, MODEL_FAIL, PASS]
+        rewards_PG, valid_PG, _ = group_outcomes(outcomes, 4)
+        for estimator in (grpo, rloo, reinforce_pp):
+            adv_PG, _ = estimator(rewards_PG, valid_PG)
+            assert torch.isfinite(adv_PG).all() and adv_PG[0, 1] == 0
 
 
 def test_registry_and_import_paths():
