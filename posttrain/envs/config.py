@@ -46,7 +46,8 @@ class EnvConfig:
     """Most tokens in an episode's sample: prompt, model turns and environment replies. Each turn
     generates at most rollout.max_new_tokens."""
     step_timeout_s: float = 30.0
-    """Wall-clock limit of one reset or step of the environment; past it the episode is INFRA_FAIL."""
+    """Wall-clock limit of one reset or step of the environment, its time on the sandbox pool left
+    out; past it the episode is INFRA_FAIL."""
     episode_timeout_s: float = 0.0
     """Wall-clock limit of a whole episode, the model's turns included (0 = none); past it the
     episode ends as INFRA_FAIL (episode_timeout, masked), so a straggler never holds its group."""

@@ -19,9 +19,10 @@ appends the environment's reply:
 
 Limits: ``max_turns`` model turns (the environment's own cap too), ``max_total_tokens`` per
 segment (prompt included; each turn may generate up to the sampling's ``max_new_tokens`` and no
-more than the room left), ``step_timeout_s`` per ``reset`` / ``step``. A limit ends the episode
-with the environment's ``on_limit`` verdict (MODEL_FAIL by default). An environment that raises
-or times out ends its episode as INFRA_FAIL (TASK_FAIL for `EnvTaskError`); the others go on.
+more than the room left), ``step_timeout_s`` per ``reset`` / ``step`` (its time on the sandbox
+pool left out: the pool bounds that itself). A limit ends the episode with the environment's
+``on_limit`` verdict (MODEL_FAIL by default). An environment that raises or times out ends its
+episode as INFRA_FAIL (TASK_FAIL for `EnvTaskError`); the others go on.
 Every verdict passes `posttrain.outcome.checked` here, so a NaN or infinite reward from any
 environment or adapter is INFRA_FAIL (verifier_error).
 A timed-out step's thread cannot be killed: it is abandoned, and its environment never reused.
@@ -41,6 +42,7 @@ from posttrain.envs.tools import template_takes_tools, with_tools_message
 from posttrain.envs.trajectory import Episode, Segment
 from posttrain.outcome import Outcome, checked
 from posttrain.rollout.types import SamplingParams
+from posttrain.sandbox.clock import PoolClock, charged_to
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -50,7 +52,8 @@ class EpisodeLimits:
     max_total_tokens: int = 1024
     """Most tokens in a sample (prompt + model turns + environment replies)."""
     step_timeout_s: float = 30.0
-    """Wall-clock limit of one reset or step; past it the episode is INFRA_FAIL (env_timeout)."""
+    """Wall-clock limit of one reset or step, its time on the sandbox pool (queued or running, bounded
+    by the pool's own limits) left out; past it the episode is INFRA_FAIL (env_timeout)."""
     episode_timeout_s: float = 0.0
     """Wall-clock limit of a whole episode, its model turns included (0 = none); past it the
     episode ends as INFRA_FAIL (episode_timeout): a straggler never holds its group forever."""
@@ -117,21 +120,29 @@ class EpisodeRunner:
         """Run ``fns`` in parallel daemon threads; each result is its value, the exception it
         raised, or `concurrent.futures.TimeoutError` when it overran the limit or the monotonic
         time ``until`` (its thread is left behind: a daemon, so a hung environment cannot keep the
-        process alive)."""
+        process alive). The limit leaves out each call's time on the sandbox pool
+        (`posttrain.sandbox.clock`): queued behind other episodes' programs, or running its own
+        under the sandbox's limits, a call is not hanging."""
         out: list[object] = [cf.TimeoutError()] * len(fns)
+        clocks = [PoolClock() for _ in fns]
 
         def work(i: int) -> None:
             try:
-                out[i] = fns[i]()
+                with charged_to(clocks[i]):
+                    out[i] = fns[i]()
             except BaseException as e:  # noqa: BLE001 - every failure of an environment is a verdict
                 out[i] = e
 
         threads = [threading.Thread(target=work, args=(i,), daemon=True, name="env-step") for i in range(len(fns))]
         for t in threads:
             t.start()
-        deadline = min(time.monotonic() + self.limits.step_timeout_s, until)
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        start = time.monotonic()
+        for t, clock in zip(threads, clocks):
+            while t.is_alive():  # read at each wake: the deadline moves on while the call is on the pool
+                left = min(start + self.limits.step_timeout_s + clock.seconds(), until) - time.monotonic()
+                if left <= 0:
+                    break
+                t.join(left)
         return [cf.TimeoutError() if t.is_alive() else r for t, r in zip(threads, out)]
 
     # -------------------------------------------------------------------------------- episodes

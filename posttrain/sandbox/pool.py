@@ -11,6 +11,9 @@
   ``breaker_threshold`` of them were machinery failures it trips, and every pending and later
   job raises :class:`CircuitOpen` with the reason: a broken host must stop the run, not feed it
   noise.
+- Time a caller's job spends here, queued or running, is charged to the caller's `PoolClock`
+  (`posttrain.sandbox.clock`): a hang deadline over the caller (an environment's step limit)
+  leaves it out, since the pool bounds it itself and says whose fault it was.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 import threading
 
 from posttrain.outcome import Outcome
+from posttrain.sandbox.clock import charge
 from posttrain.sandbox.worker import SandboxConfig, Worker, WorkerError, probe
 
 
@@ -130,6 +134,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._recent: collections.deque[bool] = collections.deque(maxlen=self.cfg.breaker_window)
         self.tripped: str | None = None
+        self._closed = False
         self._queue: queue.Queue = queue.Queue(maxsize=self.cfg.queue_size)
         self._uid_base = _uid_block(self.cfg.n_workers)
         self.workers: list[Worker | None] = [None] * self.cfg.n_workers
@@ -144,7 +149,10 @@ class SandboxPool:
         ``(Outcome, time_s)``."""
         if self.tripped:
             raise CircuitOpen(self.tripped)
+        if self._closed:  # no worker would take it: its future, and a deadline charged for it, would never end
+            raise RuntimeError("the sandbox pool is closed")
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        charge(fut)  # before the put: a full queue's wait is time on the pool too
         self._queue.put((job, fut))
         return fut
 
@@ -166,6 +174,7 @@ class SandboxPool:
         return await asyncio.to_thread(self.run, jobs)
 
     def close(self) -> None:
+        self._closed = True
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:

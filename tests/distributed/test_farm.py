@@ -71,6 +71,17 @@ def test_submit_returns_a_future_of_outcome_and_time(farm):
     assert outcome.cls.value == "PASS" and time_s > 0
 
 
+def test_a_callers_time_on_the_farm_is_charged_to_its_pool_clock(farm):
+    from posttrain.sandbox.clock import PoolClock, charged_to
+
+    clock = PoolClock()
+    with charged_to(clock):
+        futures = [farm.submit(job) for job in SLOW[:4]]
+    for f in futures:
+        f.result(timeout=60)
+    assert clock.seconds() >= 0.15
+
+
 def test_actor_killed_mid_batch_programs_judged_elsewhere_once(ray_cluster):
     farm = make_farm()
     try:
