@@ -512,13 +512,14 @@ class HTTPEngine:
     def asleep(self):
         """The servers sleep inside the block (their accelerator memory freed for the trainer) and
         wake at its end, before the next push: dialects with ``sleep``/``wake`` only (vLLM)."""
-        live = [u for u in self.urls if u not in self._dead]
-        for url in live:
-            self.dialect.sleep(self._sync_client, url)
+        asked = []  # a sleep that failed may have put its server to sleep all the same: woken too
         try:
+            for url in [u for u in self.urls if u not in self._dead]:
+                asked.append(url)
+                self.dialect.sleep(self._sync_client, url)
             yield
         finally:
-            for url in live:
+            for url in asked:
                 self.dialect.wake(self._sync_client, url)
 
     @contextlib.contextmanager

@@ -34,7 +34,7 @@ Weight sync, for each server (the routes ``/update_weights_from_disk`` documents
    ``success: true``;
 3. ``POST /flush_cache`` — no prefix cached under the old weights is reused (200, or 400 when
    SGLang could not flush);
-4. ``POST /continue_generation`` (always, also after a failure);
+4. ``POST /continue_generation`` (always, also after a failure, the pause's own included);
 5. ``GET /model_info`` must read the version back as ``weight_version``, and the server's log-probs
    of a fixed probe sequence — native ``/generate`` with ``input_ids``, ``return_logprob`` and
    ``logprob_start_len: 0``, read from ``meta_info.input_token_logprobs``, which SGLang computes at
@@ -49,7 +49,7 @@ from __future__ import annotations
 import httpx
 
 from posttrain.rollout.http import _one_line
-from posttrain.rollout.vllm import parse_version, post_json
+from posttrain.rollout.vllm import parse_version, post_json, while_paused
 
 ORIGINAL_LOGPROB_HINT = ("the server reports log-probs before temperature; start it without "
                          "SGLANG_RETURN_ORIGINAL_LOGPROB")
@@ -108,18 +108,18 @@ class SGLangDialect:
     def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
         """Pause (retract), reload with the version, flush the cache, continue; '' or why it failed.
         ``checksum`` is not sent: SGLang has none; the probe checks the weights instead."""
+        def swap() -> None:
+            got = post_json(client, f"{url}/update_weights_from_disk", {
+                "model_path": folder, "weight_version": str(version), "flush_cache": True,
+                "abort_all_requests": False})
+            if got.get("success") is not True:
+                raise RuntimeError(f"update_weights_from_disk answered {_one_line(got)}")
+            post_json(client, f"{url}/flush_cache")
+
         why = ""
         try:
-            post_json(client, f"{url}/pause_generation", {"mode": "retract"})
-            try:
-                got = post_json(client, f"{url}/update_weights_from_disk", {
-                    "model_path": folder, "weight_version": str(version), "flush_cache": True,
-                    "abort_all_requests": False})
-                if got.get("success") is not True:
-                    raise RuntimeError(f"update_weights_from_disk answered {_one_line(got)}")
-                post_json(client, f"{url}/flush_cache")
-            finally:
-                post_json(client, f"{url}/continue_generation", {})
+            while_paused(lambda: post_json(client, f"{url}/pause_generation", {"mode": "retract"}), swap,
+                         lambda: post_json(client, f"{url}/continue_generation", {}))
             got = client.get(f"{url}/model_info").json().get("weight_version")
             if got is None or parse_version(got) != version:
                 return f"reads back weight version {got!r}, expected {version}"

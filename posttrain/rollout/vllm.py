@@ -27,7 +27,8 @@ Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for eac
    their caches recomputed, so no token is drawn from old keys under new weights. A sample's tokens
    then come from the version its request was sent under or a newer one, and its sampler
    log-probs are those of the weights that drew each token (the loss's behaviour policy);
-4. ``POST /update_weight_version``, then ``POST /resume`` (always, also after a failure);
+4. ``POST /update_weight_version``, then ``POST /resume`` (always, also after a failure, the pause's
+   own included: a pause whose answer was lost may have paused the server all the same);
 5. ``GET /weight_info`` must read the version back, and the server's ``prompt_logprobs`` of a fixed
    probe sequence must equal the trainer's within ``probe_tol``. vLLM's own ``/weight_checker``
    hashes linear layers as empty on CPU builds, so the probe, not a checksum, is what verifies a
@@ -35,6 +36,8 @@ Weight sync uses the routes stock vLLM has (``VLLM_SERVER_DEV_MODE=1``): for eac
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import httpx
 
@@ -110,18 +113,18 @@ class VLLMDialect:
         generation to end) and the cache reset preempts them, so they resume under the new weights
         with their caches recomputed; no token is drawn from a mix of old keys and new weights.
         With LoRA they are drained instead (``probe_alone``)."""
+        def swap() -> None:
+            self._reload(client, url, folder)
+            reset = post_json(client, f"{url}/reset_prefix_cache", params={"reset_running_requests": "true"})
+            if reset.get("success") is False:
+                raise RuntimeError("reset_prefix_cache answered success=false: cached keys of the old "
+                                   "weights would be reused")
+            post_json(client, f"{url}/update_weight_version", {"new_version": str(version)})
+
         why = ""
         try:
-            post_json(client, f"{url}/pause", params={"mode": self.pause_mode})
-            try:
-                self._reload(client, url, folder)
-                reset = post_json(client, f"{url}/reset_prefix_cache", params={"reset_running_requests": "true"})
-                if reset.get("success") is False:
-                    raise RuntimeError("reset_prefix_cache answered success=false: cached keys of the old "
-                                       "weights would be reused")
-                post_json(client, f"{url}/update_weight_version", {"new_version": str(version)})
-            finally:
-                post_json(client, f"{url}/resume")
+            while_paused(lambda: post_json(client, f"{url}/pause", params={"mode": self.pause_mode}), swap,
+                         lambda: post_json(client, f"{url}/resume"))
             got = client.get(f"{url}/weight_info").json().get("weight_version")
             if parse_version(got) != version:
                 return f"reads back weight version {got!r}, expected {version}"
@@ -173,6 +176,29 @@ def _lora_enabled(client: httpx.Client, url: str) -> bool:
         return r.status_code != 200 or r.json()["vllm_config"].get("lora_config") is not None
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
         return True
+
+
+def while_paused(pause: Callable[[], object], work: Callable[[], object], resume: Callable[[], object]) -> None:
+    """``pause()``, ``work()``, then ``resume()`` whatever happened. The resume is sent also when the
+    pause itself failed: a pause whose answer timed out may have paused the server all the same, and
+    a server left paused serves nothing until someone resumes it. When the resume fails after an
+    earlier failure, the error names both."""
+    try:
+        pause()
+        work()
+    except BaseException as first:
+        try:
+            resume()
+        except Exception as then:  # noqa: BLE001 - reported with the failure that came first
+            if isinstance(first, Exception):
+                raise RuntimeError(f"{type(first).__name__}: {_brief(first)}; the resume after it failed too: "
+                                   f"{type(then).__name__}: {_brief(then)}") from first
+        raise
+    resume()
+
+
+def _brief(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
 
 
 def post_json(client: httpx.Client, url: str, body: dict | None = None, params: dict | None = None) -> dict:
