@@ -437,15 +437,24 @@ def setup(cfg: RLConfig) -> RLRun:
                 eval_prompts=[] if env else encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env,
                 colocated=colocates(cfg, world))
-    if cfg.model.lora.enabled and engine is not None or cfg.model.lora.enabled and world.distributed:
-        sync_weights(run, version=0)  # the engine loaded the base model; the adapter's merge is version 0
-    elif cfg.rollout.backend != "torch":
-        sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
+    send_starting_weights(run)
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo
 
         run.ppo = setup_ppo(run)
     return run
+
+
+def send_starting_weights(run: RLRun) -> None:
+    """Version 0 where the engine needs it: servers confirm they hold exactly the starting weights;
+    with LoRA the engine loaded the base model, and the adapter's merge is version 0. Not on resume:
+    the checkpoint's weights are the first sent (`maybe_resume`), and a server that still holds a
+    later version of the stopped run would refuse version 0."""
+    cfg = run.cfg
+    if resume_point(cfg) is not None:
+        return
+    if cfg.model.lora.enabled and (run.engine is not None or run.world.distributed) or cfg.rollout.backend != "torch":
+        sync_weights(run, version=0)
 
 
 def setup_env(cfg: RLConfig, tokenizer):
@@ -490,8 +499,21 @@ def checkpoint(run: RLRun, step: int, extra: dict | None = None, prompts: dict |
                            extra_exports=critic)
 
 
+def resume_point(cfg: RLConfig) -> Path | None:
+    """The checkpoint a run resumes from; None when it starts afresh."""
+    return latest_checkpoint(Path(cfg.out_dir)) if cfg.resume else None
+
+
+def resumed_version(run: RLRun, saved: int) -> int:
+    """The version the checkpoint's weights are sent as: the saved one, unless the engine already
+    holds a later one (servers the stopped run kept syncing past its last checkpoint): then the
+    next after it, since servers refuse to go back and a version names one set of weights."""
+    held = run.world.broadcast_object(run.engine.version if run.engine is not None else 0)
+    return saved if held <= saved else held + 1
+
+
 def maybe_resume(run: RLRun, printer=print) -> int:
-    ckpt = latest_checkpoint(run.run_dir) if run.cfg.resume else None
+    ckpt = resume_point(run.cfg)
     if ckpt is None:
         return 0
     if run.ppo is not None and not (ckpt / "critic" / "config.json").is_file():
@@ -501,7 +523,7 @@ def maybe_resume(run: RLRun, printer=print) -> int:
     if run.ppo is not None:
         run.ppo.critic.scheduler.load_state_dict(state["critic_scheduler"])
     run.source.load_state_dict(state["prompts"])
-    sync_weights(run, version=state["engine_version"])
+    sync_weights(run, version=resumed_version(run, state["engine_version"]))
     if run.world.main:
         printer(f"resumed from {ckpt} (step {state['step']})")
     return state["step"]

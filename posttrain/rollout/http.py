@@ -212,7 +212,7 @@ class HTTPEngine:
         self.adapter_config = adapter_config
         self.servers = servers  # launched for this engine (`VLLMServers`): stopped by close()
         headers = auth_headers(api_key)  # sent on every request; /health needs none
-        check_servers(self.urls, dialect=self.dialect, api_key=api_key)
+        held = check_servers(self.urls, dialect=self.dialect, api_key=api_key)
         self.weights_dir = Path(weights_dir) if weights_dir else None
         self.tokenizer = tokenizer
         eos = eos_ids if eos_ids is not None else [getattr(tokenizer, "eos_token_id", None)]
@@ -221,7 +221,7 @@ class HTTPEngine:
         self.request_timeout_s, self.sync_timeout_s = request_timeout_s, sync_timeout_s
         self.retries, self.retry_backoff_s = retries, retry_backoff_s
         self.max_inflight, self.keep_versions = max_inflight, keep_versions
-        self.version = 0
+        self.version = min(held)  # what every server holds at least; a resumed run sends a later one
         self.stats = {"requests": 0, "retries": 0, "failed": 0}
         self.max_relaunches, self.printer = max_relaunches, printer
         self.restarts = 0  # servers relaunched (`EngineHandle.restarts`)

@@ -34,7 +34,7 @@ from posttrain.rl.async_.worker import ProcessEngine
 from posttrain.rl.config import RLConfig
 from posttrain.rl.diagnostics import Watchdog
 from posttrain.rl.engines import http_engine, ray_engines
-from posttrain.rl.loop import (checkpoint, held_out_eval, learn, maybe_resume, setup,
+from posttrain.rl.loop import (checkpoint, held_out_eval, learn, maybe_resume, resume_point, setup,
                                share_step, sync_weights, tokens_so_far)
 from posttrain.tracking import StageTimer, latest_checkpoint
 
@@ -115,7 +115,7 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
     share_step(run, start)  # an engine that cannot start stops every rank
     run.engine = engine = started.get("engine")
     try:
-        if cfg.rollout.backend != "torch":
+        if cfg.rollout.backend != "torch" and resume_point(cfg) is None:  # a resume sends its checkpoint's
             sync_weights(run, version=0)  # servers confirm they hold exactly the starting weights
         return _train(run, engine, printer)
     finally:
