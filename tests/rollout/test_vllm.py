@@ -167,11 +167,12 @@ def test_a_push_while_a_completion_is_generating_never_mixes_weights_within_it(v
 
 def test_a_sync_the_probe_contradicts_is_refused(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
     eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
+    held = eng.version  # the session's server keeps what earlier tests pushed
     base = {k: v.clone() for k, v in hf_model.state_dict().items()}
     ids, expected = probe_of(type(hf_model)(hf_model.config).eval())  # another model's log-probs
     with pytest.raises(WeightSyncError, match=vllm_server.urls[0] + ".*probe log-probs differ"):
-        eng.load_weights(base, 1, weights_checksum(base), probe=(ids, expected))
-    assert eng.version == 0
+        eng.load_weights(base, held + 1, weights_checksum(base), probe=(ids, expected))
+    assert eng.version == held
 
 
 def test_lora_adapter_sync(vllm_lora_server, tmp_path, tokenizer, vllm_model_dir, hf_model):
