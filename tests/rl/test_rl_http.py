@@ -125,6 +125,31 @@ def test_requests_no_server_can_answer_are_infra_fail_masked_and_counted(rl_over
     assert run.engine.version == 1
 
 
+def test_async_masks_samples_no_server_could_answer_instead_of_scoring_them(rl_overrides, reward_plugin, fakes):
+    """Through `posttrain rl` in async mode: samples a server aborted come back empty with finish
+    reason "error"; they are INFRA_FAIL, masked and counted, never graded as the empty answers they
+    look like (the letters reward scores an empty completion MODEL_FAIL)."""
+    from posttrain.cli import main
+
+    for s in fakes:
+        s.abort = lambda prompt: sum(prompt) % 3 == 0
+    args = rl_overrides(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=1, num_steps=3,
+                        **_http(fakes))
+    assert main(["rl", *args]) == 0
+    rows = [m for m in _metrics(_out_dir(args)) if m["step"] > 0]
+    assert [m["step"] for m in rows] == [1, 2, 3]
+    assert sum(m["outcomes/INFRA_FAIL_frac"] for m in rows) > 0  # the fault was injected and met
+    assert all(m.get("outcomes/INFRA_FAIL/rollout_error_frac", 0.0) == m["outcomes/INFRA_FAIL_frac"] for m in rows)
+    assert not any("MODEL_FAIL/empty" in key for m in rows for key in m)
+    assert all(math.isfinite(m["loss"]) for m in rows)
+
+
+def _out_dir(args: list[str]):
+    from pathlib import Path
+
+    return Path(next(a for a in args if a.startswith("out_dir=")).split("=", 1)[1])
+
+
 def _comparable(row: dict) -> dict:
     """A step's metrics that sync and async K=0 share (async adds its own; sync truncates IS weights)."""
     return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "selftest/"))

@@ -73,6 +73,7 @@ class FakeServer:
         self.name = name
         self.served: list[tuple[tuple[int, ...], int]] = []  # (prompt, n) of every answered request
         self.fail = lambda prompt: False  # answer HTTP 500 to these prompts
+        self.abort = lambda prompt: False  # answer these with every choice aborted, as vLLM does
         self.delay_s = 0.0  # before answering a completion
         self.events: list[tuple[str, float]] = []  # ("arrive" | "answer", time) of completions
         self.lie_about_checksum = False
@@ -101,7 +102,9 @@ class FakeServer:
         ro = self.engine.generate([prompt], n, sampling)
         self.served.append((tuple(prompt), n))
         tok = self.engine.tokenizer
-        choices = [{"index": j, "text": ro.texts[j], "finish_reason": "length" if why == "length" else "stop",
+        aborted = self.abort(prompt)
+        choices = [{"index": j, "text": ro.texts[j],
+                    "finish_reason": "abort" if aborted else "length" if why == "length" else "stop",
                     "logprobs": {"tokens": [tok.decode([t]) for t in ids], "token_logprobs": lp},
                     "token_ids": ids, "truncated_logprobs": tl, "prompt_token_ids": prompt}
                    for j, (ids, lp, tl, why) in enumerate(zip(ro.completion_ids, ro.logprobs,

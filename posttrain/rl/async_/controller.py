@@ -136,7 +136,7 @@ class AsyncController:
                 continue
             ro = reply.rollouts
             examples = [self.run.source.examples[self.ledger.index[uids[i]]] for i in ro.prompt_idx]
-            outcomes = score(self.run.verifier, ro.completion_texts(), examples)
+            outcomes = score(self.run.verifier, ro.completion_texts(), examples, ro.finish_reason)
             self._buffer_groups(uids, ro, outcomes, list(range(len(ro))), None)
 
     def _next_turn(self, episodes, uids: list[int], rollouts: Rollouts | None) -> None:
