@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
+
 from posttrain.sandbox.pool import Job
 
 ANSWER_TESTS = "def check(candidate):\n    assert candidate(2) == 4\n"
@@ -152,10 +154,18 @@ def test_rmtree_home(pool, guard):
 
 # ----------------------------------------------------------------------------- reading what it must not
 def _must_not_read(pool, reader: str, secret: str) -> None:
-    """``reader`` returns what it found; the tests pass only if the secret was found."""
+    """``reader`` returns what it found; the tests pass only if the secret was found. The verdict
+    must be wrong_answer: the reader ran to its end and came back without the secret. A reader
+    that crashed, ran out of memory or time shows nothing about what it could have read."""
     tests = f"def check(candidate):\n    assert {secret!r} in str(candidate())\n"
     program = f"def f():\n{reader}"
-    assert judge(pool, program, tests)[0] == "MODEL_FAIL"
+    assert judge(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_a_reader_that_crashed_shows_nothing(pool, guard):
+    """The check above can fail: a reader that dies before looking is not proof of isolation."""
+    with pytest.raises(AssertionError):
+        _must_not_read(pool, "    raise MemoryError\n", "anything")
 
 
 def test_reading_etc_shadow(pool, guard):
