@@ -85,10 +85,12 @@ def entry() -> None:
     """The ``posttrain`` command: `main`, and under torchrun a rank that leaves without the
     interpreter's teardown (`posttrain.core.dist.exit_rank` says why)."""
     code = main()
-    from posttrain.core.dist import launched_by_torchrun, exit_rank
-
-    if launched_by_torchrun():
-        exit_rank(code)
+    # A command that never loaded the process-group module joined no group and leaves as any
+    # process does; asking torchrun's question through that module would import torch (~1 s)
+    # on the way out of `--help`, `sandbox check` and `report`.
+    dist = sys.modules.get("posttrain.core.dist")
+    if dist is not None and dist.launched_by_torchrun():
+        dist.exit_rank(code)
     sys.exit(code)
 
 

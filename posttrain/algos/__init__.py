@@ -9,30 +9,31 @@ the tables ``AGGREGATIONS``, ``ADVANTAGES``, ``POLICY_LOSSES``, ``KL_ESTIMATORS`
 ``IS_CORRECTIONS``.
 """
 
-from posttrain.algos.advantages import ADVANTAGES, dr_grpo, gae, grpo, grpo_advantages, reinforce_pp, rloo
-from posttrain.algos.aggregate import AGGREGATIONS, seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
-from posttrain.algos.correction import (
-    IS_CORRECTIONS,
-    geo_mean_seq_ratio,
-    masked_is,
-    mismatch_metrics,
-    no_is,
-    truncated_is,
-)
-from posttrain.algos.distill import distill_reward, reverse_kl_full, reverse_kl_sampled
-from posttrain.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
-from posttrain.algos.logprobs import entropy_from_logits, token_logprobs
-from posttrain.algos.policy import POLICY_LOSSES, cispo_loss, gspo_loss, pg_loss, ppo_clip_loss
-from posttrain.algos.preference import bradley_terry_loss, dpo_loss
-from posttrain.algos.sft import sft_token_nll
-from posttrain.algos.value import explained_variance, value_loss
+# Names are loaded on first use (PEP 562), so that the torch-free modules (``passk``) can be
+# imported by commands that never train (`posttrain report`) without paying torch's import.
+_WHERE = {
+    "advantages": ["ADVANTAGES", "dr_grpo", "gae", "grpo", "grpo_advantages", "reinforce_pp", "rloo"],
+    "aggregate": ["AGGREGATIONS", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token_mean"],
+    "correction": ["IS_CORRECTIONS", "geo_mean_seq_ratio", "masked_is", "mismatch_metrics", "no_is", "truncated_is"],
+    "distill": ["distill_reward", "reverse_kl_full", "reverse_kl_sampled"],
+    "kl": ["KL_ESTIMATORS", "kl_k1", "kl_k2", "kl_k3"],
+    "logprobs": ["entropy_from_logits", "token_logprobs"],
+    "policy": ["POLICY_LOSSES", "cispo_loss", "gspo_loss", "pg_loss", "ppo_clip_loss"],
+    "preference": ["bradley_terry_loss", "dpo_loss"],
+    "sft": ["sft_token_nll"],
+    "value": ["explained_variance", "value_loss"],
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+__all__ = sorted(_MODULE_OF)
 
-__all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "IS_CORRECTIONS", "KL_ESTIMATORS", "POLICY_LOSSES",
-    "bradley_terry_loss", "cispo_loss", "distill_reward", "dpo_loss", "dr_grpo", "entropy_from_logits",
-    "explained_variance", "gae", "geo_mean_seq_ratio", "grpo", "gspo_loss", "grpo_advantages", "kl_k1",
-    "kl_k2", "kl_k3", "masked_is", "mismatch_metrics", "no_is", "pg_loss", "ppo_clip_loss",
-    "reinforce_pp", "reverse_kl_full", "reverse_kl_sampled", "rloo", "seq_mean_token_mean",
-    "seq_mean_token_sum_norm", "sft_token_nll", "token_logprobs", "token_mean",
-    "truncated_is", "value_loss",
-]
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'posttrain.algos' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"posttrain.algos.{_MODULE_OF[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
