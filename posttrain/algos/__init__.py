@@ -24,7 +24,7 @@ _WHERE = {
     "value": ["explained_variance", "value_loss"],
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
-__all__ = sorted(_MODULE_OF)
+__all__ = sorted(_MODULE_OF)  # noqa: PLE0605 - the table above is the one list of names
 
 
 def __getattr__(name: str):

@@ -380,7 +380,7 @@ class VerifierFarm:
             if now > req.deadline and ref in self._requests:
                 self._drain(req.actor, f"sandbox actor {req.actor.name}{self._where(req.actor)} gave no answer "
                             f"to request {req.rid} ({len(req.tasks)} programs) in time", "timeouts")
-        for ref, (actor, deadline) in list(self._starting.items()):
+        for actor, deadline in list(self._starting.values()):
             if now > deadline:
                 self._drain(actor, f"did not start within {self.start_timeout_s:.0f} s", "start_failures")
 

@@ -48,7 +48,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import tempfile
 import threading
 import time

@@ -265,7 +265,7 @@ def plot_timing(runs: Sequence[Run]) -> str | None:
     stages = sorted({s for _, t in timed for s in t})
     fig, axes = _figure(1, width=9, height=0.9 + 0.5 * len(timed))
     ax = axes[0]
-    for i, (name, t) in enumerate(timed):
+    for i, (_, t) in enumerate(timed):
         left = 0.0
         for j, stage in enumerate(stages):
             width = t.get(stage, 0.0)
