@@ -19,9 +19,20 @@ Levels (where the ratio is formed):
 ``masked_is`` gives weight 1 inside [low, high] and 0 outside (a rejection mask, not a
 reweighting); compose it with ``truncated_is`` by multiplying the two weights if both are wanted.
 
+The named variants peers ship, each one of these or a small rule beside them:
+
+* token TIS / sequence TIS: ``truncated_is`` at level ``token`` / ``sequence``;
+* token MIS / sequence MIS: ``masked_is`` at level ``token`` / ``sequence``;
+* ``icepop``: per token, the ratio itself inside [1/β, β] and 0 outside;
+* ``geo_mask``: a sequence kept iff its geometric-mean ratio is inside [low, high]
+  (``masked_is`` at level ``geometric``);
+* ``k3_mask``: a sequence kept iff its mean per-token k3, ``ρ - 1 - log ρ``, is at most ``max_kl``.
+
 Metrics: ``is/ratio_mean``, ``is/ratio_max`` (over the level's units: tokens or sequences; the
-ratio saturates at e^20), ``is/truncated_frac`` or ``is/masked_frac``, and the mismatch metrics
-of ``mismatch_metrics``.
+ratio saturates at e^20), ``is/truncated_frac`` or ``is/masked_frac`` (of the level's units), for
+every rejection ``is/masked_token_frac`` (valid tokens given weight 0) and ``is/masked_seq_frac``
+(sequences with at least one such token), ``is/above_frac`` / ``is/below_frac`` (units past the
+upper / lower bound), and the mismatch metrics of ``mismatch_metrics``.
 """
 
 from __future__ import annotations
@@ -43,7 +54,9 @@ def mismatch_metrics(
     """How far the trainer's log-probs are from the sampler's, over valid tokens.
 
     ``mismatch/kl`` is the k3 estimate of KL(π_sampler‖π_trainer) from the sampled tokens:
-    mean of ``ρ - 1 - log ρ`` with ``ρ = π_trainer/π_sampler``.
+    mean of ``ρ - 1 - log ρ`` with ``ρ = π_trainer/π_sampler``. ``mismatch/ratio_outside_2x_frac``
+    is the fraction of tokens whose ratio is outside [1/2, 2], the default bounds of the
+    corrections: how much of the step a rejection at those bounds would drop, whichever is on.
     """
     d_BT = (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float()
     d_clamped = d_BT.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -51,6 +64,7 @@ def mismatch_metrics(
         "mismatch/kl": masked_mean(torch.expm1(d_clamped) - d_clamped, mask_BT),
         "mismatch/logprob_abs_diff_mean": masked_mean(d_BT.abs(), mask_BT),
         "mismatch/logprob_abs_diff_max": masked_max(d_BT.abs(), mask_BT),
+        "mismatch/ratio_outside_2x_frac": masked_mean((d_BT.abs() > math.log(2.0)).float(), mask_BT),
     }
 
 
@@ -103,7 +117,11 @@ def truncated_is(
     cap: float = 2.0,
     level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Truncated importance sampling (TIS): ``w = min(ρ, cap)``, 0 at masked positions."""
+    """Truncated importance sampling (TIS): ``w = min(ρ, cap)``, 0 at masked positions.
+
+    Token TIS caps each ρ_t (Yao et al. 2025; verl ``rollout_is: token``); sequence TIS caps the
+    product ratio and gives it to every token of the sequence (verl ``rollout_is: sequence``).
+    """
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
     log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, level)
@@ -126,15 +144,129 @@ def masked_is(
     high: float = 2.0,
     level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Masked importance sampling (MIS): ``w = 1`` if ``low ≤ ρ ≤ high`` else 0."""
+    """Masked importance sampling (MIS): ``w = 1`` if ``low ≤ ρ ≤ high`` else 0.
+
+    Token MIS drops single tokens; sequence MIS drops a whole sequence whose product ratio leaves
+    the bounds (verl's ``rollout_rs``; TRL's ``vllm_importance_sampling_mode`` ``*_mask``).
+    """
     if not 0 < low <= high:
         raise ValueError(f"need 0 < low <= high, got low={low}, high={high}")
     log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, level)
-    inside_BT = (log_ratio_BT >= math.log(low)) & (log_ratio_BT <= math.log(high))
+    above_BT, below_BT = log_ratio_BT > math.log(high), log_ratio_BT < math.log(low)
+    inside_BT = ~(above_BT | below_BT)
     w_BT = (inside_BT & mask_BT.bool()).float()
-    frac_src = inside_BT if units.shape == inside_BT.shape else inside_BT[:, :1]
     metrics = _ratio_metrics(log_ratio_BT, units)
-    metrics["is/masked_frac"] = masked_mean((~frac_src).float(), units)
+    metrics["is/masked_frac"] = masked_mean(_per_unit(~inside_BT, units).float(), units)
+    metrics |= _bound_metrics(_per_unit(above_BT, units), _per_unit(below_BT, units), units)
+    metrics |= rejection_metrics(inside_BT, mask_BT)
+    metrics.update(mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT))
+    return w_BT, metrics
+
+
+def _per_unit(x_BT: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+    """``x_BT`` at the level's units: itself per token, its first column per sequence."""
+    return x_BT if units.shape == x_BT.shape else x_BT[:, :1]
+
+
+def _bound_metrics(above, below, units) -> dict[str, torch.Tensor]:
+    return {"is/above_frac": masked_mean(above.float(), units), "is/below_frac": masked_mean(below.float(), units)}
+
+
+def rejection_metrics(keep_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How much a rejection drops: ``is/masked_token_frac``, the valid tokens not kept, and
+    ``is/masked_seq_frac``, the sequences (with a valid token) that lost at least one (verl's
+    ``rollout_rs_seq_masked_fraction``)."""
+    m_BT = mask_BT.bool()
+    dropped_BT = m_BT & ~keep_BT.bool()
+    return {"is/masked_token_frac": masked_mean(dropped_BT.float(), m_BT),
+            "is/masked_seq_frac": masked_mean(dropped_BT.any(-1).float(), m_BT.any(-1))}
+
+
+def icepop(
+    trainer_logp_BT: torch.Tensor,
+    sampler_logp_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    beta: float = 2.0,
+    low: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """IcePop: per token, ``w_t = ρ_t`` if ``1/β ≤ ρ_t ≤ β`` else 0: the ratio corrects where the
+    two engines roughly agree, and a token where they disagree badly is dropped instead of
+    weighted, so neither a huge weight nor a vanishing one reaches the gradient.
+
+    Source: Ling Team (inclusionAI) 2025, "Every Step Evolves: Scaling Reinforcement Learning for
+    Trillion-Scale Thinking Model" (Ring-1T), and its blog "Small Leak Can Sink a Great Ship —
+    Boost RL Training on MoE with IcePop": the mask ``M(k) = k`` on ``[α, β]``, 0 outside, with
+    ``k = π_train/π_infer``. The paper's [α, β] = [0.5, 5] is ``low=0.5, beta=5``; ``low`` None is
+    the symmetric 1/β.
+    """
+    low = 1.0 / beta if low is None else low
+    if not 0 < low <= 1.0 <= beta:
+        raise ValueError(f"need 0 < low <= 1 <= beta, got low={low}, beta={beta}")
+    log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, "token")
+    above_BT, below_BT = log_ratio_BT > math.log(beta), log_ratio_BT < math.log(low)
+    keep_BT = ~(above_BT | below_BT) & mask_BT.bool()
+    w_BT = torch.where(keep_BT, torch.exp(log_ratio_BT), 0.0)
+    metrics = _ratio_metrics(log_ratio_BT, units) | _bound_metrics(above_BT, below_BT, units)
+    metrics |= rejection_metrics(keep_BT, mask_BT)
+    metrics.update(mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT))
+    return w_BT, metrics
+
+
+def geo_mask(
+    trainer_logp_BT: torch.Tensor,
+    sampler_logp_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    low: float = 0.99,
+    high: float = 1.01,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Geometric-mean sequence rejection: a sequence keeps weight 1 iff ``low ≤ exp(mean_t log ρ_t)
+    ≤ high``, else all its tokens get 0. The per-token mean does not grow with length, so one
+    bound serves short and long answers alike, where the product ratio of sequence MIS rejects
+    every long one.
+
+    Source: Liu, Li et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+    Training-Inference Mismatch", part 3 (geometric-level rejection); verl ``rollout_rs:
+    seq_mean_k1`` (its ``decoupled_geo_rs`` preset, bounds 0.999/1.001); SkyRL
+    ``off_policy_correction.sequence_mask_metric: geometric`` (``geo_mask_low/high``, 0.99/1.01 in
+    its examples, the defaults here).
+    """
+    return masked_is(trainer_logp_BT, sampler_logp_BT, mask_BT, low=low, high=high, level="geometric")
+
+
+def k3_mask(
+    trainer_logp_BT: torch.Tensor,
+    sampler_logp_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    max_kl: float = 0.01,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """K3 sequence rejection: a sequence keeps weight 1 iff the mean over its tokens of
+    ``k3_t = ρ_t - 1 - log ρ_t`` is at most ``max_kl``, else all its tokens get 0.
+
+    k3 ≥ 0 is the low-variance estimate of KL(π_sampler‖π_trainer) from the sampled token (the
+    one ``mismatch/kl`` uses), so the statistic is the sequence's own mismatch KL: it rejects
+    disagreement in either direction, where a geometric mean can hide a ratio far above 1 behind
+    one far below it.
+
+    Source: verl rollout correction, ``rollout_rs: seq_mean_k3`` (presets ``decoupled_k3_rs``,
+    ``bypass_ppo_clip_k3_rs``; threshold 0.01 there and here).
+    """
+    if max_kl <= 0:
+        raise ValueError(f"max_kl must be > 0, got {max_kl}")
+    log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, "token")
+    m_BT = mask_BT.bool()
+    k3_BT = torch.where(m_BT, torch.expm1(log_ratio_BT) - log_ratio_BT, 0.0)
+    k3_B = k3_BT.sum(-1) / m_BT.sum(-1).clamp(min=1)
+    keep_B = k3_B <= max_kl
+    w_BT = (keep_B[:, None] & m_BT).float()
+    seqs = m_BT.any(-1)
+    metrics = _ratio_metrics(log_ratio_BT, units)
+    metrics |= {"is/k3_seq_mean": masked_mean(k3_B, seqs), "is/k3_seq_max": masked_max(k3_B, seqs),
+                "is/masked_frac": masked_mean((~keep_B).float(), seqs),
+                "is/above_frac": masked_mean((~keep_B).float(), seqs)}
+    metrics |= rejection_metrics(keep_B[:, None].expand_as(m_BT), mask_BT)
     metrics.update(mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT))
     return w_BT, metrics
 
@@ -157,4 +289,10 @@ IS_CORRECTIONS: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tens
     "none": no_is,
     "truncated": truncated_is,
     "masked": masked_is,
+    "icepop": icepop,
+    "geo_mask": geo_mask,
+    "k3_mask": k3_mask,
 }
+LEVELLED = ("none", "truncated", "masked")
+"""The corrections that take ``level``; the others fix their own (icepop per token, geo_mask and
+k3_mask per sequence)."""

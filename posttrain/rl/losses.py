@@ -68,8 +68,7 @@ def importance_weights(batch: RLBatch, cfg: CorrectionConfig) -> tuple[torch.Ten
     trainer scored (``RLBatch.scored_mask_BT``): every row that trains, and a sample of the others.
     """
     mask = batch.scored_mask_BT
-    options = {"masked": dict(low=cfg.low, high=cfg.high), "truncated": dict(cap=cfg.cap), "none": {}}[cfg.kind]
-    w, metrics = IS_CORRECTIONS[cfg.kind](batch.old_logp_BT, batch.behaviour_logp_BT, mask, level=cfg.level, **options)
+    w, metrics = IS_CORRECTIONS[cfg.kind](batch.old_logp_BT, batch.behaviour_logp_BT, mask, **cfg.options())
     metrics |= mismatch_metrics(batch.old_logp_BT, batch.sampler_logp_BT, mask)
     return None if cfg.kind == "none" else w, {k: float(v) for k, v in metrics.items()}
 
