@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import torch
 
@@ -52,7 +53,8 @@ from posttrain.core.dist import WeightGroup, broadcast_weights
 from posttrain.distributed.cluster import require_ray
 from posttrain.rollout.engine import TorchEngine
 from posttrain.rollout.protocol import (
-    EngineDied, EngineError, EngineTimeout, Generated, Lost, engine_checksum, load_and_read_back,
+    Buckets, EngineDied, EngineError, EngineTimeout, Generated, Lost, Probe, engine_checksum, joined,
+    load_and_read_back,
 )
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError, weights_checksum
 
@@ -178,7 +180,7 @@ class RayEngines:
                  stream_weights: bool = False, printer=print):
         self.ray = require_ray()
         self.spec, self.printer, self.host = spec, printer, host
-        self.stream_weights = stream_weights  # whether the RL loop hands new weights to `load_buckets`
+        self.stream_weights = stream_weights  # `load_version` streams (`load_buckets`), else one put
         self.request_timeout_s, self.sync_timeout_s, self.max_restarts = request_timeout_s, sync_timeout_s, max_restarts
         self.version, self.restarts = 0, 0
         self.checksums: dict[int, str] = {}  # slot -> checksum its replica read back last
@@ -299,6 +301,16 @@ class RayEngines:
         self.version = version
         for slot in range(len(self.actors)):
             self._send_weights(slot)
+
+    def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
+                     probe: Probe | None = None) -> None:
+        """`RolloutEngine.load_version`: streamed over the weight group (`load_buckets`) with
+        ``stream_weights``, else one object-store put (`load_weights`). The replicas' checksums read
+        back are the proof; the probe adds nothing."""
+        if self.stream_weights:
+            self.load_buckets(buckets, version, digest)
+        else:
+            self.load_weights(joined(buckets), version, digest())
 
     def load_buckets(self, buckets, version: int, checksum) -> None:
         """Weights streamed to every replica over the weight group (`WeightGroup`: gloo, the trainer

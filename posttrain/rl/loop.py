@@ -2,10 +2,10 @@
 
     prompts ─▶ engine.generate(n=G) ─▶ verifier ─▶ Outcome per sample
             ─▶ trainer log-probs (old policy, reference) ─▶ advantages ─▶ IS weights vs sampler
-            ─▶ policy.train_step(batch, loss_fn) ─▶ engine.load_weights(version+1, checksum)
+            ─▶ policy.train_step(batch, loss_fn) ─▶ engine.load_version(buckets, version+1, digest)
 
 The rollout engine holds its own copy of the weights (optionally in another dtype) and only
-receives new ones through ``load_weights`` with a verified checksum. Samples whose outcome is
+receives new ones through ``load_version`` with a verified checksum. Samples whose outcome is
 INFRA_FAIL or TASK_FAIL are masked from the gradient and counted; groups whose rewards are all
 equal get zero advantage (and, with dynamic sampling, are replaced by fresh prompts).
 """
@@ -41,9 +41,8 @@ from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_k
 from posttrain.rl.policy import Policy
 from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
-from posttrain.rollout import HTTPEngine, TorchEngine
 from posttrain.rollout.http import check_servers
-from posttrain.rollout.protocol import EngineError
+from posttrain.rollout.protocol import EngineError, RolloutEngine
 from posttrain.rollout.types import Rollouts, WeightsDigest
 from posttrain.tracking import StageTimer, latest_checkpoint, read_metrics
 
@@ -297,18 +296,18 @@ def sync_weights(run: RLRun, version: int | None = None) -> None:
     log-probs of a probe sequence, which the servers' must match (they have no trustworthy
     checksum: `posttrain.rollout.vllm`).
 
-    The weights leave the shards in buckets (``rollout.sync_bucket_mb``) straight to where they go:
-    every colocated rank's engine (a broadcast per bucket), safetensors shards for servers, Ray
-    replicas in sync mode (a broadcast per bucket over the weight group), or rank 0's in-process
-    engine; so no process holds a second full copy. Ray replicas in async mode and the async engine
-    process take one whole dict (the object store or the pipe holds it while the trainer moves on)."""
+    The weights leave the shards in buckets (``rollout.sync_bucket_mb``) for the engine's
+    `RolloutEngine.load_version`, with their digest: every colocated rank's engine (a broadcast per
+    bucket), or rank 0's engine, which moves them its own way (copied in, safetensors shards for
+    servers, a broadcast over the weight group to Ray replicas, one dict through the object store
+    or the engine process's pipe)."""
     run.version = run.version + 1 if version is None else version
     backend = run.cfg.rollout.backend
     adapter_only = backend == "vllm" and run.cfg.model.lora.enabled
-    extra = {}
+    probe = None
     if backend in ("vllm", "sglang"):  # a collective when sharded, so before the stream
         ids = probe_ids(run.tokenizer)
-        extra["probe"] = (ids, run.policy.probe_logprobs(ids))
+        probe = (ids, run.policy.probe_logprobs(ids))
     if run.colocated:
         stream_to_ranks(run.engine, run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb), run.world, run.version)
         return
@@ -316,15 +315,15 @@ def sync_weights(run: RLRun, version: int | None = None) -> None:
     buckets = _digested(run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb, adapter=adapter_only), sent)
     if not run.world.main:
         _drain(buckets)  # rank 0 is gathering them: every rank takes part
-    load = lambda: _hand_over(run.engine, buckets, run.version, sent, extra)  # noqa: E731
+    load = lambda: _hand_over(run.engine, buckets, run.version, sent, probe)  # noqa: E731
     share_step(run, load) if run.world.distributed else load()  # a refused sync on rank 0 stops every rank
 
 
-def stream_to_ranks(engine: TorchEngine, buckets, world: World, version: int) -> None:
+def stream_to_ranks(engine: RolloutEngine, buckets, world: World, version: int) -> None:
     """Every rank's engine takes rank 0's buckets as they leave the shards: one broadcast per bucket
     and dtype, each rank copying it in before the next, then rank 0's checksum of what it sent."""
     sent = WeightsDigest()
-    engine.load_buckets(_broadcast_each(_digested(buckets, sent), world), version,
+    engine.load_version(_broadcast_each(_digested(buckets, sent), world), version,
                         lambda: world.broadcast_object(sent.hexdigest() if world.main else None))
 
 
@@ -336,19 +335,12 @@ def _broadcast_each(buckets, world: World):
         del received
 
 
-def _hand_over(engine, buckets, version: int, sent, extra: dict) -> None:
-    """Rank 0: the engine takes the buckets, streamed where it can; the stream is drained whatever
-    happens (the other ranks are gathering it with us)."""
+def _hand_over(engine: RolloutEngine | None, buckets, version: int, sent: WeightsDigest, probe) -> None:
+    """Rank 0: the engine takes the buckets; the stream is drained whatever happens (the other
+    ranks are gathering it with us)."""
     try:
-        if engine is None:
-            return
-        if isinstance(engine, HTTPEngine):
-            engine.load_buckets(buckets, version, **extra)
-        elif isinstance(engine, TorchEngine) or getattr(engine, "stream_weights", False):  # or Ray replicas
-            engine.load_buckets(buckets, version, sent.hexdigest)
-        else:
-            weights = {k: v for b in buckets for k, v in b.items()}
-            engine.load_weights(weights, version, sent.hexdigest(), **extra)
+        if engine is not None:
+            engine.load_version(buckets, version, sent.hexdigest, probe)
     finally:
         _drain(buckets)
 

@@ -6,11 +6,11 @@ OpenAI-compatible servers, and `posttrain.rollout.types` for the record and the 
 
 from posttrain.rollout.engine import TorchEngine
 from posttrain.rollout.http import HTTPEngine, ServerUnreachable
+from posttrain.rollout.protocol import RolloutEngine
 from posttrain.rollout.types import (
     FINISH_REASONS,
     LOGPROB_KIND,
     PaddedRollouts,
-    RolloutEngine,
     Rollouts,
     SamplingParams,
     WeightSyncError,

@@ -2,7 +2,8 @@
 
 The engine holds its **own copy** of the policy weights (a deep copy of the model it is given, cast
 to ``dtype``, e.g. bf16 while the trainer stays in fp32, so real sampler/trainer mismatch shows)
-and receives new ones through `load_weights`, which verifies a checksum before touching anything.
+and receives new ones through `load_version` (streamed, `load_buckets`) or `load_weights` (one dict),
+which verify a checksum.
 
 One `generate` call:
 
@@ -33,11 +34,13 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
+from typing import Callable
 
 import torch
 
 from posttrain.rollout.fast_llama import FastLlamaDecoder, supports
 from posttrain.rollout.hf_decoder import HFDecoder
+from posttrain.rollout.protocol import Buckets, Probe
 from posttrain.rollout.sampling import StopChecker, TokenTexts, sample_next, uniforms
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError, weights_checksum
 
@@ -122,6 +125,12 @@ class TorchEngine:
         self._copy(weights)
         self.decoder.refresh()
         self.version = version
+
+    def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
+                     probe: Probe | None = None) -> None:
+        """`RolloutEngine.load_version`: `load_buckets`. The probe adds nothing here: the checksum of
+        the very tensors copied in is the proof."""
+        self.load_buckets(buckets, version, digest)
 
     def load_buckets(self, buckets, version: int, checksum) -> None:
         """`load_weights` for weights streamed in parts (dicts, e.g. `export_buckets`' on their way

@@ -52,11 +52,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import torch
 
-from posttrain.rollout.protocol import EngineError, Generated, Lost
+from posttrain.rollout.protocol import Buckets, EngineError, Generated, Lost, Probe
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError
 from posttrain.rollout.weights_folder import prune_versions, write_version
 
@@ -478,6 +479,14 @@ class HTTPEngine:
         `WeightSyncError` names every server that did not."""
         folder, _ = self._write([weights], version, digest=None)  # the servers check ``checksum``, as handed over
         self._push_all(folder, checksum, version, probe)
+
+    def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
+                     probe: Probe | None = None) -> None:
+        """`RolloutEngine.load_version`: the parts written as they arrive (as `load_buckets`), then
+        every server must confirm the sender's ``digest()`` (our server hashes the files it read)
+        or, on vLLM and SGLang, the version read back and the ``probe``."""
+        folder, _ = self._write(buckets, version, digest=None)
+        self._push_all(folder, digest(), version, probe)
 
     def load_buckets(self, buckets, version: int, probe: tuple[list[int], list[float]] | None = None) -> None:
         """`load_weights` of weights that arrive in parts (`export_buckets`): each part becomes one

@@ -5,7 +5,7 @@ queued after the weights of version v is always served by version v or newer (th
 rests on this). Replies go engine -> trainer; each names the request it answers.
 
 `EngineHandle` is the trainer's view of an engine: ``submit`` returns at once, ``poll`` collects
-finished generations, ``load_weights`` queues new weights and verifies their arrival when the
+finished generations, ``load_version`` queues new weights and verifies their arrival when the
 engine acknowledges them. `posttrain.rl.async_.worker.ProcessEngine` implements it with a child
 process and pipes (a dead child is restarted and its requests sent again); `LocalEngine` in-process
 (tests, debugging); `posttrain.distributed.engines.RayEngines` with engine replicas as Ray actors
@@ -13,16 +13,55 @@ process and pipes (a dead child is restarted and its requests sent again); `Loca
 
 Every engine acknowledges new weights with the checksum of its *own* tensors read back after the
 copy (`load_and_read_back`), which the handle compares with `engine_checksum` of what it sent.
+
+Every engine, whatever it is — `TorchEngine` in process, `HTTPEngine` over servers, `RayEngines`,
+the engine process — takes new weights through one call, `RolloutEngine.load_version`: the
+buckets as they leave the trainer's shards, the version, the sender's digest of them and an
+optional probe. How the weights travel (copied in, written to a folder, broadcast, pickled) is the
+engine's business, so the code that moves weights never asks which engine it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 import torch
 
 from posttrain.rollout.types import Rollouts, SamplingParams, weights_checksum
+
+Buckets = Iterable[dict[str, torch.Tensor]]
+"""Weights in parts, dicts of tensors by state-dict name; read once, in order."""
+
+Probe = tuple[list[int], list[float]]
+"""Token ids and the trainer's log-probs of ``ids[1:]`` (temperature 1) under the weights sent: how
+an engine with no checksum it can be trusted for (vLLM, SGLang) shows it serves them."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop needs from a sampler that holds its own copy of the policy weights."""
+
+    version: int
+    """The weights version it holds: its samples are tagged with it or a newer one."""
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
+
+    def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
+                     probe: Probe | None = None) -> None:
+        """Take the weights of ``version`` as ``buckets`` arrive (each may be dropped before the next
+        is read) and verify them: ``digest()``, asked for after the last bucket, is the sender's
+        `weights_checksum` of them all; ``probe`` is checked where the engine has no better proof.
+        `WeightSyncError` when the engine does not confirm; an engine that loads in the background
+        (the engine process, replicas fed through the object store) reports it by ``wait_synced``.
+        Stopping early leaves the rest of ``buckets`` unread: the caller drains them."""
+        ...
+
+
+def joined(buckets: Buckets) -> dict[str, torch.Tensor]:
+    """The buckets as one state dict: for engines that take a whole version at once (the pipe to
+    the engine process, the object store), which hold that one copy while the trainer moves on."""
+    return {k: v for bucket in buckets for k, v in bucket.items()}
 
 
 class EngineError(RuntimeError):
@@ -135,7 +174,8 @@ class EngineHandle(Protocol):
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None: ...
+    def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
+                     probe: Probe | None = None) -> None: ...
 
     def wait_synced(self) -> None: ...
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
 import xxhash
@@ -227,17 +226,6 @@ class Rollouts:
             else:
                 out[f.name] = first
         return Rollouts(**out)
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What the RL loop needs from a sampler that holds its own copy of the policy weights."""
-
-    version: int
-
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
-
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str) -> None: ...
 
 
 def _tensor_bytes(t: torch.Tensor):

@@ -54,8 +54,8 @@ class PerPromptSeeds:
                  for i, p in enumerate(prompts)]
         return Rollouts.concat([r.select(list(range(n)), [i] * n) for i, r in enumerate(parts)])
 
-    def load_weights(self, weights, version, checksum) -> None:
-        self.engine.load_weights(weights, version, checksum)
+    def load_version(self, buckets, version, digest, probe=None) -> None:
+        self.engine.load_version(buckets, version, digest, probe)
 
 
 def _metrics(run_dir) -> list[dict]:

@@ -30,7 +30,7 @@ class SelfTestError(RuntimeError):
 
 
 def _push(engine, weights: dict, version: int) -> None:
-    engine.load_weights(weights, version, weights_checksum(weights))
+    engine.load_version([weights], version, lambda: weights_checksum(weights))
     engine.wait_synced()
 
 

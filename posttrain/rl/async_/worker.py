@@ -22,12 +22,13 @@ import os
 import queue
 import threading
 import time
+from typing import Callable
 
 import torch
 
 from posttrain.rollout.protocol import (
-    EngineDied, EngineError, EngineTimeout, Failed, Generate, Generated, LoadWeights, Ready, Shutdown,
-    WeightsLoaded, engine_checksum, load_and_read_back,
+    Buckets, EngineDied, EngineError, EngineTimeout, Failed, Generate, Generated, LoadWeights, Probe, Ready,
+    Shutdown, WeightsLoaded, engine_checksum, joined, load_and_read_back,
 )
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightSyncError
 
@@ -120,6 +121,12 @@ class _Handle:
         self._acks[version] = engine_checksum(weights, checksum, self.dtype)
         self.version, self._last_weights = version, msg
         return msg
+
+    def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
+                     probe: Probe | None = None) -> None:
+        """`RolloutEngine.load_version`: the engine takes one whole dict (`load_weights`); the
+        checksum it reads back is the proof, so the probe adds nothing."""
+        self.load_weights(joined(buckets), version, digest())
 
     def _on_reply(self, msg) -> None:
         if isinstance(msg, Generated):
