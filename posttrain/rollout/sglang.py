@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import httpx
 
-from posttrain.rollout.http import _one_line
+from posttrain.rollout.http.transport import one_line
 from posttrain.rollout.vllm import parse_version, post_json, while_paused
 
 ORIGINAL_LOGPROB_HINT = ("the server reports log-probs before temperature; start it without "
@@ -71,10 +71,10 @@ class SGLangDialect:
         """Health, token ids and log-prob kind of one server; its weight version (0 when unset)."""
         r = client.get(f"{url}/health")
         if r.status_code != 200:
-            raise RuntimeError(f"GET /health answered {r.status_code} {_one_line(r.text)}")
+            raise RuntimeError(f"GET /health answered {r.status_code} {one_line(r.text)}")
         info = client.get(f"{url}/model_info")
         if info.status_code != 200:
-            raise RuntimeError(f"GET /model_info answered {info.status_code} {_one_line(info.text)}: not an "
+            raise RuntimeError(f"GET /model_info answered {info.status_code} {one_line(info.text)}: not an "
                                f"SGLang server?")
         self._check_scaled_logprobs(client, url, probe_prompt)
         return parse_version(info.json().get("weight_version"))
@@ -113,7 +113,7 @@ class SGLangDialect:
                 "model_path": folder, "weight_version": str(version), "flush_cache": True,
                 "abort_all_requests": False})
             if got.get("success") is not True:
-                raise RuntimeError(f"update_weights_from_disk answered {_one_line(got)}")
+                raise RuntimeError(f"update_weights_from_disk answered {one_line(got)}")
             post_json(client, f"{url}/flush_cache")
 
         why = ""
@@ -126,7 +126,7 @@ class SGLangDialect:
             if probe is not None:
                 why = self.check_probe(client, url, *probe)
         except (httpx.HTTPError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-            why = f"{type(e).__name__}: {_one_line(e)}"
+            why = f"{type(e).__name__}: {one_line(e)}"
         return why
 
     def check_probe(self, client: httpx.Client, url: str, ids: list[int], expected: list[float]) -> str:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,15 +56,12 @@ from typing import Callable
 import httpx
 import torch
 
+from posttrain.rollout.http.transport import PosttrainDialect, auth_headers, base_url, check_servers, one_line
 from posttrain.rollout.protocol import Buckets, EngineError, Generated, Lost, Probe
 from posttrain.rollout.types import Rollouts, SamplingParams, WeightsDigest, WeightSyncError
 from posttrain.rollout.weights_folder import prune_versions, write_version
 
 log = logging.getLogger(__name__)
-
-
-class ServerUnreachable(RuntimeError):
-    """A rollout server did not answer its health check: an outage, not bad input (exit 1)."""
 
 
 class ServersDown(EngineError):
@@ -83,83 +79,6 @@ class _RequestFailed(Exception):
 def _error_choice() -> dict:
     """A sample the engine could not produce: empty, finish reason "error"."""
     return {"ids": [], "logprobs": [], "truncated": [], "finish": "error", "text": ""}
-
-
-def _base(url: str) -> str:
-    return url.rstrip("/")
-
-
-class PosttrainDialect:
-    """The routes and fields of ``posttrain serve`` (see `posttrain.rollout.vllm` for vLLM's)."""
-
-    name = "posttrain"
-    check_timeout_s = 10.0
-
-    def check_server(self, client: httpx.Client, url: str, probe_prompt: list[int]) -> int:
-        """Its weight version, once ``GET /health`` answers ``{"status": "ok"}``."""
-        r = client.get(f"{url}/health")
-        body = r.json() if r.status_code == 200 else None
-        if not isinstance(body, dict) or body.get("status") != "ok":
-            raise RuntimeError(f"GET /health answered {r.status_code} {_one_line(r.text)}")
-        return int(body.get("version", 0))
-
-    def body(self, body: dict) -> dict:
-        return {**body, "return_token_ids": True}
-
-    @staticmethod
-    def truncated_logprobs(choice: dict) -> list[float] | None:
-        truncated = choice.get("truncated_logprobs")
-        return None if truncated is None else [float(x) for x in truncated]
-
-    def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
-        """'' when the server confirmed the version and checksum it loaded, else what it answered."""
-        body = {"model_path": folder, "version": version, "checksum": checksum}
-        r = client.post(f"{url}/update_weights_from_disk", json=body)
-        try:
-            got = r.json()
-        except ValueError:
-            return f"HTTP {r.status_code} {_one_line(r.text)}"
-        confirmed = (r.status_code == 200 and isinstance(got, dict) and got.get("success") is True
-                     and got.get("version") == version and got.get("checksum") == checksum)
-        return "" if confirmed else f"HTTP {r.status_code} {_one_line(got)}"
-
-
-PROBE_PROMPT = [1, 2, 3, 4]
-"""Token ids a server is asked about when it starts (any model has them)."""
-
-
-API_KEY_ENV = "POSTTRAIN_API_KEY"
-"""The environment variable a client takes its servers' API key from (never a config file, which
-runs write out)."""
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None, api_key: str | None = None) -> list[int]:
-    """Every server's readiness (health, and what the dialect needs) and weight version, or
-    `ServerUnreachable` naming the first server that is not ready. ``timeout_s`` per request;
-    default: the dialect's ``check_timeout_s``. ``api_key``: default ``$POSTTRAIN_API_KEY``."""
-    if not urls:
-        raise ServerUnreachable("no rollout server given (set rollout.urls=[http://host:port, ...])")
-    dialect = dialect or PosttrainDialect()
-    versions = []
-    with httpx.Client(timeout=timeout_s or dialect.check_timeout_s, headers=auth_headers(api_key)) as client:
-        for url in urls:
-            try:
-                versions.append(dialect.check_server(client, _base(url), PROBE_PROMPT))
-            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as e:
-                raise ServerUnreachable(f"rollout server {url} is unreachable: {_one_line(e)}") from None
-            except RuntimeError as e:
-                raise ServerUnreachable(f"rollout server {url} is not ready: {_one_line(e)}") from None
-    return versions
-
-
-def _one_line(x) -> str:
-    text = " ".join(str(x).split()) or type(x).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def model_eos_ids(model_path: str, tokenizer=None) -> list[int]:
@@ -208,7 +127,7 @@ class HTTPEngine:
                  max_relaunches: int = 2, printer=print):
         if retries < 0 or retry_backoff_s < 0 or max_inflight < 1 or keep_versions < 1:
             raise ValueError("retries and retry_backoff_s must be >= 0, max_inflight and keep_versions >= 1")
-        self.urls = [_base(u) for u in urls]
+        self.urls = [base_url(u) for u in urls]
         self.dialect = dialect or PosttrainDialect()
         self.adapter_config = adapter_config
         self.servers = servers  # launched for this engine (`VLLMServers`): stopped by close()
@@ -409,18 +328,18 @@ class HTTPEngine:
         try:
             r = self._client.post(f"{url}/v1/completions", json=body)
         except httpx.HTTPError as e:
-            raise _RequestFailed(_one_line(e) or type(e).__name__) from None
+            raise _RequestFailed(one_line(e) or type(e).__name__) from None
         finally:
             with self._gate:
                 self._posting -= 1
                 self._gate.notify_all()
         if r.status_code != 200:
-            raise _RequestFailed(f"HTTP {r.status_code}: {_one_line(r.text)}")
+            raise _RequestFailed(f"HTTP {r.status_code}: {one_line(r.text)}")
         try:
             data = r.json()
             choices = sorted(data["choices"], key=lambda c: c["index"])
         except (ValueError, KeyError, TypeError) as e:
-            raise _RequestFailed(f"malformed answer ({_one_line(e)}): {_one_line(r.text)}") from None
+            raise _RequestFailed(f"malformed answer ({one_line(e)}): {one_line(r.text)}") from None
         if len(choices) != body["n"]:
             raise _RequestFailed(f"asked for {body['n']} choices, got {len(choices)}")
         echoed = data.get("prompt_token_ids", choices[0].get("prompt_token_ids"))
@@ -439,7 +358,7 @@ class HTTPEngine:
             reason = c["finish_reason"]
         except (KeyError, TypeError, ValueError) as e:
             raise _RequestFailed(f"choice without token_ids / logprobs.token_logprobs / finish_reason "
-                                 f"({_one_line(e)}); the server must support return_token_ids and logprobs") from None
+                                 f"({one_line(e)}); the server must support return_token_ids and logprobs") from None
         if len(logprobs) != len(ids) or (truncated is not None and len(truncated) != len(ids)):
             raise _RequestFailed(f"{len(ids)} token ids but {len(logprobs)} log-probs")
         if reason == "stop":
@@ -515,7 +434,7 @@ class HTTPEngine:
         try:
             return self.dialect.push(self._sync_client, url, folder, version, checksum, probe)
         except httpx.HTTPError as e:
-            return f"no answer ({_one_line(e) or type(e).__name__})"
+            return f"no answer ({one_line(e) or type(e).__name__})"
 
     @contextlib.contextmanager
     def asleep(self):
@@ -584,7 +503,7 @@ class HTTPEngine:
                     self._dead.discard(url)
             self.printer(f"[server_back] rollout server {url} relaunched with weights version {self.version}")
         except Exception as e:  # noqa: BLE001 - a background thread: report, the server stays out
-            self.printer(f"WARNING [server_lost] could not relaunch rollout server {url}: {_one_line(e)}")
+            self.printer(f"WARNING [server_lost] could not relaunch rollout server {url}: {one_line(e)}")
 
     def _relaunch_note(self) -> str:
         if self.servers is None:
