@@ -47,7 +47,8 @@ class CircuitOpen(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One program to judge. Function-call form: ``entry_point`` + ``tests`` (defining
-    ``check(candidate)``) + optional trusted ``prelude``. Stdin/stdout form: ``io`` pairs.
+    ``check(candidate)``) + optional trusted ``prelude``. Pytest form: ``tests`` is a pytest
+    module importing the program as ``module`` (`pytest_judge`). Stdin/stdout form: ``io`` pairs.
     ``capture``: a stdin/stdout run whose output is not compared but returned, as the detail of a
     PASS that says only "the program ran to the end" (a tool that shows a program's output)."""
 
@@ -58,12 +59,15 @@ class Job:
     io: tuple[tuple[str, str], ...] = ()
     timeout_s: float | None = None
     capture: bool = False
+    module: str = ""
 
     def request(self, cfg: SandboxConfig) -> dict:
         req = {"program": self.program, "timeout_s": self.timeout_s or cfg.timeout_s,
                "output_limit": cfg.output_limit}
         if self.io:
             return {**req, "mode": "io", "stdins": [i for i, _ in self.io]}
+        if self.module:
+            return {**req, "mode": "pytest", "tests": self.tests, "module": self.module}
         return {**req, "mode": "func", "entry_point": self.entry_point, "tests": self.tests,
                 "prelude": self.prelude}
 

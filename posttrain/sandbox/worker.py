@@ -23,6 +23,10 @@ from pathlib import Path
 from posttrain.sandbox import seccomp_filter, zygote
 
 ZYGOTE_PATH = Path(zygote.__file__).resolve()
+PYTEST_JUDGE_PATH = ZYGOTE_PATH.with_name("pytest_judge.py")
+# What the judge needs to run pytest-style tests: the pytest library and its dependencies, bound
+# read-only from this interpreter's environment (the sandbox's interpreter has no site-packages).
+JUDGE_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
 # Run in the sandbox with `python -c`: the zygote as a code object compiled here, where the
 # sandbox's interpreter has this one's bytecode version; from its source anywhere else.
 BOOT = ("import marshal, sys\n"
@@ -39,6 +43,26 @@ def zygote_code() -> bytes:
     compiling 40 KB of source at every start, and its memory keeps none of the compiler's
     leftovers (2 MB), which every fork of a program would otherwise copy and tear down."""
     return marshal.dumps(compile(ZYGOTE_PATH.read_text(), "/sandbox/zygote.py", "exec"))
+
+
+@functools.lru_cache(maxsize=1)
+def judge_lib_binds() -> tuple[str, ...]:
+    """bubblewrap arguments that bind `JUDGE_PACKAGES` and `pytest_judge` under `zygote.JUDGE_LIB`;
+    none when pytest is not installed here (a pytest-style task then ends INFRA_FAIL, said so)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pytest") is None:
+        return ()
+    binds = ["--perms", "0755", "--dir", zygote.JUDGE_LIB,  # bwrap would make it 0700: the judge could not enter
+             "--ro-bind", str(PYTEST_JUDGE_PATH), f"{zygote.JUDGE_LIB}/posttrain_pytest_judge.py"]
+    for name in JUDGE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            continue
+        src = Path(spec.origin).resolve()
+        src = src.parent if src.name == "__init__.py" else src
+        binds += ["--ro-bind", str(src), f"{zygote.JUDGE_LIB}/{src.name}"]
+    return tuple(binds)
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -194,8 +218,9 @@ class Worker:
         return [self.info["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                 "--clearenv", *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--ro-bind", str(ZYGOTE_PATH), "/sandbox/zygote.py",
-                "--ro-bind-data", str(code_fd), "/sandbox/zygote.code", "--chdir", "/", *caps,
+                "--perms", "0711", "--dir", "/sandbox", "--ro-bind", str(ZYGOTE_PATH), "/sandbox/zygote.py",
+                "--ro-bind-data", str(code_fd), "/sandbox/zygote.code", *judge_lib_binds(),
+                "--dir", zygote.JUDGE_DIR, "--chdir", "/", *caps,
                 self.cfg.python, "-I", "-S", "-B", "-c", BOOT.format(version=tuple(sys.version_info[:2])),
                 json.dumps(self._zygote_cfg())]
 

@@ -66,6 +66,8 @@ MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 EXIT_MEMORY = 3  # the candidate's wrapper exits with this after a MemoryError
 PR_SET_PDEATHSIG, PR_GET_SECCOMP, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 21, 22, 2
 TMPFS = ("/tmp", "/dev/shm")
+JUDGE_LIB = "/sandbox/lib"  # read-only: the pytest library and `pytest_judge`, for the judge
+JUDGE_DIR = "/judge"  # a tmpfs only the judge's uid can enter: where test modules are written
 # Imported by the zygote before it forks: tests and solutions import these often, and an import
 # in every fresh child would cost more than the whole program.
 WARM_MODULES = ("math", "random", "re", "collections", "itertools", "functools", "string",
@@ -294,6 +296,8 @@ def candidate_main(cfg: dict, ctl_r: int, out_w: int, err_w: int, call_r: int, r
     if msg["mode"] == "io":
         os.close(call_r), os.close(reply_w)
         _child_io(msg)
+    if msg["mode"] == "pytest":
+        _child_objects(msg, call_r, reply_w)
     _child_func(msg, call_r, reply_w)
 
 
@@ -348,6 +352,144 @@ def _child_func(msg: dict, call_fd: int, reply_fd: int) -> None:
         except BaseException as e:
             reply = {"exc": type(e).__name__, "msg": str(e)[:300]}
         write_frame(reply_fd, reply)
+
+
+# Values the candidate sends back as data in pytest mode: everything else becomes a handle.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_SPECIAL = {"__len__": len, "__bool__": bool, "__str__": str, "__repr__": repr, "__iter__": iter,
+            "__next__": next, "__getitem__": lambda o, k: o[k], "__contains__": lambda o, k: k in o,
+            "__setitem__": lambda o, k, v: o.__setitem__(k, v), "__delitem__": lambda o, k: o.__delitem__(k)}
+_CAPTURE_LIMIT = 1 << 20
+_HANDLE_IDS: dict = {}  # id(object) -> its handle; in a candidate only (each is a fresh fork)
+_BUILTINS = sys.modules["builtins"]  # the module object: a program may rebind its names, not this
+
+
+def _make_handle(x, table: list) -> list:
+    """A reference to ``x`` that stays in the candidate: ``["h", id, kind, name, base]``. ``kind`` says
+    how the judge may use it (an exception class, a class, a callable, an object); ``base`` is the
+    nearest builtin exception class of an exception class (only a name: the judge maps it)."""
+    hid = _HANDLE_IDS.get(id(x))  # the same object, the same handle: identity holds in the judge
+    if hid is None or table[hid] is not x:
+        table.append(x)
+        hid = _HANDLE_IDS[id(x)] = len(table) - 1
+    base = ""
+    if isinstance(x, type) and issubclass(x, BaseException):
+        kind = "exc"
+        base = next((c.__name__ for c in x.__mro__ if getattr(_BUILTINS, c.__name__, None) is c), "Exception")
+    else:
+        kind = "class" if isinstance(x, type) else "call" if callable(x) else "obj"
+    name = getattr(x, "__qualname__", None) if kind != "obj" else type(x).__qualname__
+    return ["h", hid, kind, name if type(name) is str else "?", base]
+
+
+def _encode_h(x, table: list, depth: int = 0):
+    """`encode`, except that a value of any other type goes out as a handle, not an error."""
+    if depth > 100:
+        raise ValueError("value nested deeper than 100")
+    t = type(x)
+    if t in _PLAIN:
+        return encode(x)
+    if t in (list, tuple, set, frozenset):
+        tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
+        return [tag, [_encode_h(v, table, depth + 1) for v in t.__iter__(x)]]
+    if t is dict:
+        return ["d", [[_encode_h(k, table, depth + 1), _encode_h(v, table, depth + 1)] for k, v in dict.items(x)]]
+    return _make_handle(x, table)
+
+
+def _decode_h(v, table: list, depth: int = 0):
+    """`decode`, plus handles the judge sends back (resolved in ``table``) and paths (``tmp_path``)."""
+    if type(v) is list and v and v[0] == "h" and type(v[1]) is int and 0 <= v[1] < len(table):
+        return table[v[1]]
+    if type(v) is list and v and v[0] == "p" and type(v[1]) is str:
+        return sys.modules["pathlib"].Path(v[1])  # imported before the program ran
+    if type(v) is list and v and v[0] in ("l", "t", "S", "F") and type(v[1]) is list and depth < 100:
+        items = [_decode_h(x, table, depth + 1) for x in v[1]]
+        return {"l": list, "t": tuple, "S": set, "F": frozenset}[v[0]](items)
+    if type(v) is list and v and v[0] == "d" and type(v[1]) is list and depth < 100:
+        return {_decode_h(k, table, depth + 1): _decode_h(w, table, depth + 1) for k, w in v[1]}
+    return decode(v, depth)
+
+
+def _serve(call: dict, table: list) -> dict:
+    """One request from the judge on the program's objects; the reply, made of data and handles."""
+    op, obj = call["op"], table[call["obj"]]
+    if op == "names":
+        return {"ok": encode([k for k in obj if type(k) is str and not k.startswith("_")])}
+    if op == "get":
+        if call["obj"] == 0:  # the program's namespace: a missing name is the module's AttributeError
+            if call["name"] not in obj:
+                raise AttributeError(f"the program defines no {call['name']!r}")
+            return {"ok": _encode_h(obj[call["name"]], table)}
+        return {"ok": _encode_h(getattr(obj, call["name"]), table)}
+    if op == "set":
+        value = _decode_h(call["value"], table)
+        if call["obj"] == 0:
+            obj[call["name"]] = value
+        else:
+            setattr(obj, call["name"], value)
+        return {"ok": encode(None)}
+    args = _decode_h(call["args"], table)
+    if op == "call":
+        kwargs = _decode_h(call["kwargs"], table)
+        reply = {"ok": _encode_h(obj(*args, **kwargs), table)}
+        if any(type(a) in (list, dict, set, bytearray) for a in (*args, *kwargs.values())):
+            reply["after"] = [_encode_h(args, table), _encode_h(kwargs, table)]  # in-place changes
+        return reply
+    return {"ok": _encode_h(_SPECIAL[call["name"]](obj, *args), table)}
+
+
+def _child_objects(msg: dict, call_fd: int, reply_fd: int) -> None:
+    """Pytest mode: load the program as module ``msg["module"]`` and answer the judge's requests on
+    its objects until the judge hangs up. Anything that is not plain data stays here, named by a
+    handle; what each call prints is captured and sent back as text (tests read it with capsys)."""
+    import io
+    import pathlib  # noqa: F401  here, not while serving: the program may break `import`
+
+    ns = {"__name__": msg["module"]}
+    try:
+        exec(compile(msg["program"], f"{msg['module']}.py", "exec"), ns)
+        os.write(reply_fd, _READY)
+    except BaseException as e:
+        write_frame(reply_fd, {"exc": type(e).__name__, "msg": str(e)[:300]})
+        os._exit(EXIT_MEMORY if isinstance(e, MemoryError) else 1)
+    table: list = [ns]
+    string_io = io.StringIO
+    while True:
+        head = _read_exact(call_fd, 4)
+        body = _read_exact(call_fd, struct.unpack(">I", head)[0]) if head else None
+        if body is None:
+            os._exit(0)
+        call = marshal.loads(body)  # from the judge: trusted
+        out, err = string_io(), string_io()
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        try:
+            reply = _serve(call, table)
+        except BaseException as e:
+            reply = _raised_reply(e, table)
+        finally:
+            sys.stdout, sys.stderr = saved
+        for key, buf in (("out", out), ("err", err)):
+            text = buf.getvalue() if type(buf) is string_io else ""
+            if text:
+                reply[key] = text[:_CAPTURE_LIMIT]
+        try:
+            write_frame(reply_fd, reply)
+        except (TypeError, ValueError):
+            write_frame(reply_fd, {"exc": "TypeError", "msg": "reply could not be sent"})
+
+
+def _raised_reply(e: BaseException, table: list) -> dict:
+    name = type(e).__name__
+    try:
+        text = str(e)[:300]
+    except BaseException:
+        text = ""
+    reply = {"exc": name if type(name) is str else "Exception", "msg": text if type(text) is str else ""}
+    if getattr(_BUILTINS, name, None) is not type(e):
+        reply["cls"] = _make_handle(type(e), table)
+    return reply
 
 
 # ----------------------------------------------------------------------------- the forker
@@ -558,7 +700,14 @@ def _compiled(source: str, name: str):
 
 
 def judge(msg: dict, call_fd: int, reply_fd: int) -> dict:
-    """Run the prelude and ``check(candidate)`` against the proxy; return the verdict."""
+    """Run the prelude and ``check(candidate)`` against the proxy; return the verdict. Pytest-style
+    tasks go to `pytest_judge` (bound into the sandbox next to the pytest library)."""
+    if msg.get("mode") == "pytest":
+        try:
+            import posttrain_pytest_judge
+        except ImportError as e:
+            return _verdict("INFRA_FAIL", "sandbox", f"pytest is not available in the sandbox: {e}")
+        return posttrain_pytest_judge.run(msg, call_fd, reply_fd, sys.modules[__name__])
     ns = {"__name__": "__judge__"}
     try:
         exec(_compiled(msg.get("prelude") or "", "<prelude>"), ns)
@@ -659,6 +808,8 @@ def judge_main(cfg: dict, sock_fd: int, result_w: int) -> None:
         _drop_to(cfg["judge_uid"])
         _install_filter()
         os.chdir("/")
+        if os.path.isdir(JUDGE_LIB):
+            sys.path.append(JUDGE_LIB)  # pytest and pytest_judge, imported on the first pytest task
         import resource
         import socket
 
@@ -878,12 +1029,13 @@ def _judge_died() -> dict:
 
 
 def _run_func(cfg: dict, cand: _Cand, req: dict) -> dict:
-    _send_program(cand, {"mode": "func", "program": req["program"],
-                         "entry_point": req["entry_point"], "timeout_s": req["timeout_s"]})
+    _send_program(cand, {"mode": req["mode"], "program": req["program"], "module": req.get("module"),
+                         "entry_point": req.get("entry_point"), "timeout_s": req["timeout_s"]})
     judge = _STATE["judge"]
     if judge is None:  # it died between tasks (it closes every descriptor but its own two)
         judge = _STATE["judge"] = _Judge(cfg)
-    judge.send({k: req.get(k) for k in ("prelude", "tests", "entry_point", "timeout_s")}, cand.give_pipes())
+    judge.send({k: req.get(k) for k in ("mode", "prelude", "tests", "entry_point", "module", "timeout_s")},
+               cand.give_pipes())
     outs = {cand.out_r: bytearray(), cand.err_r: bytearray()}
     why = _pump(outs, req["output_limit"], time.monotonic() + req["timeout_s"], judge.res_r)
     if why != "stop":
@@ -1001,6 +1153,20 @@ def _fresh_tmpfs(cfg: dict, force: bool = False) -> None:
         os.utime(where, ns=(0, 0))
 
 
+def _judge_tmpfs(cfg: dict) -> None:
+    """Mount the judge's own tmpfs on `JUDGE_DIR`, mode 0700 and owned by the judge's uid: a test
+    module written there cannot be read, replaced or joined by a ``conftest.py`` from the program,
+    and the program cannot fill it to make a task fail to load."""
+    import ctypes
+
+    if not os.path.isdir(JUDGE_DIR):
+        return
+    uid = cfg["judge_uid"]
+    opts = f"size=64m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}".encode()
+    if _libc().mount(b"tmpfs", JUDGE_DIR.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        raise OSError(ctypes.get_errno(), f"mount tmpfs {JUDGE_DIR}")
+
+
 def _next(cfg: dict) -> None:
     """Clean up after a program and make the next one ready: kill what is left of it, give
     touched mounts a fresh tmpfs, make sure a judge runs, and pre-fork the next candidate."""
@@ -1025,7 +1191,7 @@ def _next(cfg: dict) -> None:
 def _handle(cfg: dict, req: dict) -> dict:
     """Judge one request. A function-call run leaves its processes for the caller to clean up
     after the reply is sent, which takes the cleanup off the critical path."""
-    if req["mode"] == "func":
+    if req["mode"] in ("func", "pytest"):
         return _run_func(cfg, _STATE["cand"], req)
     cases = []
     for stdin in req["stdins"]:
@@ -1098,6 +1264,7 @@ def main(argv: list[str]) -> None:
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0), os.dup2(null, 1)
     _fresh_tmpfs(cfg, force=True)
+    _judge_tmpfs(cfg)
     _STATE["forker"] = _Forker(cfg)
     _next(cfg)
     while True:
@@ -1118,7 +1285,7 @@ def main(argv: list[str]) -> None:
             req["mode"] = "func"  # forces a cleanup below
         reply["time_s"] = round(time.monotonic() - t0, 6)
         write_frame(out, reply)
-        if req["mode"] == "func":
+        if req["mode"] != "io":
             _next(cfg)
 
 

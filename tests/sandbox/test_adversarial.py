@@ -412,3 +412,95 @@ def test_honest_code_using_os_threads_and_recursion_passes(pool, guard):
              "    assert candidate(2) == [[0, 1, 4, 9], 832040, 500, 4, 'a/b']\n")
     assert judge(pool, program, tests) == ("PASS", "")
     assert judge_io(pool, "import sys\nn = int(sys.stdin.read())\nprint(n * 2)", [("21\n", "42\n"), ("0", "0")]) == ("PASS", "")
+
+
+# ----------------------------------------------------------------------------- pytest-style tests (KodCode's form)
+PYTEST_TESTS = ("import pytest\nfrom solution import f\n\n"
+                "def test_f():\n    assert f(2) == 4\n\n"
+                "@pytest.mark.parametrize('x', [1, 3])\ndef test_more(x):\n    assert f(x) == 2 * x\n")
+WRONG = "def f(x):\n    return 0\n"
+
+
+def judge_pytest(pool, program: str, tests: str = PYTEST_TESTS, timeout_s: float | None = None):
+    outcome = pool.run([Job(program, tests=tests, module="solution", timeout_s=timeout_s)])[0]
+    return outcome.cls.value, outcome.reason
+
+
+def test_pytest_sys_exit_at_import(pool, guard):
+    assert judge_pytest(pool, "import sys\nsys.exit(0)\n" + WRONG) == ("MODEL_FAIL", "no_verdict")
+
+
+def test_pytest_os_exit_at_import(pool, guard):
+    assert judge_pytest(pool, "import os\nos._exit(0)\n" + WRONG) == ("MODEL_FAIL", "no_verdict")
+
+
+def test_pytest_os_exit_during_a_test(pool, guard):
+    assert judge_pytest(pool, "import os\ndef f(x):\n    os._exit(0)\n") == ("MODEL_FAIL", "no_verdict")
+
+
+def test_pytest_patching_pytest(pool, guard):
+    # A stand-in `pytest` everywhere the program can reach: its own modules, /tmp, its cwd.
+    fake = "def main(*a, **k):\n    return 0\nclass mark:\n    parametrize = staticmethod(lambda *a, **k: (lambda f: f))\n"
+    top = ("import sys, types, os\n"
+           f"fake = types.ModuleType('pytest')\nexec({fake!r}, fake.__dict__)\n"
+           "sys.modules['pytest'] = sys.modules['_pytest'] = fake\n"
+           "for d in ('/tmp', os.getcwd()):\n"
+           "    try:\n"
+           f"        open(os.path.join(d, 'pytest.py'), 'w').write({fake!r})\n"
+           "    except OSError:\n        pass\n")
+    assert judge_pytest(pool, top + WRONG) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_pytest_patching_builtins(pool, guard):
+    top = ("import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+           "builtins.isinstance = lambda *a: True\nbuiltins.__import__ = None\n")
+    assert judge_pytest(pool, top + WRONG)[0] == "MODEL_FAIL"  # it breaks its own answers, not the judge
+
+
+def test_pytest_always_equal_object(pool, guard):
+    program = ("class Yes:\n    def __eq__(self, other):\n        return True\n"
+               "    __ne__ = lambda self, other: False\n    __hash__ = object.__hash__\n"
+               "    __bool__ = lambda self: True\n"
+               "def f(x):\n    return Yes()\n")
+    assert judge_pytest(pool, program) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_pytest_conftest_and_ini_written_by_the_program(pool, guard):
+    conftest = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+                "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+                "    outcome.get_result().outcome = 'passed'\n")
+    top = ("import os\n"
+           "for d in ('/tmp', '/', '/judge', '/sandbox', '/sandbox/lib', os.getcwd(), '/dev/shm'):\n"
+           "    for name, text in (('conftest.py', CONFTEST), ('pytest.ini', '[pytest]\\naddopts = -p no:python\\n'),\n"
+           "                       ('tox.ini', '[pytest]\\naddopts = --co\\n')):\n"
+           "        try:\n            open(os.path.join(d, name), 'w').write(text)\n"
+           "        except OSError:\n            pass\n")
+    assert judge_pytest(pool, f"CONFTEST = {conftest!r}\n" + top + WRONG) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_pytest_star_import_cannot_shadow_builtins(pool, guard):
+    tests = "from solution import *\n\ndef test_f():\n    assert sorted(f([3, 1, 2])) == [1, 2, 3]\n    assert len(f([1])) == 1\n"
+    program = "def sorted(x):\n    return [1, 2, 3]\ndef len(x):\n    return 1\ndef f(xs):\n    return None\n"
+    assert judge_pytest(pool, program, tests)[0] == "MODEL_FAIL"
+
+
+def test_pytest_exceptions_named_like_pytest_outcomes(pool, guard):
+    # pytest turns Skipped, XFailed and unittest's SkipTest into skips; the program's namesakes
+    # arrive as plain exceptions of the program, so each test fails instead of being skipped.
+    program = ("import unittest\nclass Skipped(Exception):\n    pass\n"
+               "def f(x):\n    raise (unittest.SkipTest if x == 2 else Skipped)('skip')\n")
+    assert judge_pytest(pool, program) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_pytest_tests_out_of_the_programs_reach(pool, guard):
+    top = "import os\nTESTS = [open(os.path.join('/judge', d, 'test_task.py')).read() for d in os.listdir('/judge')]\n"
+    assert judge_pytest(pool, top + WRONG) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_pytest_filling_tmp_is_still_the_programs_fault(pool, guard):
+    # A full /tmp must not turn a wrong answer into a masked outcome (TASK_FAIL, INFRA_FAIL).
+    top = ("import os\ntry:\n    with open('/tmp/fill', 'wb') as fh:\n        while True:\n"
+           "            fh.write(b'x' * (1 << 20))\nexcept OSError:\n    pass\n"
+           "for i in range(5000):\n    try:\n        os.mkdir(f'/tmp/d{i}')\n    except OSError:\n        break\n")
+    tests = PYTEST_TESTS + "\ndef test_file(tmp_path):\n    (tmp_path / 'a').write_text('x')\n    assert f(1) == 2\n"
+    assert judge_pytest(pool, top + WRONG, tests, timeout_s=10)[0] == "MODEL_FAIL"

@@ -1,0 +1,418 @@
+"""Pytest-style tests judged in the judge process: real pytest, with the program behind a proxy.
+
+Runs inside the sandbox, in the judge (imported there as ``posttrain_pytest_judge`` from the
+read-only library folder the worker binds next to the pytest library; standard library and
+pytest only). The task's test module imports the program as a module (KodCode's ``from solution
+import f``); here that module is a `RemoteModule` whose every name lives in the candidate's
+process. The test module, pytest and the verdict live in the judge, so nothing the program does
+in its own process (``sys.exit(0)`` or ``os._exit`` at import, patching ``pytest`` or
+``builtins``, writing a ``conftest.py``) reaches the verdict.
+
+What crosses from the program, and how the judge reads it:
+
+- **values**: exact builtin types only (`zygote.decode`, strict), so an object "equal to
+  everything" cannot come back as a value. Any other object stays in the candidate and comes
+  back as a `RemoteObject` handle: attribute access, calls, ``len``/``bool``/``str``/``repr``,
+  iteration, indexing and ``in`` go to the candidate and answer with data of the type the
+  operation needs (``len`` an int, ``bool`` a bool...). Equality of a handle is identity: the
+  program's ``__eq__`` is never asked, so a handle never equals an expected value.
+- **exceptions**: by name. A builtin exception comes back as a subclass of that builtin; an
+  exception class the program defines becomes a local class with its nearest builtin base, so
+  ``pytest.raises`` and ``except`` work; ``SystemExit``/``KeyboardInterrupt`` end the run.
+  Only builtin exception classes cross, never pytest's own outcome exceptions (skip, xfail).
+- **printed text**: what the program prints during a call is captured there and written to
+  the judge's ``sys.stdout``/``sys.stderr`` (``capsys`` reads it).
+- **in-place changes** to list, dict and set arguments are copied back after each call.
+
+Arguments go to the program as data, handles it gave out, or paths (``tmp_path``); anything else
+(a lambda, a judge-side object) cannot be sent and fails that test: such a task's reference
+fails too, and `posttrain sandbox audit` flags it. The test module is written to the judge's own
+tmpfs (mode 0700, the program's uid cannot enter) and run with ``--noconftest``, a trusted ini
+file and no plugin autoloading; ``tmp_path`` is under the shared ``/tmp``, opened to the
+program's uid, since tests hand it files there. ``from solution import *`` imports no name that
+shadows a builtin or a module the test imports itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import marshal
+import os
+import pathlib
+import sys
+import types
+
+PROTECTED = frozenset(dir(builtins))
+TASK_REASONS = ("bad_test", "no_tests")
+
+
+class Remote:
+    """The connection to the candidate: requests go out marshalled (the candidate reads only what
+    the judge wrote), replies come back as JSON decoded strictly (the candidate wrote them)."""
+
+    def __init__(self, z, call_fd: int, reply_fd: int):
+        self.z, self.call_fd, self.reply_fd = z, call_fd, reply_fd
+        self.calls = 0
+        self.handles: dict[int, object] = {}
+        self.exc_classes: dict[str, type] = {}
+
+    def request(self, op: str, obj: int, **fields):
+        z = self.z
+        self.calls += 1
+        try:
+            z._write_all(self.call_fd, marshal.dumps({"op": op, "obj": obj, **fields}))
+        except BrokenPipeError:
+            raise z.CandidateGone("candidate exited") from None
+        try:
+            reply = z.read_frame(self.reply_fd)
+        except ValueError as e:
+            raise z.CandidateGone(f"bad reply: {e}") from None
+        if reply is None:
+            raise z.CandidateGone("candidate exited before answering")
+        if type(reply) is not dict:
+            raise z.CandidateGone("bad reply")
+        for key, stream in (("out", sys.stdout), ("err", sys.stderr)):
+            if type(reply.get(key)) is str:
+                stream.write(reply[key])
+        if "ok" in reply:
+            return reply
+        if "exc" in reply:
+            raise self.exception(reply)
+        raise z.CandidateGone("bad reply")
+
+    def value(self, op: str, obj: int, **fields):
+        return self.decode(self.request(op, obj, **fields)["ok"])
+
+    def call(self, obj: int, args: tuple, kwargs: dict):
+        reply = self.request("call", obj, args=self.encode(list(args)), kwargs=self.encode(dict(kwargs)))
+        result = self.decode(reply["ok"])
+        if "after" in reply:
+            new_args, new_kwargs = self.decode(reply["after"][0]), self.decode(reply["after"][1])
+            for old, new in [*zip(args, new_args), *((kwargs[k], new_kwargs.get(k)) for k in kwargs)]:
+                _write_back(old, new)
+        return result
+
+    def special(self, obj: int, name: str, *args, want: type | None = None):
+        got = self.value("special", obj, name=name, args=self.encode(list(args)))
+        if want is not None and type(got) is not want:
+            raise TypeError(f"{name} of a program object returned {type(got).__name__}, not {want.__name__}")
+        return got
+
+    # ------------------------------------------------------------------ values
+    def encode(self, x, depth: int = 0):
+        """What the judge may send: data, the program's own handles, paths."""
+        if depth > 100:
+            raise ValueError("value nested deeper than 100")
+        t = type(x)
+        if t is RemoteObject and x._remote is self:
+            return ["h", x._id]
+        if isinstance(x, pathlib.PurePath):
+            return ["p", str(x)]
+        if t in (list, tuple, set, frozenset):
+            tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
+            return [tag, [self.encode(v, depth + 1) for v in x]]
+        if t is dict:
+            return ["d", [[self.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in x.items()]]
+        if t is bytearray:
+            return self.z.encode(bytes(x))
+        try:
+            return self.z.encode(x)
+        except TypeError:
+            raise TypeError(f"cannot pass a {t.__name__} to the program (only data, its own objects "
+                            "and paths cross)") from None
+
+    def decode(self, v, depth: int = 0):
+        """A reply value: strictly typed data, or a handle to an object left in the candidate."""
+        if type(v) is list and v and v[0] == "h":
+            return self.handle(v)
+        if type(v) is list and len(v) == 2 and v[0] in ("l", "t", "S", "F") and type(v[1]) is list and depth < 100:
+            items = [self.decode(x, depth + 1) for x in v[1]]
+            return {"l": list, "t": tuple, "S": set, "F": frozenset}[v[0]](items)
+        if type(v) is list and len(v) == 2 and v[0] == "d" and type(v[1]) is list and depth < 100:
+            return {self.decode(k, depth + 1): self.decode(w, depth + 1) for k, w in v[1]}
+        try:
+            return self.z.decode(v, depth)
+        except ValueError as e:
+            raise self.z.CandidateGone(f"bad reply: {e}") from None
+
+    def handle(self, v: list):
+        if len(v) != 5 or type(v[1]) is not int or not all(type(x) is str for x in v[2:]):
+            raise self.z.CandidateGone("bad handle")
+        _, hid, kind, name, base = v
+        if kind == "exc":
+            return self.exc_class(name, base, key=f"#{hid}")
+        if hid not in self.handles:
+            self.handles[hid] = RemoteObject(self, hid, kind, name)
+        return self.handles[hid]
+
+    def exc_class(self, name: str, base_name: str, key: str) -> type:
+        """A local exception class standing for one of the program's (or a builtin's, by name)."""
+        if key not in self.exc_classes:
+            base = getattr(builtins, base_name, None)
+            if not (isinstance(base, type) and issubclass(base, Exception)):
+                base = Exception
+            try:
+                cls = type(name, (base, self.z.CandidateRaised), {"exc_name": name})
+            except TypeError:  # a builtin whose layout cannot be mixed in
+                cls = type(name, (self.z.CandidateRaised,), {"exc_name": name})
+            self.exc_classes[key] = cls
+        return self.exc_classes[key]
+
+    def exception(self, reply: dict) -> BaseException:
+        name, text = str(reply["exc"]), str(reply.get("msg", ""))
+        if name in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
+            return self.z.CandidateGone(f"candidate raised {name}")
+        if "cls" in reply and type(reply["cls"]) is list:
+            cls = self.decode(reply["cls"])
+        else:
+            cls = self.exc_class(name, name, key=name)
+        if not (isinstance(cls, type) and issubclass(cls, self.z.CandidateRaised)):
+            return self.z.CandidateGone("bad exception reply")
+        try:
+            return cls(text)
+        except TypeError:  # e.g. UnicodeDecodeError wants five arguments
+            return self.exc_class(name, "Exception", key=f"plain:{name}")(text)
+
+
+def _write_back(old, new) -> None:
+    """Copy the candidate's in-place change of a list, dict or set argument into the judge's."""
+    if type(old) is list and type(new) is list:
+        old[:] = new
+    elif type(old) is dict and type(new) is dict:
+        old.clear()
+        old.update(new)
+    elif type(old) is set and type(new) is set:
+        old.clear()
+        old.update(new)
+    elif type(old) is bytearray and type(new) is bytes:
+        old[:] = new
+
+
+class RemoteObject:
+    """An object of the program, left in the candidate's process. Its ``__eq__`` is identity."""
+
+    __slots__ = ("_remote", "_id", "_kind", "_name")
+
+    def __init__(self, remote: Remote, hid: int, kind: str, name: str):
+        for key, value in (("_remote", remote), ("_id", hid), ("_kind", kind), ("_name", name)):
+            object.__setattr__(self, key, value)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):  # probes by pytest and inspect stay here
+            raise AttributeError(name)
+        return self._remote.value("get", self._id, name=name)
+
+    def __setattr__(self, name: str, value) -> None:
+        self._remote.request("set", self._id, name=name, value=self._remote.encode(value))
+
+    def __call__(self, *args, **kwargs):
+        return self._remote.call(self._id, args, kwargs)
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __ne__(self, other) -> bool:
+        return self is not other
+
+    def __hash__(self) -> int:
+        return hash((id(self._remote), self._id))
+
+    def __len__(self) -> int:
+        return self._remote.special(self._id, "__len__", want=int)
+
+    def __bool__(self) -> bool:
+        return self._remote.special(self._id, "__bool__", want=bool)
+
+    def __str__(self) -> str:
+        return self._remote.special(self._id, "__str__", want=str)
+
+    def __repr__(self) -> str:
+        return self._remote.special(self._id, "__repr__", want=str)
+
+    def __contains__(self, item) -> bool:
+        return self._remote.special(self._id, "__contains__", item, want=bool)
+
+    def __getitem__(self, key):
+        return self._remote.special(self._id, "__getitem__", key)
+
+    def __setitem__(self, key, value) -> None:
+        self._remote.special(self._id, "__setitem__", key, value)
+
+    def __delitem__(self, key) -> None:
+        self._remote.special(self._id, "__delitem__", key)
+
+    def __next__(self):
+        return self._remote.special(self._id, "__next__")
+
+    def __iter__(self):
+        it = self._remote.special(self._id, "__iter__")
+        if type(it) is not RemoteObject:
+            raise TypeError("iter() of a program object returned data, not an iterator")
+        while True:
+            try:
+                item = it.__next__()
+            except StopIteration:
+                return
+            yield item
+
+
+class RemoteModule(types.ModuleType):
+    """The program as the module the tests import; every name is looked up in the candidate."""
+
+    def __init__(self, name: str, remote: Remote, hidden: frozenset):
+        super().__init__(name)
+        self.__dict__["_remote"], self.__dict__["_hidden"] = remote, hidden
+
+    def __getattr__(self, name: str):
+        if name == "__all__":  # `from solution import *`: never over a builtin or the tests' imports
+            names = self._remote.value("names", 0)
+            return [n for n in names if type(n) is str and n not in PROTECTED and n not in self._hidden]
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._remote.value("get", 0, name=name)
+
+    def __setattr__(self, name: str, value) -> None:
+        self._remote.request("set", 0, name=name, value=self._remote.encode(value))
+
+
+def imported_names(tests: str) -> tuple[set[str], set[str]]:
+    """(top-level modules the tests import, names those imports bind). Raises SyntaxError."""
+    modules, bound = set(), set()
+    for node in ast.walk(ast.parse(tests)):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                modules.add(a.name.split(".")[0])
+                bound.add((a.asname or a.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module.split(".")[0])
+            bound |= {a.asname or a.name for a in node.names if a.name != "*"}
+    return modules, bound
+
+
+def task_problem(tests: str, module: str) -> str:
+    """Why the tests cannot run here whatever the program does ('' when they can): a syntax
+    error, or a module they import that this sandbox does not have."""
+    import importlib.util
+
+    try:
+        modules, _ = imported_names(tests)
+    except SyntaxError as e:
+        return f"the tests do not parse: {e}"
+    for name in sorted(modules - {module}):
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            return f"the tests import {name!r}, which the sandbox does not have"
+    return ""
+
+
+def _loaded(z, reply_fd: int) -> dict | None:
+    """The verdict when the program did not load (None when it did)."""
+    try:
+        first = z.read_frame(reply_fd)
+    except ValueError:
+        first = None
+    if first is None:
+        return z._verdict("MODEL_FAIL", "no_verdict", "program exited while loading")
+    if type(first) is dict and "exc" in first:
+        name = str(first["exc"])
+        reason = {"MemoryError": "memory", "SystemExit": "no_verdict"}.get(name, "runtime_error")
+        return z._verdict("MODEL_FAIL", reason, f"loading the program raised {name}: {first.get('msg')}")
+    return None
+
+
+def _recorder(z, pytest, basetemp: str):
+    """A pytest plugin that keeps each test's outcome and why it failed."""
+
+    class Recorder:
+        def __init__(self):
+            self.passed, self.failures = 0, []  # (reason, text)
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            outcome = yield
+            report = outcome.get_result()
+            if report.when == "call" and report.passed:
+                self.passed += 1
+            if report.failed:
+                self.failures.append((self._reason(call.excinfo), f"{report.nodeid} ({report.when}): "
+                                      + report.longreprtext[-300:]))
+
+        def _reason(self, excinfo) -> str:
+            if excinfo is None:
+                return "wrong_answer"
+            if issubclass(excinfo.type, z.CandidateGone):
+                return "no_verdict"
+            if issubclass(excinfo.type, z.CandidateRaised):
+                return "memory" if excinfo.type.exc_name == "MemoryError" else "runtime_error"
+            if excinfo.type.__name__ == "FixtureLookupError":  # a fixture from a plugin we lack
+                return "bad_test"
+            return "wrong_answer"
+
+        def pytest_collectreport(self, report):
+            if report.failed:  # the tests' own imports were checked before: the program's doing
+                self.failures.append(("runtime_error", f"collecting: {report.longreprtext[-300:]}"))
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_call(self, item):
+            # tmp_path is made 0700 for the judge's uid; tests hand the program files there
+            for root, dirs, _ in os.walk(basetemp):
+                for d in dirs:
+                    os.chmod(os.path.join(root, d), 0o777)
+            if os.path.isdir(basetemp):
+                os.chmod(basetemp, 0o777)
+
+        def verdict(self, code: int, calls: int) -> dict:
+            if self.failures:
+                task = [f for f in self.failures if f[0] in TASK_REASONS]
+                reason, text = task[0] if task else self.failures[0]
+                return z._verdict("TASK_FAIL" if task else "MODEL_FAIL", reason, text)
+            if code == 5 or not self.passed:
+                return z._verdict("TASK_FAIL", "no_tests", "the tests define no test that runs")
+            if code != 0:
+                return z._verdict("MODEL_FAIL", "no_verdict", f"pytest ended with exit code {code}")
+            return z._verdict("PASS", "", f"{self.passed} tests, {calls} calls")
+
+    return Recorder()
+
+
+def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
+    """Run ``msg["tests"]`` (a pytest module) against the candidate; return the verdict."""
+    import shutil
+    import tempfile
+
+    module, tests = msg["module"], msg["tests"]
+    problem = task_problem(tests, module)
+    if problem:
+        return z._verdict("TASK_FAIL", "bad_test", problem)
+    failed = _loaded(z, reply_fd)
+    if failed:
+        return failed
+    import pytest
+
+    remote = Remote(z, call_fd, reply_fd)
+    sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
+    task = tempfile.mkdtemp(dir=z.JUDGE_DIR if os.path.isdir(z.JUDGE_DIR) else None)
+    try:
+        shared = tempfile.mkdtemp(prefix="pytest-", dir="/tmp")
+        os.chmod(shared, 0o711)  # the program may enter tmp_path below, not list or plant here
+    except OSError:  # the program filled /tmp: tests that hand it files there fail, as they should
+        shared = task
+    with open(os.path.join(task, "pytest.ini"), "w") as f:
+        f.write("[pytest]\n")
+    with open(os.path.join(task, "test_task.py"), "w") as f:
+        f.write(tests)
+    recorder = _recorder(z, pytest, os.path.join(shared, "t"))
+    umask = os.umask(0)  # files the tests write in tmp_path stay writable by the program
+    try:
+        code = pytest.main(["-q", "-x", "-s", "-p", "no:cacheprovider", "-p", "no:faulthandler",
+                            "-p", "no:pastebin", "-p", "no:junitxml", "--noconftest",
+                            "--import-mode=importlib", "-c", os.path.join(task, "pytest.ini"),
+                            "--rootdir", task, "--basetemp", os.path.join(shared, "t"),
+                            os.path.join(task, "test_task.py")], plugins=[recorder])
+    finally:
+        os.umask(umask)
+        for name, mod in list(sys.modules.items()):
+            if name == module or str(getattr(mod, "__file__", None) or "").startswith(task):
+                del sys.modules[name]
+        shutil.rmtree(task, ignore_errors=True)
+    return recorder.verdict(int(code), remote.calls)

@@ -1,0 +1,126 @@
+"""Pytest-style tasks (KodCode's form): real pytest in the judge, the program behind a proxy.
+
+Each test checks one thing pytest users rely on, with a right program (PASS) and a wrong one
+(MODEL_FAIL); forgeries are in test_adversarial.py."""
+
+from __future__ import annotations
+
+from posttrain.sandbox.pool import Job
+from posttrain.sandbox.pytest_judge import imported_names, task_problem
+
+
+def run(pool, program: str, tests: str) -> tuple[str, str]:
+    outcome = pool.run([Job(program, tests=tests, module="solution")])[0]
+    return outcome.cls.value, outcome.reason
+
+
+def test_plain_asserts_pass_and_fail(pool):
+    tests = "from solution import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    assert run(pool, "def add(a, b):\n    return a + b\n", tests) == ("PASS", "")
+    assert run(pool, "def add(a, b):\n    return a - b\n", tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_parametrize_runs_every_case(pool):
+    tests = ("import pytest\nfrom solution import sq\n\n"
+             "@pytest.mark.parametrize('x,y', [(1, 1), (2, 4), (3, 9)])\n"
+             "def test_sq(x, y):\n    assert sq(x) == y\n")
+    assert run(pool, "def sq(x):\n    return x * x\n", tests) == ("PASS", "")
+    assert run(pool, "def sq(x):\n    return 1 if x < 3 else x * x\n", tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_raises_with_a_builtin_and_a_program_exception(pool):
+    tests = ("import pytest\nfrom solution import div, DivError\n\n"
+             "def test_raises():\n    with pytest.raises(ValueError, match='neg'):\n        div(-1)\n"
+             "    with pytest.raises(DivError):\n        div(0)\n")
+    program = ("class DivError(ZeroDivisionError):\n    pass\n"
+               "def div(x):\n    if x < 0:\n        raise ValueError('neg')\n"
+               "    if x == 0:\n        raise DivError('zero')\n    return 1 / x\n")
+    assert run(pool, program, tests) == ("PASS", "")
+    assert run(pool, "class DivError(Exception):\n    pass\ndef div(x):\n    return 1\n", tests) \
+        == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_an_unexpected_exception_is_a_runtime_error(pool):
+    tests = "from solution import f\n\ndef test_f():\n    assert f(1) == 1\n"
+    assert run(pool, "def f(x):\n    raise KeyError(x)\n", tests) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_approx_on_floats(pool):
+    tests = "import pytest\nfrom solution import mean\n\ndef test_mean():\n    assert mean([0.1, 0.2]) == pytest.approx(0.15)\n"
+    assert run(pool, "def mean(xs):\n    return sum(xs) / len(xs)\n", tests) == ("PASS", "")
+
+
+def test_classes_and_fixtures(pool):
+    tests = ("import pytest\nfrom solution import Stack\n\n@pytest.fixture\ndef stack():\n"
+             "    s = Stack()\n    s.push(1)\n    return s\n\n"
+             "class TestStack:\n    def test_pop(self, stack):\n        assert stack.pop() == 1\n"
+             "        assert len(stack) == 0 and not stack\n"
+             "    def test_iter(self, stack):\n        stack.push(2)\n        assert list(stack) == [1, 2]\n"
+             "        assert 2 in stack and str(stack) == 'Stack(2)'\n")
+    program = ("class Stack:\n    def __init__(self):\n        self.items = []\n"
+               "    def push(self, x):\n        self.items.append(x)\n"
+               "    def pop(self):\n        return self.items.pop()\n"
+               "    def __len__(self):\n        return len(self.items)\n"
+               "    def __iter__(self):\n        return iter(self.items)\n"
+               "    def __str__(self):\n        return f'Stack({len(self.items)})'\n")
+    assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_tmp_path_files_reach_the_program(pool):
+    tests = ("from solution import count_lines, write_lines\n\ndef test_files(tmp_path):\n"
+             "    p = tmp_path / 'a.txt'\n    p.write_text('x\\ny\\n')\n"
+             "    assert count_lines(p) == 2 and count_lines(str(p)) == 2\n"
+             "    write_lines(tmp_path / 'b.txt', ['1', '2', '3'])\n"
+             "    assert (tmp_path / 'b.txt').read_text() == '1\\n2\\n3\\n'\n")
+    program = ("def count_lines(path):\n    with open(path) as f:\n        return len(f.readlines())\n"
+               "def write_lines(path, lines):\n    with open(path, 'w') as f:\n"
+               "        f.write(''.join(l + '\\n' for l in lines))\n")
+    assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_capsys_reads_what_the_program_printed(pool):
+    tests = "from solution import greet\n\ndef test_greet(capsys):\n    greet('ann')\n    assert capsys.readouterr().out == 'hi ann\\n'\n"
+    assert run(pool, "def greet(n):\n    print('hi', n)\n", tests) == ("PASS", "")
+    assert run(pool, "def greet(n):\n    print('hello', n)\n", tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_in_place_changes_come_back(pool):
+    tests = "from solution import rotate\n\ndef test_rotate():\n    m = [[1, 2], [3, 4]]\n    rotate(m)\n    assert m == [[3, 1], [4, 2]]\n"
+    program = "def rotate(m):\n    m[:] = [list(r) for r in zip(*m[::-1])]\n"
+    assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_generators_and_module_constants(pool):
+    tests = ("import itertools\nimport solution\n\ndef test_gen():\n"
+             "    assert list(itertools.islice(solution.naturals(), 3)) == [0, 1, 2]\n"
+             "    assert solution.LIMIT == 10\n")
+    program = "LIMIT = 10\ndef naturals():\n    n = 0\n    while True:\n        yield n\n        n += 1\n"
+    assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_a_missing_name_is_the_programs_fault(pool):
+    tests = "from solution import f\n\ndef test_f():\n    assert f() == 1\n"
+    assert run(pool, "def g():\n    return 1\n", tests) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_tests_needing_a_module_the_sandbox_lacks_are_task_fail(pool):
+    tests = "import numpy_not_here\nfrom solution import f\n\ndef test_f():\n    assert f() == 1\n"
+    assert run(pool, "def f():\n    return 1\n", tests) == ("TASK_FAIL", "bad_test")
+
+
+def test_tests_without_a_test_are_task_fail(pool):
+    assert run(pool, "def f():\n    return 1\n", "from solution import f\n") == ("TASK_FAIL", "no_tests")
+
+
+def test_a_program_that_times_out(pool):
+    tests = "from solution import f\n\ndef test_f():\n    assert f() == 1\n"
+    outcome = pool.run([Job("def f():\n    while True:\n        pass\n", tests=tests, module="solution",
+                            timeout_s=1.0)])[0]
+    assert (outcome.cls.value, outcome.reason) == ("MODEL_FAIL", "timeout")
+
+
+def test_judge_reads_the_tests_imports_without_running_them():
+    tests = "import os.path as p\nimport pytest\nfrom solution import f, g as h\nfrom solution import *\n"
+    assert imported_names(tests) == ({"os", "pytest", "solution"}, {"p", "pytest", "f", "h"})
+    assert task_problem("def broken(:\n", "solution").startswith("the tests do not parse")
+    assert task_problem("import json\nfrom solution import f\n", "solution") == ""
