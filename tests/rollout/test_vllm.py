@@ -145,9 +145,10 @@ def test_a_push_while_a_completion_is_generating_never_mixes_weights_within_it(v
             weights = {k: v.clone() for k, v in new.state_dict().items()}
             checksum, probe = weights_checksum(weights), probe_of(new)
             rid = eng.submit([prompt], 2, s)
-            while eng._posting == 0 and not eng._submitted[rid][0].done():
+            call, _ = eng.submissions.pending[rid]
+            while eng.gate.posting == 0 and not call.done():
                 time.sleep(0.001)
-            overlapped += not eng._submitted[rid][0].done()
+            overlapped += not call.done()
             eng.load_weights(weights, version, checksum, probe=probe)
             (got,) = eng.poll(wait=True)
             assert got.rollouts.policy_version == [version - 1] * 2  # tagged with the version it was sent under

@@ -2,7 +2,9 @@
 SGLang): `posttrain.rollout.http.engine` says how it works, and the modules beside it hold its parts.
 """
 
-from posttrain.rollout.http.engine import HTTPEngine, ServersDown, model_eos_ids
+from posttrain.rollout.http.completions import model_eos_ids
+from posttrain.rollout.http.engine import HTTPEngine
+from posttrain.rollout.http.pool import ServersDown
 from posttrain.rollout.http.transport import (
     API_KEY_ENV,
     PROBE_PROMPT,

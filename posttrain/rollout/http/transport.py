@@ -66,7 +66,8 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None, api_key: str | None = None) -> list[int]:
+def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None,
+                  api_key: str | None = None) -> list[int]:
     """Every server's readiness (health, and what the dialect needs) and weight version, or
     `ServerUnreachable` naming the first server that is not ready. ``timeout_s`` per request;
     default: the dialect's ``check_timeout_s``. ``api_key``: default ``$POSTTRAIN_API_KEY``."""
