@@ -12,7 +12,7 @@ One step, top to bottom:
     prompts ─▶ engine.generate(n=G) ─▶ verifier (logged; optional reward term)
             ─▶ student log-probs (no grad) ─▶ teacher scores the student's exact tokens (no grad)
             ─▶ loss = reverse KL per token [+ reward_coef · GRPO policy gradient] ─▶ one update
-            ─▶ engine.load_weights(version+1, checksum)
+            ─▶ engine.load_version(buckets, version+1, digest)
 
 Design choices:
 - Two estimators, chosen by name (``LOSSES``): ``full`` is the exact KL over the vocabulary (needs
