@@ -25,6 +25,25 @@ DEFAULT_AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "seq_mean_token
 
 
 @dataclasses.dataclass(kw_only=True)
+class PrecisionFallbackConfig:
+    kl_threshold: float = 0.0
+    """0 = off. When a step's ``mismatch/kl`` exceeds this, the engine holds the next version in
+    float32 and samples the following steps in it; logged as ``rollout/precision`` (bits of the dtype
+    the step's rollouts came from). Needs a 16-bit ``engine_dtype`` and the in-process engine
+    (backend=torch, runtime=local, mode=sync)."""
+    quiet_steps: int = 5
+    """Consecutive float32 steps whose ``mismatch/kl`` stays at or under ``kl_threshold`` before the
+    engine goes back to ``engine_dtype`` (a gap that persists in float32 is not precision's, so the
+    engine stays up until it clears)."""
+
+    def __post_init__(self):
+        if self.kl_threshold < 0:
+            raise ConfigValueError("kl_threshold", "must be >= 0 (0 = off)")
+        if self.quiet_steps < 1:
+            raise ConfigValueError("quiet_steps", "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True)
 class RolloutConfig:
     group_size: int = 8
     """Completions sampled per prompt (G); advantages are computed within each group."""
@@ -39,8 +58,12 @@ class RolloutConfig:
     stop: list[str] = dataclasses.field(default_factory=list)
     """Stop strings (end-of-sequence tokens always stop)."""
     engine_dtype: str = "float32"
-    """dtype of the engine's own copy of the weights (bfloat16 shows real sampler/trainer mismatch);
-    backend=torch only (a server holds the weights in its own dtype)."""
+    """dtype of the engine's own copy of the weights: float32, bfloat16 or float16 (16-bit shows real
+    sampler/trainer mismatch against the float32 trainer; both run on the CPU). backend=torch
+    (in-process, colocated, Ray replicas, the async engine process); a server holds the weights in
+    its own dtype (``posttrain serve --dtype bfloat16``)."""
+    precision_fallback: PrecisionFallbackConfig = dataclasses.field(default_factory=PrecisionFallbackConfig)
+    """Sample in float32 while the sampler/trainer gap is large (docs/rl.md, "Precision")."""
     backend: str = "torch"
     """torch (the in-process TorchEngine), openai (`posttrain serve` servers at `urls`;
     docs/rollout.md), vllm (vLLM servers: at `urls`, or started by the run with `vllm.launch`;
@@ -419,6 +442,7 @@ class RLConfig:
             raise ConfigValueError("mode", "must be sync or async")
         if self.runtime not in RUNTIMES:
             raise ConfigValueError("runtime", f"must be one of {', '.join(RUNTIMES)}")
+        self.check_precision_fallback()
         if self.runtime == "ray" and self.rollout.backend != "torch":
             raise ConfigValueError("runtime", f"ray places TorchEngine replicas; with rollout.backend="
                                    f"{self.rollout.backend} use runtime=local")
@@ -434,6 +458,17 @@ class RLConfig:
             raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
                                    "turns are rendered by the model's chat template (roles, tool replies)")
         self.check_correction()
+
+    def check_precision_fallback(self) -> None:
+        r = self.rollout
+        if r.precision_fallback.kl_threshold == 0:
+            return
+        if r.engine_dtype == "float32":
+            raise ConfigValueError("rollout.precision_fallback.kl_threshold", "has no effect: "
+                                   "rollout.engine_dtype is already float32 (set bfloat16 or float16)")
+        if (r.backend, self.runtime, self.mode) != ("torch", "local", "sync"):
+            raise ConfigValueError("rollout.precision_fallback.kl_threshold", "needs the in-process engine "
+                                   "(rollout.backend=torch, runtime=local, mode=sync), whose dtype the run sets")
 
     @property
     def importance_weighted(self) -> bool:

@@ -39,6 +39,7 @@ from posttrain.verifiers.registry import verifier_metrics
 from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
+from posttrain.rl.precision import PrecisionFallback, follow_the_gap
 from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout.http import check_servers
@@ -210,7 +211,7 @@ def rl_step(run: RLRun, step: int, timer: StageTimer) -> dict:
 
 
 def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list[Outcome], info: dict,
-          episode_of_row: list[int] | None = None, during=contextlib.nullcontext()) -> dict:
+          episode_of_row: list[int] | None = None, during=None) -> dict:
     """Everything after generation, shared by sync and async and by every algorithm: batch,
     log-probs, advantages (or PPO's critic targets), off-policy correction, update, weight sync.
     Every rank gets the whole step and trains on its own groups.
@@ -231,7 +232,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     # The curriculum's view before `during`: the async controller moves the source while the trainer computes.
     metrics |= run.source.metrics() | farm_metrics() | verifier_metrics(run.verifier) if world.main else {}
-    with during:  # async: the controller keeps receiving and admitting groups meanwhile
+    with during or contextlib.nullcontext():  # async: the controller keeps receiving and admitting groups meanwhile
         with timer("logprobs"):
             train_rows, with_ref = rows_to_train(cfg, batch, outcomes, first), reference_due(cfg, step)
             batch.score_weight_B = None if with_ref else score_weights(batch, train_rows)
@@ -257,6 +258,8 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
                                                  epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
                                                  norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step,
                                                  train_rows=train_rows)
+    if run.precision is not None:  # before the sync: the next version loads in the dtype chosen here
+        metrics |= follow_the_gap(run, step, metrics["mismatch/kl"])
     with timer("sync"):
         sync_weights(run)
     return metrics
@@ -428,7 +431,9 @@ def setup(cfg: RLConfig) -> RLRun:
                 eval_examples=eval_examples,
                 eval_prompts=[] if env else encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env,
-                colocated=colocates(cfg, world))
+                colocated=colocates(cfg, world),
+                precision=PrecisionFallback(cfg.rollout.precision_fallback, cfg.rollout.engine_dtype)
+                if cfg.rollout.precision_fallback.kl_threshold > 0 else None)
     send_starting_weights(run)
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo

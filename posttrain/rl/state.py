@@ -34,3 +34,4 @@ class RLRun:
     ppo: object = None  # algorithm=ppo: critic and reward model (posttrain.rl.ppo.PPOState)
     env: object = None  # env.name set: episodes in a multi-turn environment (posttrain.envs.session.EnvSession)
     colocated: bool = False  # under torchrun every rank has an engine and generates its own groups
+    precision: object = None  # rollout.precision_fallback on: the engine's dtype (posttrain.rl.precision.PrecisionFallback)

@@ -55,6 +55,18 @@ def _as_id_list(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def _recompute_rotary(model) -> None:
+    """Rotary frequencies are computed, not loaded: a cast to 16 bits rounds them and no weight load
+    restores them. Rebuild them in float32 (as serving engines keep them), so that the engine's
+    rotation is the trainer's in any dtype, and float32 again after a 16-bit spell."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                if buf.is_floating_point() and name in module._buffers:
+                    module._buffers[name] = buf.to(module._buffers[name].device)
+
+
 class TorchEngine:
     """Rollout engine over a Hugging Face causal LM (see module docstring).
 
@@ -78,6 +90,7 @@ class TorchEngine:
         if not 0.0 <= compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        _recompute_rotary(self.model)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch = max_batch
@@ -154,6 +167,15 @@ class TorchEngine:
         self._mixed = None
         self.decoder.refresh()
         self.version = version
+
+    def set_dtype(self, dtype: torch.dtype) -> None:
+        """Hold the weights in ``dtype`` from now on (``rollout.precision_fallback``). The values are
+        cast as they stand, so a rise to float32 gains precision only when the next version loads."""
+        if self.model.get_output_embeddings().weight.dtype == dtype:
+            return
+        self.model.to(dtype=dtype)
+        _recompute_rotary(self.model)
+        self.decoder = FastLlamaDecoder(self.model) if self.backend == "fast" else HFDecoder(self.model)
 
     def _check_version(self, version: int, allow_older: bool) -> None:
         if version < self.version and not allow_older:

@@ -9,7 +9,7 @@ import torch
 
 from posttrain.algos import IS_CORRECTIONS
 from posttrain.config import ConfigValueError
-from posttrain.rl.config import CORRECTION_KINDS, CorrectionConfig
+from posttrain.rl.config import CORRECTION_KINDS, CorrectionConfig, PrecisionFallbackConfig, RolloutConfig
 from posttrain.rl.losses import importance_weights
 
 # ratios trainer/sampler per token: (2, 1, 0.5) and (1.25, 0.8, padding)
@@ -53,3 +53,75 @@ def test_a_knob_of_another_correction_is_refused(kind, knob):
     with pytest.raises(ConfigValueError, match=f"no effect with kind={kind}") as e:
         CorrectionConfig(kind=kind, **knob)
     assert e.value.key == next(iter(knob))
+
+
+# ------------------------------------------------------------------ 16-bit engines, float32 trainer
+
+
+def _run(rl_overrides, reward_plugin, **extra):
+    from posttrain.config import load_config
+    from posttrain.jsonl import read_jsonl
+    from posttrain.rl.config import RLConfig
+    from posttrain.rl.run import run_rl
+
+    cfg = load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", **extra))
+    run_rl(cfg, printer=lambda *_: None)
+    return [m for _, m in read_jsonl(f"{cfg.out_dir}/metrics.jsonl") if m.get("step", 0) > 0]
+
+
+@pytest.mark.parametrize("dtype,low,high", [("float32", 0.0, 1e-5), ("bfloat16", 1e-4, 2e-2), ("float16", 1e-5, 5e-3)])
+def test_a_16_bit_engine_shows_a_nonzero_bounded_gap_to_the_float32_trainer_and_trains(
+        rl_overrides, reward_plugin, dtype, low, high):
+    rows = _run(rl_overrides, reward_plugin, **{"rollout.engine_dtype": dtype})
+    assert len(rows) == 2
+    for m in rows:
+        assert low <= m["mismatch/logprob_abs_diff_mean"] < high
+        assert m["mismatch/logprob_abs_diff_max"] < 20 * high
+        assert 0 <= m["mismatch/kl"] < 1e-3 and m["mismatch/ratio_outside_2x_frac"] == 0.0
+        assert m["grad_norm"] > 0 and math.isfinite(m["loss"])  # the policy was updated from these samples
+    assert "rollout/precision" not in rows[0]  # logged only with the fallback on
+
+
+# ------------------------------------------------------------------ precision that rises with the gap
+
+
+def test_fallback_decisions_by_hand():
+    from posttrain.rl.precision import PrecisionFallback
+
+    fb = PrecisionFallback(PrecisionFallbackConfig(kl_threshold=1e-3, quiet_steps=2), "bfloat16")
+    seen = [(fb.observe(kl), fb.current) for kl in (1e-4, 2e-3, 0.0, 5e-3, 0.0, 1e-3, 2e-3)]
+    assert seen == [(None, "bfloat16"),  # quiet in bf16: stay
+                    ("float32", "float32"),  # loud: up
+                    (None, "float32"),  # one quiet step
+                    (None, "float32"),  # loud again in float32: the count restarts, stay up
+                    (None, "float32"),
+                    ("bfloat16", "bfloat16"),  # at the threshold counts as quiet: two in a row, down
+                    ("float32", "float32")]
+    off = PrecisionFallback(PrecisionFallbackConfig(), "bfloat16")
+    assert off.observe(1.0) is None and off.current == "bfloat16"
+
+
+def test_fallback_switches_the_engine_up_and_back_with_a_forced_gap(rl_overrides, reward_plugin, capsys):
+    # a threshold no bf16 step stays under: up after every bf16 step, down after two float32 steps
+    rows = _run(rl_overrides, reward_plugin, **{
+        "rollout.engine_dtype": "bfloat16", "rollout.precision_fallback.kl_threshold": 1e-9,
+        "rollout.precision_fallback.quiet_steps": 2, "num_steps": 6})
+    assert [m["rollout/precision"] for m in rows] == [16, 32, 32, 16, 32, 32]
+    assert [m.get("rollout/precision_switch") for m in rows] == [32, None, 16, 32, None, 16]
+    for m in rows:  # float32 rollouts are the trainer's own numbers again: the weights and RoPE reloaded exactly
+        if m["rollout/precision"] == 32:
+            assert m["mismatch/logprob_abs_diff_max"] < 1e-5
+        else:
+            assert m["mismatch/logprob_abs_diff_mean"] > 1e-4
+    events = [line for line in capsys.readouterr().out.splitlines() if "the engine samples in" in line]
+    assert len(events) == 4 and "mismatch KL" in events[0] and "2 quiet steps" in events[1]
+
+
+def test_fallback_is_refused_where_it_cannot_act():
+    from posttrain.rl.config import RLConfig
+
+    with pytest.raises(ConfigValueError, match="already float32"):
+        RLConfig(rollout=RolloutConfig(precision_fallback=PrecisionFallbackConfig(kl_threshold=1e-3)))
+    with pytest.raises(ConfigValueError, match="in-process engine"):
+        RLConfig(mode="async", rollout=RolloutConfig(engine_dtype="bfloat16",
+                                                     precision_fallback=PrecisionFallbackConfig(kl_threshold=1e-3)))
