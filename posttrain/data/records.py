@@ -212,12 +212,28 @@ def parse_preference(record: dict, where: str) -> PreferenceExample:
                              rejected=_check_text(record, "rejected", where, needs))
 
 
+def load_task_records(path: str | Path) -> list[tuple[str, dict]]:
+    """`load_records_with_location`, with records of a published code dataset (KodCode, MBPP,
+    evalplus, LiveCodeBench; detected from their fields) turned into task records
+    (`posttrain.data.formats`): a prompt, the tests the code verifier runs, the reference as the
+    SFT completion."""
+    from posttrain.data.formats import convert, detect
+
+    out = []
+    for where, rec in load_records_with_location(path):
+        fmt = detect(rec)
+        task = convert(rec, where, fmt) if fmt not in (None, "posttrain") else rec
+        if task is not None:
+            out.append((where, task))
+    return out
+
+
 def load_sft_examples(path: str | Path) -> list[SFTExample]:
-    return [parse_sft(r, w) for w, r in load_records_with_location(path)]
+    return [parse_sft(r, w) for w, r in load_task_records(path)]
 
 
 def load_prompt_examples(path: str | Path) -> list[PromptExample]:
-    return [parse_prompt(r, w) for w, r in load_records_with_location(path)]
+    return [parse_prompt(r, w) for w, r in load_task_records(path)]
 
 
 def load_preference_examples(path: str | Path) -> list[PreferenceExample]:

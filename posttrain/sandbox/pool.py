@@ -60,6 +60,9 @@ class Job:
     timeout_s: float | None = None
     capture: bool = False
     module: str = ""
+    compare: str = "lines"
+    """How stdout is compared: ``lines`` (trailing spaces and blank lines ignored) or ``tokens``
+    (LiveCodeBench: stripped lines, equal as text or as decimal numbers token by token)."""
 
     def request(self, cfg: SandboxConfig) -> dict:
         req = {"program": self.program, "timeout_s": self.timeout_s or cfg.timeout_s,
@@ -81,7 +84,7 @@ class Job:
                 return Outcome.passed(detail=case["stdout"])
             if case["status"] != "ok":
                 return Outcome.model_fail(case["status"], detail=f"case {k}: {case['stderr'][-200:]}")
-            if normalize_output(case["stdout"]) != normalize_output(self.io[k][1]):
+            if not OUTPUT_MATCH[self.compare](case["stdout"], self.io[k][1]):
                 return Outcome.model_fail("wrong_answer", detail=f"case {k}: output differs")
         return Outcome.passed(detail=f"{len(self.io)} cases")
 
@@ -90,6 +93,28 @@ def normalize_output(text: str) -> str:
     """Compare outputs ignoring trailing spaces on lines and trailing blank lines."""
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
+
+def tokens_match(got: str, want: str) -> bool:
+    """LiveCodeBench's comparison: the same number of stripped lines, each equal as text or, token
+    by token, as decimal numbers (so ``1.50`` matches ``1.5``, and no float rounding blurs 10**17)."""
+    import decimal
+
+    a = [line.strip() for line in got.strip().split("\n")]
+    b = [line.strip() for line in want.strip().split("\n")]
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        try:
+            if [decimal.Decimal(t) for t in x.split()] != [decimal.Decimal(t) for t in y.split()]:
+                return False
+        except decimal.InvalidOperation:
+            return False
+    return True
+
+
+OUTPUT_MATCH = {"lines": lambda got, want: normalize_output(got) == normalize_output(want), "tokens": tokens_match}
 
 from posttrain.outcome import OutcomeClass  # noqa: E402
 

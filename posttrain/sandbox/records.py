@@ -1,12 +1,18 @@
 """Records the sandbox judges, read from JSONL, and HumanEval loaded offline.
 
-Two record forms (one JSON object per line):
+Three record forms (one JSON object per line), the test forms of the shared task record
+(`posttrain.data.formats`, which also turns published datasets into them):
 
 - function-call: ``{"id", "program", "tests", "entry_point", "prelude"?}``; ``tests`` defines
   ``check(candidate)`` (HumanEval's form), ``program`` is the whole candidate program, and the
   optional ``prelude`` is trusted code from the task (helpers the tests call) that runs on the
   verdict side.
-- stdin/stdout: ``{"id", "program", "io": [{"stdin", "stdout"}, ...]}``.
+- pytest: ``{"id", "program", "tests", "module"}``; ``tests`` is a pytest module importing the
+  program as ``module`` (KodCode's ``from solution import f``), run by `pytest_judge`.
+- stdin/stdout: ``{"id", "program", "io": [{"stdin", "stdout"}, ...], "compare"?}``.
+
+``program_prefix`` / ``program_suffix`` (task code around the candidate's, such as
+LiveCodeBench's imports and its ``Solution`` entry) are added to every program judged.
 
 Audit records may also carry ``reference`` (a known-good program) in place of or next to
 ``program``. Errors name the record as ``FILE:LINE``.
@@ -18,7 +24,7 @@ from pathlib import Path
 
 from posttrain.errors import UserError
 from posttrain.jsonl import read_jsonl
-from posttrain.sandbox.pool import Job
+from posttrain.sandbox.pool import OUTPUT_MATCH, Job
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -38,9 +44,16 @@ def _text(rec: dict, key: str, where: str, required: bool = True) -> str:
     return rec[key]
 
 
+def wrap_program(rec: dict, code: str) -> str:
+    """The program judged for ``code``: the task's prefix and suffix around it, when it has them."""
+    return f"{rec.get('program_prefix') or ''}{code}{rec.get('program_suffix') or ''}"
+
+
 def to_job(rec: dict, where: str, program_key: str = "program", timeout_s: float | None = None) -> Job:
     """Build the Job for one record; raises UserError naming ``where`` and the key."""
-    program = _text(rec, program_key, where)
+    program = wrap_program(rec, _text(rec, program_key, where))
+    if "module" in rec:
+        return Job(program, tests=_text(rec, "tests", where), module=_text(rec, "module", where), timeout_s=timeout_s)
     if "io" in rec:
         io = rec["io"]
         if not isinstance(io, list) or not io:
@@ -50,7 +63,10 @@ def to_job(rec: dict, where: str, program_key: str = "program", timeout_s: float
             if not isinstance(case, dict):
                 raise UserError(f"{where}: io[{k}] must be an object")
             pairs.append((_text(case, "stdin", f"{where}: io[{k}]"), _text(case, "stdout", f"{where}: io[{k}]")))
-        return Job(program, io=tuple(pairs), timeout_s=timeout_s)
+        compare = rec.get("compare", "lines")
+        if compare not in OUTPUT_MATCH:
+            raise UserError(f"{where}: key 'compare' must be one of {', '.join(OUTPUT_MATCH)}")
+        return Job(program, io=tuple(pairs), timeout_s=timeout_s, compare=compare)
     return Job(program, entry_point=_text(rec, "entry_point", where), tests=_text(rec, "tests", where),
                prelude=_text(rec, "prelude", where, required=False), timeout_s=timeout_s)
 

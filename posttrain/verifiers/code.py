@@ -4,7 +4,11 @@ An example carries its tests next to the prompt, in either sandbox form:
 
 - function-call: ``tests`` (defining ``check(candidate)``), ``entry_point`` and an optional trusted
   ``prelude`` (helpers the tests call, imports the prompt shows; run on the verdict side too);
-- stdin/stdout: ``io``, a list of ``{"stdin", "stdout"}``.
+- stdin/stdout: ``io``, a list of ``{"stdin", "stdout"}``;
+- pytest: ``tests`` (a pytest module) and ``module`` (the name it imports the program as);
+
+and optionally ``program_prefix`` / ``program_suffix`` around the code (published formats,
+`posttrain.data.formats`, which also sets ``task_error`` on a task broken as published: TASK_FAIL).
 
 The program is taken from the completion: the last fenced code block if there is one, else the
 whole completion. For function-call tasks a program that defines ``entry_point`` is put after the
@@ -31,8 +35,10 @@ import threading
 from typing import TYPE_CHECKING
 
 from posttrain.distributed.cluster import RayConfig
+from posttrain.errors import UserError
 from posttrain.outcome import Outcome
 from posttrain.sandbox.pool import Job, SandboxPool
+from posttrain.sandbox.records import to_job
 from posttrain.sandbox.worker import SandboxConfig
 
 if TYPE_CHECKING:
@@ -96,6 +102,10 @@ def extract_code(completion: str) -> str:
 def build_job(completion: str, example: dict) -> Job | Outcome:
     """The sandbox job for one completion, or the Outcome when there is nothing to run."""
     code = extract_code(completion)
+    if example.get("task_error"):  # broken as published (e.g. private tests that do not decode)
+        return Outcome.task_fail("bad_test", str(example["task_error"]))
+    if "module" in example or "program_suffix" in example or "program_prefix" in example:
+        return _task_job(code, example)
     if "io" in example:
         io = example["io"]
         if not isinstance(io, list) or not io or not all(isinstance(c, dict) and "stdin" in c and "stdout" in c
@@ -115,6 +125,19 @@ def build_job(completion: str, example: dict) -> Job | Outcome:
     else:
         program = prelude + completion  # the body of the function the prelude opens
     return Job(program, entry, tests, prelude)
+
+
+def _task_job(code: str, example: dict) -> Job | Outcome:
+    """A task whose program is the completion's code as a whole, inside the task's own prefix and
+    suffix: pytest modules (KodCode) and LiveCodeBench's problems."""
+    if not code.strip():
+        return Outcome.model_fail("format", detail="no code in the completion")
+    rec = {k: example[k] for k in ("tests", "module", "entry_point", "prelude", "io", "compare",
+                                   "program_prefix", "program_suffix") if k in example}
+    try:
+        return to_job({**rec, "program": code}, f"task {example.get('id', '?')}")
+    except UserError as e:
+        return Outcome.task_fail("bad_test", str(e))
 
 
 def verify_batch(completions: list[str], examples: list[dict]) -> list[Outcome]:

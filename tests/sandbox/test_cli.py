@@ -54,7 +54,7 @@ def test_bad_records_exit_2_naming_the_line(make_pool, tmp_path, capsys, content
     ('\n{not json\n', ":2: invalid JSON (Expecting property name enclosed in double quotes at column 2)"),
     ('{"id": 1}\n["id", 2]\n', ":2: expected a JSON object, got an array"),
     ("", ": no records (the file is empty)"),
-    (None, ": no such file"),
+    (None, ": no such file or folder"),  # FILE may be JSONL, Parquet or a datasets folder
 ])
 def test_unreadable_jsonl_exits_2_as_file_line_what(tmp_path, capsys, action, content, message):
     """Read before any sandbox starts, so no pool (nor bubblewrap) is needed to refuse it."""
