@@ -125,3 +125,25 @@ def test_fallback_is_refused_where_it_cannot_act():
     with pytest.raises(ConfigValueError, match="in-process engine"):
         RLConfig(mode="async", rollout=RolloutConfig(engine_dtype="bfloat16",
                                                      precision_fallback=PrecisionFallbackConfig(kl_threshold=1e-3)))
+
+
+def test_a_bf16_server_against_the_float32_trainer(rl_overrides, reward_plugin, nano_model_dir, tmp_path):
+    """`posttrain serve --dtype bfloat16`: the server casts each float32 version the trainer writes
+    and samples in bf16; the run sees the same kind of gap as with the in-process bf16 engine."""
+    import json
+
+    app = pytest.importorskip("posttrain.serve.app")
+    from tests.rollout.test_http_engine import InThread
+
+    engine, tokenizer, checksum = app.load_engine(nano_model_dir, dtype="bfloat16")
+    server = InThread(app.create_app(engine, tokenizer, served_model_name="nano", model_path=nano_model_dir,
+                                     checksum=checksum, access=app.Access(weights_root=tmp_path)))
+    try:
+        rows = _run(rl_overrides, reward_plugin, **{"rollout.backend": "openai", "rollout.urls": json.dumps([server.url]),
+                                                    "rollout.weights_dir": tmp_path / "weights"})
+    finally:
+        server.stop()
+    assert next(engine.model.parameters()).dtype == torch.bfloat16 and engine.version == 2
+    for m in rows:
+        assert 1e-4 <= m["mismatch/logprob_abs_diff_mean"] < 2e-2 and m["mismatch/kl"] < 1e-3
+        assert m["grad_norm"] > 0
