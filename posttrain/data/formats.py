@@ -42,7 +42,8 @@ from typing import Callable
 
 from posttrain.errors import UserError
 
-FORMATS = ("kodcode", "mbpp", "evalplus", "livecodebench", "posttrain")
+PUBLISHED = ("kodcode", "mbpp", "evalplus", "livecodebench")
+FORMATS = (*PUBLISHED, "posttrain")
 MAX_PRIVATE_BYTES = 256 << 20  # a decompressed test blob larger than this is refused, not read
 
 
@@ -81,19 +82,6 @@ def convert(record: dict, where: str, fmt: str = "auto", **options) -> dict | No
 def check_format(fmt: str, where: str) -> None:
     if fmt != "auto" and fmt not in FORMATS:
         raise UserError(f"{where}: unknown dataset format {fmt!r} (one of auto, {', '.join(FORMATS)})")
-
-
-def load_tasks(path: str, fmt: str = "auto", **options) -> list[tuple[str, dict]]:
-    """``[(where, task record)]`` of a JSONL / Parquet file or a ``datasets`` folder."""
-    from posttrain.data.records import load_records_with_location
-
-    check_format(fmt, str(path))
-    out = []
-    for where, rec in load_records_with_location(path):
-        task = convert(rec, where, fmt, **options)
-        if task is not None:
-            out.append((where, task))
-    return out
 
 
 # ----------------------------------------------------------------------------- field checks
@@ -405,7 +393,7 @@ def _lcb_prompt(content: str, starter: str) -> str:
 
 # ----------------------------------------------------------------------------- ours
 def posttrain(rec: dict, where: str, **_) -> dict:
-    return {"format": "posttrain", **rec}
+    return dict(rec)
 
 
 LOADERS: dict[str, Callable[..., dict | None]] = {"kodcode": kodcode, "mbpp": mbpp, "evalplus": evalplus,

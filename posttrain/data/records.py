@@ -212,28 +212,42 @@ def parse_preference(record: dict, where: str) -> PreferenceExample:
                              rejected=_check_text(record, "rejected", where, needs))
 
 
-def load_task_records(path: str | Path) -> list[tuple[str, dict]]:
+def load_tasks(path: str | Path, fmt: str = "auto", **options) -> list[tuple[str, dict]]:
     """`load_records_with_location`, with records of a published code dataset (KodCode, MBPP,
-    evalplus, LiveCodeBench; detected from their fields) turned into task records
-    (`posttrain.data.formats`): a prompt, the tests the code verifier runs, the reference as the
-    SFT completion."""
-    from posttrain.data.formats import convert, detect
+    evalplus, LiveCodeBench; detected from their fields, or named by ``fmt``) turned into task
+    records (`posttrain.data.formats`): a prompt, the tests the code verifier runs, the reference
+    as the SFT completion. ``options`` go to the format's loader (evalplus ``variant``,
+    LiveCodeBench ``since``/``until``, which also filter records out)."""
+    from posttrain.data.formats import check_format, convert
+
+    check_format(fmt, str(path))
+    out = []
+    for where, rec in load_records_with_location(path):
+        task = convert(rec, where, fmt, **options)
+        if task is not None:
+            out.append((where, task))
+    return out
+
+
+def _own_or_published(path: str | Path) -> list[tuple[str, dict]]:
+    """Our own records as they are; a published format's, detected from its fields, as task records."""
+    from posttrain.data.formats import PUBLISHED, convert, detect
 
     out = []
     for where, rec in load_records_with_location(path):
         fmt = detect(rec)
-        task = convert(rec, where, fmt) if fmt not in (None, "posttrain") else rec
+        task = convert(rec, where, fmt) if fmt in PUBLISHED else rec
         if task is not None:
             out.append((where, task))
     return out
 
 
 def load_sft_examples(path: str | Path) -> list[SFTExample]:
-    return [parse_sft(r, w) for w, r in load_task_records(path)]
+    return [parse_sft(r, w) for w, r in _own_or_published(path)]
 
 
 def load_prompt_examples(path: str | Path) -> list[PromptExample]:
-    return [parse_prompt(r, w) for w, r in load_task_records(path)]
+    return [parse_prompt(r, w) for w, r in _own_or_published(path)]
 
 
 def load_preference_examples(path: str | Path) -> list[PreferenceExample]:

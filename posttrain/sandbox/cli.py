@@ -82,7 +82,7 @@ def read_tasks(args) -> list[dict]:
         task = convert(raw, where, args.format, variant=getattr(args, "variant", "plus"), **window)
         if task is None:
             continue
-        if args.action == "check" and task["format"] == "evalplus":
+        if args.action == "check" and task.get("format") == "evalplus":
             task["_base"] = convert(raw, where, "evalplus", variant="base")
         out.append({**task, "_where": where})
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.data import formats
-from posttrain.data.records import load_prompt_examples, load_sft_examples
+from posttrain.data.records import load_prompt_examples, load_sft_examples, load_tasks
 from posttrain.errors import UserError
 
 FIXTURES = Path(__file__).parent / "formats"
@@ -94,9 +94,9 @@ def test_parquet_and_datasets_folder_read_the_same(tmp_path):
     recs = rows("kodcode.jsonl")
     datasets.Dataset.from_list(recs).to_parquet(str(tmp_path / "k.parquet"))
     datasets.Dataset.from_list(recs).save_to_disk(str(tmp_path / "k_folder"))
-    want = [t["tests"] for _, t in formats.load_tasks(str(FIXTURES / "kodcode.jsonl"))]
-    assert [t["tests"] for _, t in formats.load_tasks(str(tmp_path / "k.parquet"))] == want
-    assert [t["tests"] for _, t in formats.load_tasks(str(tmp_path / "k_folder"))] == want
+    want = [t["tests"] for _, t in load_tasks(str(FIXTURES / "kodcode.jsonl"))]
+    assert [t["tests"] for _, t in load_tasks(str(tmp_path / "k.parquet"))] == want
+    assert [t["tests"] for _, t in load_tasks(str(tmp_path / "k_folder"))] == want
 
 
 def test_rl_and_sft_loaders_read_published_records():
@@ -119,4 +119,4 @@ def test_bad_records_name_file_and_line(tmp_path, monkeypatch, record, fmt, mess
     path.write_text(json.dumps(record) + "\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
-        formats.load_tasks("f.jsonl", fmt)
+        load_tasks("f.jsonl", fmt)
