@@ -1,0 +1,116 @@
+"""Published datasets judged in the sandbox: each format's own reference passes and trivial
+programs do not (the audit), LiveCodeBench and evalplus verdicts as those benchmarks define
+them, the code verifier on completions, and `posttrain sandbox check` on published records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.data.formats import convert
+from posttrain.data.records import load_tasks
+from posttrain.sandbox.audit import audit
+from posttrain.sandbox.records import to_job
+from posttrain.verifiers.code import build_job
+
+FIXTURES = Path(__file__).parents[1] / "data" / "formats"
+
+
+def tasks(name: str, **options) -> list[dict]:
+    return [{**t, "_where": w} for w, t in load_tasks(str(FIXTURES / name), **options)]
+
+
+def judge(pool, task: dict, program: str) -> tuple[str, str]:
+    outcome = pool.run([to_job({**task, "program": program}, "test")])[0]
+    return outcome.cls.value, outcome.reason
+
+
+@pytest.mark.parametrize("name", ["kodcode.jsonl", "mbpp.jsonl", "mbpp_sanitized.jsonl", "evalplus.jsonl"])
+def test_references_pass_and_trivial_programs_do_not(pool, name):
+    rows = audit(tasks(name), pool, name)
+    assert [r["flags"] for r in rows] == [[]] * len(rows), [r for r in rows if r["flags"]]
+
+
+def test_livecodebench_audit_marks_broken_and_unreferenced_tasks(pool):
+    rows = audit(tasks("livecodebench.jsonl"), pool, "lcb")
+    assert [r["flags"] for r in rows] == [["no_reference"]] * 5 + [["task_fail"]] * 2
+
+
+def test_livecodebench_stdin_answers_compared_as_decimals(pool):
+    avg = tasks("livecodebench.jsonl")[1]  # expects 1.5, 1.25, 7.0
+    program = "n = int(input())\na = list(map(int, input().split()))\nprint(sum(a) / n)\n"
+    assert judge(pool, avg, program) == ("PASS", "")
+    assert judge(pool, avg, program.replace("print(sum(a) / n)", "print(f'{sum(a) / n:.3f}')")) == ("PASS", "")
+    assert judge(pool, avg, "input()\nprint(1.5)\n") == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_livecodebench_functional_solution_class(pool):
+    two_sum, pairs = tasks("livecodebench.jsonl")[3:5]
+    right = ("class Solution:\n    def twoSum(self, numbers: List[int], target: int) -> List[int]:\n"
+             "        i, j = 0, len(numbers) - 1\n        while numbers[i] + numbers[j] != target:\n"
+             "            if numbers[i] + numbers[j] < target:\n                i += 1\n            else:\n"
+             "                j -= 1\n        return [i + 1, j + 1]\n")
+    assert judge(pool, two_sum, right) == ("PASS", "")
+    assert judge(pool, two_sum, right.replace("[i + 1, j + 1]", "[i, j]")) == ("MODEL_FAIL", "wrong_answer")
+    tuple_answer = ("class Solution:\n    def countPairs(self, nums, k):\n"
+                    "        s = sorted(nums[i] + nums[j] for i in range(len(nums)) for j in range(i + 1, len(nums))"
+                    " if nums[i] + nums[j] < k)\n        return (len(s), s)\n")
+    assert judge(pool, pairs, tuple_answer) == ("PASS", "")  # a tuple answers for a list, as in LiveCodeBench
+
+
+def test_evalplus_plus_inputs_catch_what_base_inputs_miss(pool):
+    rec = [json.loads(line) for line in (FIXTURES / "evalplus.jsonl").read_text().splitlines()][3]  # gcd
+    base, plus = convert(rec, "e", variant="base"), convert(rec, "e")
+    no_zero = "def greatest_common_divisor(a, b):\n    return max(d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0)\n"
+    assert judge(pool, base, no_zero) == ("PASS", "")
+    assert judge(pool, plus, no_zero)[0] == "MODEL_FAIL"
+
+
+def test_evalplus_float_tolerance(pool):
+    truncate, mad = tasks("evalplus.jsonl")[1:3]
+    assert judge(pool, truncate, "def truncate_number(number):\n    return number - int(number)\n") == ("PASS", "")
+    assert judge(pool, truncate, "def truncate_number(number):\n    return round(number - int(number), 3)\n") \
+        == ("MODEL_FAIL", "wrong_answer")
+    reordered = ("def mean_absolute_deviation(numbers):\n    m = sum(reversed(numbers)) / len(numbers)\n"
+                 "    return sum(abs(m - x) for x in reversed(numbers)) / len(numbers)\n")
+    assert judge(pool, mad, reordered) == ("PASS", "")
+
+
+def test_evalplus_find_zero_takes_any_root(pool):
+    find_zero = tasks("evalplus.jsonl")[4]
+    newton = ("def find_zero(xs):\n    x = 0.5\n    for _ in range(200):\n"
+              "        f = sum(c * x ** i for i, c in enumerate(xs))\n"
+              "        d = sum(i * c * x ** (i - 1) for i, c in enumerate(xs) if i)\n"
+              "        x = x - f / d if d else x + 1.0\n    return x\n")
+    assert judge(pool, find_zero, newton) == ("PASS", "")  # not the reference's root: |poly(x)| <= atol is what counts
+
+
+@pytest.mark.parametrize("name", ["kodcode.jsonl", "mbpp.jsonl", "evalplus.jsonl"])
+def test_code_verifier_judges_fenced_references(pool, name):
+    examples = tasks(name)
+    jobs = [build_job(ex["completion"], ex) for ex in examples]
+    assert [o.cls.value for o in pool.run(jobs)] == ["PASS"] * len(examples)
+
+
+def test_check_on_published_records_with_a_program(make_pool, tmp_path, capsys):
+    make_pool().close()
+    recs = [json.loads(line) for line in (FIXTURES / "evalplus.jsonl").read_text().splitlines()][3:4]
+    recs[0]["program"] = "def greatest_common_divisor(a, b):\n    return max(d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0)\n"
+    kod = json.loads((FIXTURES / "kodcode.jsonl").read_text().splitlines()[2])
+    recs.append({**kod, "program": kod["solution"]})
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (out[0]["outcome"], out[0]["base"]["outcome"]) == ("MODEL_FAIL", "PASS")
+    assert (out[1]["id"], out[1]["outcome"]) == ("Prefill_1003_C", "PASS")
+
+
+def test_check_names_file_and_line_of_a_record_without_program(make_pool, tmp_path, capsys):
+    path = tmp_path / "k.jsonl"
+    path.write_text((FIXTURES / "kodcode.jsonl").read_text().splitlines()[0] + "\n")
+    assert main(["sandbox", "check", str(path)]) == 2
+    assert capsys.readouterr().err == f"posttrain sandbox: error: {path}:1: missing key 'program'\n"
