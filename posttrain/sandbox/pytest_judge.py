@@ -44,6 +44,11 @@ import sys
 import types
 
 PROTECTED = frozenset(dir(builtins))
+# pytest's plugins that never change a verdict, left out: they cost more than a short task (the
+# unraisable- and thread-exception plugins collect garbage at every session's end, half of it).
+LEAN = [arg for name in ("cacheprovider", "faulthandler", "pastebin", "junitxml", "doctest", "stepwise",
+                         "setuponly", "setupplan", "unraisableexception", "threadexception")
+        for arg in ("-p", f"no:{name}")]
 TASK_REASONS = ("bad_test", "no_tests")
 
 
@@ -404,9 +409,8 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     recorder = _recorder(z, pytest, os.path.join(shared, "t"))
     umask = os.umask(0)  # files the tests write in tmp_path stay writable by the program
     try:
-        code = pytest.main(["-q", "-x", "-s", "-p", "no:cacheprovider", "-p", "no:faulthandler",
-                            "-p", "no:pastebin", "-p", "no:junitxml", "--noconftest",
-                            "--import-mode=importlib", "-c", os.path.join(task, "pytest.ini"),
+        code = pytest.main(["-q", "-x", "-s", *LEAN, "--noconftest", "--import-mode=importlib",
+                            "-c", os.path.join(task, "pytest.ini"),
                             "--rootdir", task, "--basetemp", os.path.join(shared, "t"),
                             os.path.join(task, "test_task.py")], plugins=[recorder])
     finally:

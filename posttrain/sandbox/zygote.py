@@ -402,7 +402,9 @@ def _decode_h(v, table: list, depth: int = 0):
     if type(v) is list and v and v[0] == "h" and type(v[1]) is int and 0 <= v[1] < len(table):
         return table[v[1]]
     if type(v) is list and v and v[0] == "p" and type(v[1]) is str:
-        return sys.modules["pathlib"].Path(v[1])  # imported before the program ran
+        import pathlib  # only for a task that sends paths: a program that broke `import` fails it
+
+        return pathlib.Path(v[1])
     if type(v) is list and v and v[0] in ("l", "t", "S", "F") and type(v[1]) is list and depth < 100:
         items = [_decode_h(x, table, depth + 1) for x in v[1]]
         return {"l": list, "t": tuple, "S": set, "F": frozenset}[v[0]](items)
@@ -444,7 +446,6 @@ def _child_objects(msg: dict, call_fd: int, reply_fd: int) -> None:
     its objects until the judge hangs up. Anything that is not plain data stays here, named by a
     handle; what each call prints is captured and sent back as text (tests read it with capsys)."""
     import io
-    import pathlib  # noqa: F401  here, not while serving: the program may break `import`
 
     ns = {"__name__": msg["module"]}
     try:
