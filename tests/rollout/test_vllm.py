@@ -132,6 +132,7 @@ def test_a_push_while_a_completion_is_generating_never_mixes_weights_within_it(v
     weights). Everything the push needs is made before the request goes out, so the push follows it
     within milliseconds, long before its 400 tokens are drawn; each try pushes the other weight set."""
     eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
+    held = eng.version  # the session's server keeps what earlier tests pushed (the base model's weights)
     base = {k: v.clone() for k, v in hf_model.state_dict().items()}
     twin = type(hf_model)(hf_model.config).eval()
     twin.load_state_dict(perturbed(hf_model, seed=2))
@@ -140,8 +141,8 @@ def test_a_push_while_a_completion_is_generating_never_mixes_weights_within_it(v
     prompt = PROMPTS[1]
     overlapped = 0
     try:
-        for version in range(1, 4):
-            old, new = models[(version - 1) % 2], models[version % 2]
+        for version in range(held + 1, held + 4):
+            old, new = models[(version - held - 1) % 2], models[(version - held) % 2]
             weights = {k: v.clone() for k, v in new.state_dict().items()}
             checksum, probe = weights_checksum(weights), probe_of(new)
             rid = eng.submit([prompt], 2, s)
@@ -162,7 +163,7 @@ def test_a_push_while_a_completion_is_generating_never_mixes_weights_within_it(v
                 switch = int(by_old.logical_not().nonzero().min()) if not by_old.all() else len(completion)
                 assert by_old[:switch].all() and by_new[switch:].all(), (version, switch)
     finally:  # the session's server goes back to the model it started with
-        eng.load_weights(base, 9, weights_checksum(base), probe=probe_of(hf_model))
+        eng.load_weights(base, held + 4, weights_checksum(base), probe=probe_of(hf_model))
     assert overlapped, "every completion ended before its push was sent"
 
 
