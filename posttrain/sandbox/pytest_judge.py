@@ -13,9 +13,10 @@ What crosses from the program, and how the judge reads it:
 - **values**: exact builtin types only (`zygote.decode`, strict), so an object "equal to
   everything" cannot come back as a value. Any other object stays in the candidate and comes
   back as a `RemoteObject` handle: attribute access, calls, ``len``/``bool``/``str``/``repr``,
-  iteration, indexing and ``in`` go to the candidate and answer with data of the type the
-  operation needs (``len`` an int, ``bool`` a bool...). Equality of a handle is identity: the
-  program's ``__eq__`` is never asked, so a handle never equals an expected value.
+  iteration and indexing go to the candidate and answer with data of the type the operation
+  needs (``len`` an int, ``bool`` a bool...). Equality of a handle is identity and ``in`` is
+  decided in the judge over the items as data: the program's ``__eq__`` and ``__contains__``
+  are never asked, so a handle never equals, nor claims to hold, an expected value.
 - **exceptions**: by name. A builtin exception comes back as a subclass of that builtin; an
   exception class the program defines becomes a local class with its nearest builtin base, so
   ``pytest.raises`` and ``except`` work; ``SystemExit``/``KeyboardInterrupt`` end the run.
@@ -236,7 +237,9 @@ class RemoteObject:
         return self._remote.special(self._id, "__repr__", want=str)
 
     def __contains__(self, item) -> bool:
-        return self._remote.special(self._id, "__contains__", item, want=bool)
+        # Membership is decided here, over the items as data: a program's __contains__ that says
+        # yes to everything would otherwise pass every `x in result` an always-equal object would.
+        return any(x is item or x == item for x in self)
 
     def __getitem__(self, key):
         return self._remote.special(self._id, "__getitem__", key)
@@ -279,6 +282,19 @@ class RemoteModule(types.ModuleType):
 
     def __setattr__(self, name: str, value) -> None:
         self._remote.request("set", 0, name=name, value=self._remote.encode(value))
+
+
+def warm() -> None:
+    """Import pytest and its built-in plugins; the zygote calls it once, so every judge forked
+    from it starts with them loaded and no task's time limit pays for the import."""
+    import _pytest.config
+    import pytest  # noqa: F401
+
+    for name in _pytest.config.default_plugins:
+        try:
+            __import__(f"_pytest.{name}")
+        except ImportError:
+            pass
 
 
 def imported_names(tests: str) -> tuple[set[str], set[str]]:

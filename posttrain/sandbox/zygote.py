@@ -809,8 +809,8 @@ def judge_main(cfg: dict, sock_fd: int, result_w: int) -> None:
         _drop_to(cfg["judge_uid"])
         _install_filter()
         os.chdir("/")
-        if os.path.isdir(JUDGE_LIB):
-            sys.path.append(JUDGE_LIB)  # pytest and pytest_judge, imported on the first pytest task
+        if os.path.isdir(JUDGE_LIB) and JUDGE_LIB not in sys.path:
+            sys.path.append(JUDGE_LIB)  # pytest and pytest_judge (the zygote has loaded them already)
         import resource
         import socket
 
@@ -1240,6 +1240,18 @@ def _warm_up() -> None:
     marshal.loads(marshal.dumps({"mode": "func", "program": "x", "timeout_s": 1.0}))
 
 
+def _warm_judge_lib() -> None:
+    if not os.path.isdir(JUDGE_LIB):
+        return
+    sys.path.append(JUDGE_LIB)
+    try:
+        import posttrain_pytest_judge
+
+        posttrain_pytest_judge.warm()
+    except ImportError:  # the judge says so on the first pytest-style task (INFRA_FAIL)
+        pass
+
+
 def main(argv: list[str]) -> None:
     cfg = json.loads(argv[1])
     if cfg.get("cpu") is not None:  # first, so that every process forked from here inherits it
@@ -1267,6 +1279,7 @@ def main(argv: list[str]) -> None:
     _fresh_tmpfs(cfg, force=True)
     _judge_tmpfs(cfg)
     _STATE["forker"] = _Forker(cfg)
+    _warm_judge_lib()  # after the forker: programs fork from it, so pytest stays out of their memory
     _next(cfg)
     while True:
         while not select.select([inp], [], [], 0.05)[0]:

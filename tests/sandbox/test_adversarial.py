@@ -504,3 +504,12 @@ def test_pytest_filling_tmp_is_still_the_programs_fault(pool, guard):
            "for i in range(5000):\n    try:\n        os.mkdir(f'/tmp/d{i}')\n    except OSError:\n        break\n")
     tests = PYTEST_TESTS + "\ndef test_file(tmp_path):\n    (tmp_path / 'a').write_text('x')\n    assert f(1) == 2\n"
     assert judge_pytest(pool, top + WRONG, tests, timeout_s=10)[0] == "MODEL_FAIL"
+
+
+def test_pytest_container_claiming_everything(pool, guard):
+    # `x in result` is decided by the judge over the items, never by the program's __contains__.
+    tests = "from solution import f\n\ndef test_f():\n    assert 3 in f(1) and 'x' in f(2)\n"
+    program = ("class All:\n    def __contains__(self, item):\n        return True\n"
+               "    def __iter__(self):\n        return iter(())\n"
+               "def f(x):\n    return All()\n")
+    assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")

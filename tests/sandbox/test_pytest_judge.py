@@ -124,3 +124,12 @@ def test_judge_reads_the_tests_imports_without_running_them():
     assert imported_names(tests) == ({"os", "pytest", "solution"}, {"p", "pytest", "f", "h"})
     assert task_problem("def broken(:\n", "solution").startswith("the tests do not parse")
     assert task_problem("import json\nfrom solution import f\n", "solution") == ""
+
+
+def test_a_fresh_sandboxs_first_task_does_not_pay_for_importing_pytest(make_pool):
+    # The zygote loads pytest once; a judge forked from it must not spend the program's time limit on it.
+    with make_pool() as fresh:
+        tests = "from solution import f\n\ndef test_f():\n    assert f() == 1\n"
+        outcome, seconds = fresh.run_timed([Job("def f():\n    return 1\n", tests=tests, module="solution",
+                                                timeout_s=1.0)])[0]
+    assert outcome.cls.value == "PASS" and seconds < 0.5
