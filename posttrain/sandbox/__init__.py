@@ -31,8 +31,12 @@ program runs in a fresh process forked from it — see `zygote`, `worker`, `pool
 - **The verdict**: never computed in the program's process. Function-call tests run in the judge
   process (one per worker, serving task after task, each in a fresh namespace; replaced when a
   task leaves state behind or times out), which calls the program through a proxy and receives
-  return values as strictly typed data (exact builtin types only); stdin/stdout tasks are
-  compared on the host. Expected outputs and tests never enter the program's address space.
+  return values as strictly typed data (exact builtin types only); pytest-style tasks (KodCode)
+  run with the real pytest in that judge, the program imported through a proxy module whose
+  objects stay in the candidate (`pytest_judge`: values as data, other objects as handles whose
+  equality is identity, exceptions by name); stdin/stdout tasks are compared on the host.
+  Expected outputs and tests never enter the program's address space; test modules are written
+  to a tmpfs only the judge's uid can enter.
 
 What is not isolated: the kernel is shared, and the filter is a deny list (every call not
 named above is allowed, so a bug in an allowed call stays reachable); the sandbox runs as real
