@@ -151,9 +151,15 @@ def _out_dir(args: list[str]):
 
 
 def _comparable(row: dict) -> dict:
-    """A step's metrics that sync and async K=0 share (async adds its own; sync truncates IS weights)."""
-    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "selftest/"))
-            and k not in ("tokens_per_s", "is/truncated_frac", "step")}
+    """A step's metrics that sync and async K=0 share (async adds its own; sync truncates IS weights).
+    The largest sampler/trainer difference is float32 rounding (one or two ulps of a log-prob,
+    ~5e-7 or ~1e-6, depending on how each run's kernels were batched): rounded to 1e-5, so that
+    the comparison is of real mismatch."""
+    out = {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "selftest/"))
+           and k not in ("tokens_per_s", "is/truncated_frac", "step")}
+    if "mismatch/logprob_abs_diff_max" in out:
+        out["mismatch/logprob_abs_diff_max"] = round(out["mismatch/logprob_abs_diff_max"], 5)
+    return out
 
 
 def test_async_through_servers_at_k0_equals_the_sync_run_through_servers(rl_overrides, reward_plugin, nano_model_dir,
