@@ -10,7 +10,7 @@ import pytest
 
 from posttrain.config import load_config
 from posttrain.rl.config import RLConfig
-from posttrain.rl.loop import drive_rl, probe_ids, rl_step, run_sync, setup
+from posttrain.rl.loop import drive_rl, probe_ids, rl_step, setup
 from posttrain.rollout import HTTPEngine
 
 pytestmark = pytest.mark.vllm
