@@ -341,59 +341,108 @@ def _loaded(z, reply_fd: int) -> dict | None:
     return None
 
 
-def _recorder(z, pytest, basetemp: str):
-    """A pytest plugin that keeps each test's outcome and why it failed."""
+class PytestRun:
+    """What one pytest session said: its exit code, each test's outcome (``passed``, ``failed``,
+    ``skipped``; a failure in setup or teardown counts), and each failure's reason and text."""
+
+    def __init__(self):
+        self.exit_code = -1
+        self.outcomes: dict[str, str] = {}
+        self.failures: list[tuple[str, str]] = []  # (reason, text), in the order they happened
+
+    @property
+    def passed(self) -> int:
+        return sum(v == "passed" for v in self.outcomes.values())
+
+
+def _recorder(pytest, run: PytestRun, classify, open_dir: str | None):
+    """A pytest plugin filling ``run``. ``classify(excinfo)`` names a failure's reason;
+    ``open_dir``: a folder opened to every uid before each test (``tmp_path`` for the program)."""
 
     class Recorder:
-        def __init__(self):
-            self.passed, self.failures = 0, []  # (reason, text)
-
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_makereport(self, item, call):
-            outcome = yield
-            report = outcome.get_result()
-            if report.when == "call" and report.passed:
-                self.passed += 1
+            report = (yield).get_result()
             if report.failed:
-                self.failures.append((self._reason(call.excinfo), f"{report.nodeid} ({report.when}): "
-                                      + report.longreprtext[-300:]))
-
-        def _reason(self, excinfo) -> str:
-            if excinfo is None:
-                return "wrong_answer"
-            if issubclass(excinfo.type, z.CandidateGone):
-                return "no_verdict"
-            if issubclass(excinfo.type, z.CandidateRaised):
-                return "memory" if excinfo.type.exc_name == "MemoryError" else "runtime_error"
-            if excinfo.type.__name__ == "FixtureLookupError":  # a fixture from a plugin we lack
-                return "bad_test"
-            return "wrong_answer"
+                run.outcomes[report.nodeid] = "failed"
+                reason = classify(call.excinfo) if call.excinfo is not None else "wrong_answer"
+                run.failures.append((reason, f"{report.nodeid} ({report.when}): {report.longreprtext[-300:]}"))
+            elif report.when == "call" or (report.skipped and report.nodeid not in run.outcomes):
+                run.outcomes.setdefault(report.nodeid, report.outcome)
 
         def pytest_collectreport(self, report):
-            if report.failed:  # the tests' own imports were checked before: the program's doing
-                self.failures.append(("runtime_error", f"collecting: {report.longreprtext[-300:]}"))
+            if report.failed:
+                run.failures.append(("collect", f"collecting: {report.longreprtext[-300:]}"))
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_call(self, item):
-            # tmp_path is made 0700 for the judge's uid; tests hand the program files there
-            for root, dirs, _ in os.walk(basetemp):
-                for d in dirs:
-                    os.chmod(os.path.join(root, d), 0o777)
-            if os.path.isdir(basetemp):
-                os.chmod(basetemp, 0o777)
-
-        def verdict(self, code: int, calls: int) -> dict:
-            if self.failures:
-                task = [f for f in self.failures if f[0] in TASK_REASONS]
-                reason, text = task[0] if task else self.failures[0]
-                return z._verdict("TASK_FAIL" if task else "MODEL_FAIL", reason, text)
-            if code == 5 or not self.passed:
-                return z._verdict("TASK_FAIL", "no_tests", "the tests define no test that runs")
-            if code != 0:
-                return z._verdict("MODEL_FAIL", "no_verdict", f"pytest ended with exit code {code}")
-            return z._verdict("PASS", "", f"{self.passed} tests, {calls} calls")
+            if open_dir and os.path.isdir(open_dir):  # pytest makes tmp_path 0700 for its own uid
+                os.chmod(open_dir, 0o777)
+                for root, dirs, _ in os.walk(open_dir):
+                    for d in dirs:
+                        os.chmod(os.path.join(root, d), 0o777)
 
     return Recorder()
+
+
+def pytest_args(paths: list[str], *, rootdir: str, ini: str, basetemp: str, conftest: bool = False,
+                stop_first: bool = True) -> list[str]:
+    """pytest's command line for a verdict: no output capture (the judge's output goes nowhere),
+    the verdict-neutral plugins off (`LEAN`), imports that leave ``sys.path`` alone, the given
+    ini file and root (no discovery: nothing found on disk configures the run), no
+    ``conftest.py`` unless the caller trusts the tree, ``-x`` unless every test's outcome counts."""
+    args = ["-q", "-s", *LEAN, "--import-mode=importlib", "-c", ini, "--rootdir", rootdir, "--basetemp", basetemp]
+    return args + ["--noconftest"] * (not conftest) + ["-x"] * stop_first + list(paths)
+
+
+def run_pytest(args: list[str], classify, open_dir: str | None = None) -> PytestRun:
+    """Run one pytest session in this process; the modules it imported from the run's files are
+    dropped afterwards, so the next session imports its own."""
+    import pytest
+
+    run, before = PytestRun(), set(sys.modules)
+    umask = os.umask(0)  # files the tests write stay writable by the program's uid
+    try:
+        run.exit_code = int(pytest.main(args, plugins=[_recorder(pytest, run, classify, open_dir)]))
+    finally:
+        os.umask(umask)
+        for name in set(sys.modules) - before:
+            if not name.startswith(("_pytest", "pytest", "pluggy")) and _from_a_file_of(sys.modules[name], args):
+                del sys.modules[name]
+    return run
+
+
+def _from_a_file_of(module, args: list[str]) -> bool:
+    path = str(getattr(module, "__file__", None) or "")
+    return bool(path) and any(path.startswith(os.path.dirname(a) + os.sep) for a in args if a.endswith(".py"))
+
+
+def _classify(z):
+    def classify(excinfo) -> str:
+        if issubclass(excinfo.type, z.CandidateGone):
+            return "no_verdict"
+        if issubclass(excinfo.type, z.CandidateRaised):
+            return "memory" if excinfo.type.exc_name == "MemoryError" else "runtime_error"
+        if excinfo.type.__name__ == "FixtureLookupError":  # a fixture from a plugin we lack
+            return "bad_test"
+        return "wrong_answer"
+
+    return classify
+
+
+def verdict(z, run: PytestRun, calls: int) -> dict:
+    """The outcome of a task from its pytest session. A collection failure is the program's:
+    the tests' own imports were checked before pytest ran (`task_problem`)."""
+    if run.failures:
+        task = [f for f in run.failures if f[0] in TASK_REASONS]
+        reason, text = task[0] if task else run.failures[0]
+        reason = "runtime_error" if reason == "collect" else reason
+        return z._verdict("TASK_FAIL" if task else "MODEL_FAIL", reason, text)
+    if run.exit_code == 5 or not run.passed:
+        return z._verdict("TASK_FAIL", "no_tests", "the tests define no test that runs")
+    if run.exit_code != 0:
+        return z._verdict("MODEL_FAIL", "no_verdict", f"pytest ended with exit code {run.exit_code}")
+    return z._verdict("PASS", "", f"{run.passed} tests, {calls} calls")
 
 
 def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
@@ -408,31 +457,23 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     failed = _loaded(z, reply_fd)
     if failed:
         return failed
-    import pytest
-
     remote = Remote(z, call_fd, reply_fd)
-    sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
     task = tempfile.mkdtemp(dir=z.JUDGE_DIR if os.path.isdir(z.JUDGE_DIR) else None)
     try:
         shared = tempfile.mkdtemp(prefix="pytest-", dir="/tmp")
         os.chmod(shared, 0o711)  # the program may enter tmp_path below, not list or plant here
     except OSError:  # the program filled /tmp: tests that hand it files there fail, as they should
         shared = task
-    with open(os.path.join(task, "pytest.ini"), "w") as f:
-        f.write("[pytest]\n")
-    with open(os.path.join(task, "test_task.py"), "w") as f:
-        f.write(tests)
-    recorder = _recorder(z, pytest, os.path.join(shared, "t"))
-    umask = os.umask(0)  # files the tests write in tmp_path stay writable by the program
+    for name, text in (("pytest.ini", "[pytest]\n"), ("test_task.py", tests)):
+        with open(os.path.join(task, name), "w") as f:
+            f.write(text)
+    basetemp = os.path.join(shared, "t")
+    args = pytest_args([os.path.join(task, "test_task.py")], rootdir=task, ini=os.path.join(task, "pytest.ini"),
+                       basetemp=basetemp)
+    sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
     try:
-        code = pytest.main(["-q", "-x", "-s", *LEAN, "--noconftest", "--import-mode=importlib",
-                            "-c", os.path.join(task, "pytest.ini"),
-                            "--rootdir", task, "--basetemp", os.path.join(shared, "t"),
-                            os.path.join(task, "test_task.py")], plugins=[recorder])
+        result = run_pytest(args, _classify(z), open_dir=basetemp)
     finally:
-        os.umask(umask)
-        for name, mod in list(sys.modules.items()):
-            if name == module or str(getattr(mod, "__file__", None) or "").startswith(task):
-                del sys.modules[name]
+        sys.modules.pop(module, None)
         shutil.rmtree(task, ignore_errors=True)
-    return recorder.verdict(int(code), remote.calls)
+    return verdict(z, result, remote.calls)

@@ -114,3 +114,21 @@ def test_check_names_file_and_line_of_a_record_without_program(make_pool, tmp_pa
     path.write_text((FIXTURES / "kodcode.jsonl").read_text().splitlines()[0] + "\n")
     assert main(["sandbox", "check", str(path)]) == 2
     assert capsys.readouterr().err == f"posttrain sandbox: error: {path}:1: missing key 'program'\n"
+
+
+@pytest.mark.parametrize("action", ["check", "audit"])
+@pytest.mark.parametrize("content, extra, message", [
+    ('{"question": "q", "solution": "s", "test_code": 5}\n', [], ":1: field 'test_code' of a kodcode record must be a non-empty string"),
+    ('{"id": 1}\n{"test_list": ["assert f() == 1"], "code": "def f(): return 1", "text": "t", "program": "x"}\n',
+     [], ":1: cannot tell the dataset format from the fields ['id']"),
+    ('{"prompt": "p"}\n', ["--format", "leetcode"], ": unknown dataset format 'leetcode'"),
+    ('{"question_content": "q", "public_test_cases": "[]", "contest_date": "soon"}\n', [], ":1: contest_date 'soon' is not an ISO date"),
+])
+def test_bad_published_records_exit_2_naming_file_and_line(tmp_path, capsys, action, content, extra, message):
+    """Read before any sandbox starts: one line naming the file (and line), exit status 2."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    out = ["--out", str(tmp_path / "audit")] if action == "audit" else []
+    assert main(["sandbox", action, str(path), *extra, *out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posttrain sandbox: error: {path}{message}") and err.count("\n") == 1

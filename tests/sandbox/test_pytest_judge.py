@@ -5,6 +5,8 @@ Each test checks one thing pytest users rely on, with a right program (PASS) and
 
 from __future__ import annotations
 
+import sys
+
 from posttrain.sandbox.pool import Job
 from posttrain.sandbox.pytest_judge import imported_names, task_problem
 
@@ -133,3 +135,24 @@ def test_a_fresh_sandboxs_first_task_does_not_pay_for_importing_pytest(make_pool
         outcome, seconds = fresh.run_timed([Job("def f():\n    return 1\n", tests=tests, module="solution",
                                                 timeout_s=1.0)])[0]
     assert outcome.cls.value == "PASS" and seconds < 0.5
+
+
+def test_the_pytest_runner_reports_every_test_by_node_id(tmp_path):
+    """The runner under the pytest judge, alone (no sandbox): one outcome per node id, each failure
+    classified, the run's own modules dropped afterwards. Repository tasks read FAIL_TO_PASS and
+    PASS_TO_PASS from these outcomes."""
+    from posttrain.sandbox.pytest_judge import pytest_args, run_pytest
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_mod_under_runner.py").write_text(
+        "import pytest\n\ndef test_ok():\n    assert 1\n\ndef test_bad():\n    assert 0\n\n"
+        "@pytest.mark.skip\ndef test_skipped():\n    pass\n\n@pytest.fixture\ndef broken():\n    raise KeyError\n\n"
+        "def test_setup_error(broken):\n    pass\n")
+    args = pytest_args([str(tmp_path / "test_mod_under_runner.py")], rootdir=str(tmp_path),
+                       ini=str(tmp_path / "pytest.ini"), basetemp=str(tmp_path / "bt"), stop_first=False)
+    run = run_pytest(args, classify=lambda excinfo: excinfo.type.__name__)
+    assert run.outcomes == {"test_mod_under_runner.py::test_ok": "passed", "test_mod_under_runner.py::test_bad": "failed",
+                            "test_mod_under_runner.py::test_skipped": "skipped",
+                            "test_mod_under_runner.py::test_setup_error": "failed"}
+    assert [reason for reason, _ in run.failures] == ["AssertionError", "KeyError"] and run.exit_code == 1
+    assert not any(name.endswith("test_mod_under_runner") for name in sys.modules)
