@@ -58,12 +58,19 @@ class Remote:
     the judge wrote), replies come back as JSON decoded strictly (the candidate wrote them)."""
 
     def __init__(self, z, call_fd: int, reply_fd: int):
+        import threading
+
         self.z, self.call_fd, self.reply_fd = z, call_fd, reply_fd
         self.calls = 0
         self.handles: dict[int, object] = {}
         self.exc_classes: dict[str, type] = {}
+        self.lock = threading.Lock()  # tests that call from threads: one request on the pipes at a time
 
     def request(self, op: str, obj: int, **fields):
+        with self.lock:
+            return self._request(op, obj, **fields)
+
+    def _request(self, op: str, obj: int, **fields):
         z = self.z
         self.calls += 1
         try:
@@ -473,6 +480,8 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
     try:
         result = run_pytest(args, _classify(z), open_dir=basetemp)
+    except (Exception, z.CandidateGone) as e:  # pytest keeps its own errors; what escapes came with the program's data
+        return z._verdict("MODEL_FAIL", "no_verdict", f"the test session broke: {type(e).__name__}: {e}")
     finally:
         sys.modules.pop(module, None)
         shutil.rmtree(task, ignore_errors=True)

@@ -156,3 +156,11 @@ def test_the_pytest_runner_reports_every_test_by_node_id(tmp_path):
                             "test_mod_under_runner.py::test_setup_error": "failed"}
     assert [reason for reason, _ in run.failures] == ["AssertionError", "KeyError"] and run.exit_code == 1
     assert not any(name.endswith("test_mod_under_runner") for name in sys.modules)
+
+
+def test_tests_that_call_the_program_from_threads(pool):
+    tests = ("import threading\nfrom solution import Counter\n\ndef test_threads():\n    c = Counter()\n"
+             "    ts = [threading.Thread(target=lambda: [c.add() for _ in range(20)]) for _ in range(4)]\n"
+             "    [t.start() for t in ts]\n    [t.join() for t in ts]\n    assert c.value == 80\n")
+    program = "class Counter:\n    def __init__(self):\n        self.value = 0\n    def add(self):\n        self.value += 1\n"
+    assert run(pool, program, tests) == ("PASS", "")
