@@ -65,6 +65,7 @@ class Remote:
         self.handles: dict[int, object] = {}
         self.exc_classes: dict[str, type] = {}
         self.lock = threading.Lock()  # tests that call from threads: one request on the pipes at a time
+        self.printed, self.output_limit = 0, 1 << 20
 
     def request(self, op: str, obj: int, **fields):
         with self.lock:
@@ -87,6 +88,9 @@ class Remote:
             raise z.CandidateGone("bad reply")
         for key, stream in (("out", sys.stdout), ("err", sys.stderr)):
             if type(reply.get(key)) is str:
+                self.printed += len(reply[key])
+                if self.printed > self.output_limit:  # what it prints ends up in the judge's memory (capsys)
+                    raise OutputLimit(f"the program printed over {self.output_limit} characters")
                 stream.write(reply[key])
         if "ok" in reply:
             return reply
@@ -186,6 +190,11 @@ class Remote:
             return cls(text)
         except TypeError:  # e.g. UnicodeDecodeError wants five arguments
             return self.exc_class(name, "Exception", key=f"plain:{name}")(text)
+
+
+class OutputLimit(BaseException):
+    """The program printed more than the task's output limit (a BaseException, as `CandidateGone`,
+    so that a test's ``except Exception`` cannot swallow it)."""
 
 
 def _write_back(old, new) -> None:
@@ -428,6 +437,8 @@ def _classify(z):
     def classify(excinfo) -> str:
         if issubclass(excinfo.type, z.CandidateGone):
             return "no_verdict"
+        if issubclass(excinfo.type, OutputLimit):
+            return "output_limit"
         if issubclass(excinfo.type, z.CandidateRaised):
             return "memory" if excinfo.type.exc_name == "MemoryError" else "runtime_error"
         if excinfo.type.__name__ == "FixtureLookupError":  # a fixture from a plugin we lack
@@ -465,6 +476,7 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     if failed:
         return failed
     remote = Remote(z, call_fd, reply_fd)
+    remote.output_limit = int(msg.get("output_limit") or remote.output_limit)
     task = tempfile.mkdtemp(dir=z.JUDGE_DIR if os.path.isdir(z.JUDGE_DIR) else None)
     try:
         shared = tempfile.mkdtemp(prefix="pytest-", dir="/tmp")
@@ -480,7 +492,7 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
     try:
         result = run_pytest(args, _classify(z), open_dir=basetemp)
-    except (Exception, z.CandidateGone) as e:  # pytest keeps its own errors; what escapes came with the program's data
+    except (Exception, z.CandidateGone, OutputLimit) as e:  # pytest keeps its own errors; what escapes came with the program's data
         return z._verdict("MODEL_FAIL", "no_verdict", f"the test session broke: {type(e).__name__}: {e}")
     finally:
         sys.modules.pop(module, None)

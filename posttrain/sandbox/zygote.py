@@ -1035,7 +1035,8 @@ def _run_func(cfg: dict, cand: _Cand, req: dict) -> dict:
     judge = _STATE["judge"]
     if judge is None:  # it died between tasks (it closes every descriptor but its own two)
         judge = _STATE["judge"] = _Judge(cfg)
-    judge.send({k: req.get(k) for k in ("mode", "prelude", "tests", "entry_point", "module", "timeout_s")},
+    judge.send({k: req.get(k) for k in ("mode", "prelude", "tests", "entry_point", "module", "timeout_s",
+                                        "output_limit")},
                cand.give_pipes())
     outs = {cand.out_r: bytearray(), cand.err_r: bytearray()}
     why = _pump(outs, req["output_limit"], time.monotonic() + req["timeout_s"], judge.res_r)

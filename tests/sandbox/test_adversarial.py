@@ -513,3 +513,10 @@ def test_pytest_container_claiming_everything(pool, guard):
                "    def __iter__(self):\n        return iter(())\n"
                "def f(x):\n    return All()\n")
     assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_pytest_printing_into_capsys_is_bounded(pool, guard):
+    # What the program prints during calls is carried to the judge (capsys reads it): bounded there too.
+    tests = "from solution import f\n\ndef test_f(capsys):\n    for _ in range(50):\n        f(1)\n    assert f(2) == 4\n"
+    program = "def f(x):\n    print('y' * (1 << 19))\n    return 2 * x\n"
+    assert judge_pytest(pool, program, tests, timeout_s=10) == ("MODEL_FAIL", "output_limit")
