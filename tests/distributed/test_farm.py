@@ -14,6 +14,7 @@ from posttrain.sandbox.pool import Job, SandboxPool, SandboxUnavailable
 from posttrain.sandbox.worker import SandboxConfig
 
 CHECK = "def check(c):\n    assert c(2) == 3\n"
+PYTEST = "from solution import f\n\ndef test_f():\n    assert f(2) == 3\n"
 MIXED = [
     ("pass", Job("def f(x):\n    return x + 1\n", "f", CHECK)),
     ("wrong", Job("def f(x):\n    return x\n", "f", CHECK)),
@@ -23,6 +24,8 @@ MIXED = [
     ("runtime", Job("def f(x):\n    return 1 / 0\n", "f", CHECK)),
     ("io pass", Job("print(int(input()) * 2)\n", io=(("3\n", "6\n"), ("5\n", "10\n")))),
     ("io wrong", Job("print(int(input()) + 2)\n", io=(("3\n", "6\n"),))),
+    ("pytest pass", Job("def f(x):\n    return x + 1\n", tests=PYTEST, module="solution")),
+    ("pytest wrong", Job("def f(x):\n    return x\n", tests=PYTEST, module="solution")),
 ]
 # Sleeps (not spins), so a batch is still running when a test kills or breaks its actor.
 SLOW = [Job(f"import time\ndef f(x):\n    time.sleep(0.15)\n    return x + {k % 2}\n", "f", CHECK)
@@ -58,7 +61,8 @@ def test_farm_outcomes_equal_the_in_process_pool(farm):
     remote = farm.run(jobs)
     assert [v[:2] for v in verdicts(local[:len(MIXED)])] == [
         ("PASS", ""), ("MODEL_FAIL", "wrong_answer"), ("MODEL_FAIL", "timeout"), ("MODEL_FAIL", "memory"),
-        ("MODEL_FAIL", "runtime_error"), ("MODEL_FAIL", "runtime_error"), ("PASS", ""), ("MODEL_FAIL", "wrong_answer")]
+        ("MODEL_FAIL", "runtime_error"), ("MODEL_FAIL", "runtime_error"), ("PASS", ""), ("MODEL_FAIL", "wrong_answer"),
+        ("PASS", ""), ("MODEL_FAIL", "wrong_answer")]
     assert verdicts(remote) == verdicts(local)
     stats = farm.stats
     assert stats["requests"] < len(jobs), "programs go to actors in batches, not one call each"
