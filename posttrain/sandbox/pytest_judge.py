@@ -31,7 +31,7 @@ fails too, and `posttrain sandbox audit` flags it. The test module is written to
 tmpfs (mode 0700, the program's uid cannot enter) and run with ``--noconftest``, a trusted ini
 file and no plugin autoloading; ``tmp_path`` is under the shared ``/tmp``, opened to the
 program's uid, since tests hand it files there. ``from solution import *`` imports no name that
-shadows a builtin or a module the test imports itself.
+shadows a builtin or a name the test module binds itself (its imports, constants, helpers).
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ class RemoteModule(types.ModuleType):
         self.__dict__["_remote"], self.__dict__["_hidden"] = remote, hidden
 
     def __getattr__(self, name: str):
-        if name == "__all__":  # `from solution import *`: never over a builtin or the tests' imports
+        if name == "__all__":  # `from solution import *`: never over a builtin or a name the tests bind
             names = self._remote.value("names", 0)
             return [n for n in names if type(n) is str and n not in PROTECTED and n not in self._hidden]
         if name.startswith("__") and name.endswith("__"):
@@ -314,17 +314,33 @@ def warm() -> None:
 
 
 def imported_names(tests: str) -> tuple[set[str], set[str]]:
-    """(top-level modules the tests import, names those imports bind). Raises SyntaxError."""
+    """(top-level modules the tests import, every name the test module binds at its top level:
+    imports, assignments, functions, classes). Raises SyntaxError."""
     modules, bound = set(), set()
-    for node in ast.walk(ast.parse(tests)):
+    tree = ast.parse(tests)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for a in node.names:
-                modules.add(a.name.split(".")[0])
-                bound.add((a.asname or a.name).split(".")[0])
+            modules |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             modules.add(node.module.split(".")[0])
-            bound |= {a.asname or a.name for a in node.names if a.name != "*"}
+    for statement in tree.body:
+        bound |= _bindings(statement)
     return modules, bound
+
+
+def _bindings(node) -> set[str]:
+    """Names a module-level statement binds (not those bound inside the functions it defines)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Import):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, ast.ImportFrom):
+        return {a.asname or a.name for a in node.names if a.name != "*"}
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        return {node.id}
+    if isinstance(node, ast.Lambda):
+        return set()
+    return set().union(*(_bindings(child) for child in ast.iter_child_nodes(node)))
 
 
 def task_problem(tests: str, module: str) -> str:

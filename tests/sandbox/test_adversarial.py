@@ -520,3 +520,9 @@ def test_pytest_printing_into_capsys_is_bounded(pool, guard):
     tests = "from solution import f\n\ndef test_f(capsys):\n    for _ in range(50):\n        f(1)\n    assert f(2) == 4\n"
     program = "def f(x):\n    print('y' * (1 << 19))\n    return 2 * x\n"
     assert judge_pytest(pool, program, tests, timeout_s=10) == ("MODEL_FAIL", "output_limit")
+
+
+def test_pytest_star_import_cannot_replace_the_tests_constants(pool, guard):
+    tests = "EXPECTED = 4\nfrom solution import *\n\ndef test_f():\n    assert f(2) == EXPECTED\n"
+    program = "EXPECTED = 0\ndef f(x):\n    return 0\n"
+    assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")

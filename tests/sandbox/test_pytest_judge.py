@@ -122,8 +122,11 @@ def test_a_program_that_times_out(pool):
 
 
 def test_judge_reads_the_tests_imports_without_running_them():
-    tests = "import os.path as p\nimport pytest\nfrom solution import f, g as h\nfrom solution import *\n"
-    assert imported_names(tests) == ({"os", "pytest", "solution"}, {"p", "pytest", "f", "h"})
+    tests = ("import os.path as p\nimport pytest\nfrom solution import f, g as h\nfrom solution import *\n"
+             "EXPECTED, (A, B) = 1, (2, 3)\nfor I in range(2):\n    pass\n"
+             "def helper():\n    local = 1\nclass TestX:\n    attr = 2\n")
+    assert imported_names(tests) == ({"os", "pytest", "solution"},
+                                     {"p", "pytest", "f", "h", "EXPECTED", "A", "B", "I", "helper", "TestX"})
     assert task_problem("def broken(:\n", "solution").startswith("the tests do not parse")
     assert task_problem("import json\nfrom solution import f\n", "solution") == ""
 
