@@ -45,6 +45,8 @@ import sys
 import types
 
 PROTECTED = frozenset(dir(builtins))
+# Names pytest looks for in a test module (tests, marks, xunit set-up): a star import never brings them.
+PYTEST_NAMES = ("test", "Test", "pytest", "setup", "teardown")
 # pytest's plugins that never change a verdict, left out: they cost more than a short task (the
 # unraisable- and thread-exception plugins collect garbage at every session's end, half of it).
 LEAN = [arg for name in ("cacheprovider", "faulthandler", "pastebin", "junitxml", "doctest", "stepwise",
@@ -291,7 +293,8 @@ class RemoteModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name == "__all__":  # `from solution import *`: never over a builtin or a name the tests bind
             names = self._remote.value("names", 0)
-            return [n for n in names if type(n) is str and n not in PROTECTED and n not in self._hidden]
+            return [n for n in names if type(n) is str and n not in PROTECTED and n not in self._hidden
+                    and not n.startswith(PYTEST_NAMES)]
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         return self._remote.value("get", 0, name=name)

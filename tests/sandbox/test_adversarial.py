@@ -526,3 +526,11 @@ def test_pytest_star_import_cannot_replace_the_tests_constants(pool, guard):
     tests = "EXPECTED = 4\nfrom solution import *\n\ndef test_f():\n    assert f(2) == EXPECTED\n"
     program = "EXPECTED = 0\ndef f(x):\n    return 0\n"
     assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_pytest_star_import_brings_no_marks_or_tests(pool, guard):
+    tests = "from solution import *\n\ndef test_f():\n    assert f(2) == 4\n"
+    program = ("pytestmark = []\ndef setup_module(m):\n    pass\ndef test_extra():\n    pass\n"
+               "class TestMore:\n    def test_it(self):\n        pass\n"
+               "def f(x):\n    return 0\n")
+    assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")
