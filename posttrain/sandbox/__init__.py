@@ -17,10 +17,12 @@ program runs in a fresh process forked from it — see `zygote`, `worker`, `pool
   call, kexec, module loading, ``reboot``, swap/acct/syslog, and SysV IPC and POSIX message
   queues (state that would outlive the program) fail with EPERM; a foreign-ABI call kills the
   process. Without libseccomp the pool refuses to start.
-- **Files**: a new root holding read-only binds of ``/usr`` (and ``/etc/alternatives``) only —
+- **Files**: a new root holding read-only binds of ``/usr`` (and ``/etc/alternatives``), the
+  zygote's source and the pytest library the judge runs (``/sandbox``, ``/sandbox/lib``) only —
   no ``/etc/shadow``, ``/root``, ``/home``, project or test files. ``/tmp`` and ``/dev/shm``
   are size-capped tmpfs (``tmpfs_mb``, 4096 inodes); after a program that touched one, the
-  zygote replaces it with a fresh one, so nothing passes from one episode to the next.
+  zygote replaces it with a fresh one, so nothing passes from one episode to the next. The
+  judge writes test modules to its own tmpfs, ``/judge``, mode 0700 for its uid.
 - **Identity**: the program drops to an unprivileged uid unique to its worker (no effective
   capabilities, ``no_new_privs`` set, so setuid binaries cannot raise it); the judge runs as a
   second uid, so the program can neither signal nor read it.
