@@ -383,12 +383,15 @@ def livecodebench(rec: dict, where: str, since=None, until=None, **_) -> dict | 
 
 
 def _lcb_prompt(content: str, starter: str) -> str:
+    """LiveCodeBench's own question template for chat models (its system message, which asks for
+    the program alone, is left to the chat template or the recipe)."""
     if starter.strip():
-        return (f"{content.strip()}\n\nYou will use the following starter code to write the solution to the "
-                f"problem and enclose your code within delimiters.\n```python\n{starter.rstrip()}\n```")
-    return (f"{content.strip()}\n\nRead the inputs from stdin, solve the problem and write the answer to stdout "
-            "(do not directly test on the sample inputs). Enclose your code within delimiters as follows.\n"
-            "```python\n# YOUR CODE HERE\n```")
+        fmt = ("You will use the following starter code to write the solution to the problem and enclose "
+               f"your code within delimiters.\n```python\n{starter}\n```")
+    else:
+        fmt = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test "
+               "on the sample inputs). Enclose your code within delimiters as follows.\n```python\n# YOUR CODE HERE\n```")
+    return f"### Question:\n{content}\n\n### Format: {fmt}\n\n### Answer: (use the provided format with backticks)\n\n"
 
 
 # ----------------------------------------------------------------------------- ours
