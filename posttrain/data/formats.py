@@ -157,7 +157,9 @@ def mbpp(rec: dict, where: str, **_) -> dict:
     if entry is None:
         raise UserError(f"{where}: no function of the mbpp record's 'code' is called by its 'test_list'")
     tests = f"{setup.strip()}\n\ndef check(candidate):\n{_indent(chr(10).join(asserts))}\n"
-    prompt = f"{text.strip()}\nYour code should pass these tests:\n\n" + "\n".join(asserts)
+    # The MBPP paper's prompt (Austin et al., 2021), without its few-shot examples.
+    prompt = (f"You are an expert Python programmer, and here is your task: {text.strip()} "
+              "Your code should pass these tests:\n\n" + "\n".join(asserts))
     return {"id": str(rec.get("task_id", where)), "format": "mbpp", "prompt": prompt, "tests": tests,
             "entry_point": entry, "prelude": "", "reference": code, "completion": _fence(code)}
 
