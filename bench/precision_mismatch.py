@@ -11,7 +11,7 @@ same way. Prints, per arm, the mismatch (mean over steps of `mismatch/kl`, mean 
 what the correction dropped (`is/masked_token_frac`) and the held-out reward: mean over seeds
 with the min-max range, and its ratio to the float32 reference's.
 
-    .venv/bin/python bench/precision_mismatch.py              # 2 seeds x 6 steps, ~3 min on 2 cores
+    .venv/bin/python bench/precision_mismatch.py              # 2 seeds x 6 steps, 16 runs: 2 min on 2 cores
     .venv/bin/python bench/precision_mismatch.py --models tiny,qwen3 --seeds 3 --steps 12
 """
 
