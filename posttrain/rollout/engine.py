@@ -61,7 +61,10 @@ def _recompute_rotary(model) -> None:
     rotation is the trainer's in any dtype, and float32 again after a 16-bit spell."""
     for module in model.modules():
         if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "config"):
-            fresh = type(module)(module.config)
+            try:
+                fresh = type(module)(module.config)
+            except TypeError:  # a constructor of another shape: its buffers stay as cast
+                continue
             for name, buf in fresh.named_buffers(recurse=False):
                 if buf.is_floating_point() and name in module._buffers:
                     module._buffers[name] = buf.to(module._buffers[name].device)

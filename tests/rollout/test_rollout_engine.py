@@ -232,3 +232,29 @@ def test_new_stop_lists_decode_the_vocabulary_once_and_the_cache_stays_bounded(m
         engine.generate([[5, 6, 7]], 1, dataclasses.replace(s, stop=[chr(0x100 + i % 100) + str(i)]))
     assert len(engine._stop_checkers) == STOP_CHECKERS_KEPT
     assert len(decodes) <= len(tokenizer) + 4 * (STOP_CHECKERS_KEPT + 20)  # one pass, then a few tails
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # the fast decoder, the generic one
+def test_set_dtype_up_after_a_16_bit_spell_is_exactly_float32_once_a_version_loads(arch, tmp_path):
+    """A bf16 engine raised to float32 and handed the float32 weights samples exactly what a float32
+    engine does (the rotary frequencies a cast would round are recomputed), and back in bf16
+    exactly what it sampled before."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.hf import quiet_transformers
+    from posttrain.models.tiny import build_tiny
+
+    quiet_transformers()
+    path = str(build_tiny(tmp_path, "nano", seed=0, arch=arch))
+    weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+    engine, reference = TorchEngine(path, dtype=torch.bfloat16), TorchEngine(path, dtype=torch.float32)
+    before = engine.generate([[5, 6, 7, 8]], 2, sampling)
+    engine.set_dtype(torch.float32)
+    engine.load_weights(weights, 1, weights_checksum(weights))
+    up, want = engine.generate([[5, 6, 7, 8]], 2, sampling), reference.generate([[5, 6, 7, 8]], 2, sampling)
+    assert up.completion_ids == want.completion_ids and up.logprobs == want.logprobs
+    engine.set_dtype(torch.bfloat16)
+    engine.load_weights(weights, 2, weights_checksum(weights))
+    back = engine.generate([[5, 6, 7, 8]], 2, sampling)
+    assert back.completion_ids == before.completion_ids and back.logprobs == before.logprobs
