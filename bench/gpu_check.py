@@ -7,7 +7,9 @@ parameters, `--size 0.5b`; nothing is downloaded), in bf16:
    of new tokens (EOS ignored), tokens/s of each and their ratio;
 2. one update's model FLOPs utilisation: forward, backward and AdamW on random token batches,
    6 x parameters x tokens per second over the device's bf16 peak (when the device is known);
-3. ``posttrain sft`` and ``posttrain rl`` (GRPO, the in-process engine in bf16) for a few steps
+3. the bf16 engine against the float32 trainer on the same sampled tokens: mean and max
+   |Δ log p|, the mismatch KL, the share of ratios outside [1/2, 2] (`mismatch/*`);
+4. ``posttrain sft`` and ``posttrain rl`` (GRPO, the in-process engine in bf16) for a few steps
    each, as a user runs them: exit status, seconds per step.
 
 It prints one line per figure and exits 1 if a run failed. ``--device cpu --size tiny`` runs the
@@ -79,6 +81,38 @@ def engine_vs_generate(model_dir: Path, device: str, dtype, prompts: int, new: i
     t_hf = time.perf_counter() - t0
     assert out.shape[1] - width == new
     return prompts * new / t_engine, prompts * new / t_hf
+
+
+def engine_mismatch(model_dir: Path, device: str, prompts: int, new: int) -> dict[str, float]:
+    """A bf16 engine samples, the float32 model (the trainer's numbers) scores the same tokens: the
+    `mismatch/*` figures a run with ``rollout.engine_dtype=bfloat16`` logs, on this device's kernels."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.algos import mismatch_metrics
+    from posttrain.rollout import SamplingParams, TorchEngine
+
+    g = torch.Generator().manual_seed(1)
+    engine = TorchEngine(str(model_dir), dtype=torch.bfloat16, device=device)
+    lengths = torch.randint(8, 33, (prompts,), generator=g)
+    batch = [torch.randint(3, engine.vocab_size, (int(n),), generator=g).tolist() for n in lengths]
+    ro = engine.generate(batch, 1, SamplingParams(temperature=1.0, max_new_tokens=new, ignore_eos=True, seed=1))
+    trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    rows = [batch[i] + list(c) for i, c in zip(ro.prompt_idx, ro.completion_ids)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)  # completion tokens, at the position that predicts them
+    sampler = torch.zeros(len(rows), width)
+    for r, (row, i, lp) in enumerate(zip(rows, ro.prompt_idx, ro.logprobs)):
+        ids[r, :len(row)] = torch.tensor(row)
+        start = len(batch[i]) - 1
+        mask[r, start:start + len(lp)] = True
+        sampler[r, start:start + len(lp)] = torch.tensor(lp)
+    with torch.no_grad():
+        logp = torch.cat([trainer(ids[k:k + 8].to(device)).logits.float().log_softmax(-1).cpu()
+                          for k in range(0, len(rows), 8)])
+    target = torch.roll(ids, -1, dims=1)
+    trainer_logp = logp.gather(-1, target[..., None])[..., 0]
+    return {k: float(v) for k, v in mismatch_metrics(trainer_logp, sampler, mask).items()}
 
 
 def update_mfu(model_dir: Path, device: str, batch: int, seq: int, steps: int) -> tuple[float, float | None]:
@@ -169,6 +203,10 @@ def main() -> int:
     engine, hf = engine_vs_generate(model_dir, args.device, torch.bfloat16, args.prompts, args.new)
     print(f"engine vs model.generate, {args.prompts} prompts x {args.new} new tokens: {engine:.0f} vs {hf:.0f} "
           f"tokens/s ({engine / hf:.2f}x)")
+    m = engine_mismatch(model_dir, args.device, min(args.prompts, 32), min(args.new, 64))
+    print(f"bf16 engine vs float32 trainer, same tokens: mean |dlogp| {m['mismatch/logprob_abs_diff_mean']:.2e}, "
+          f"max {m['mismatch/logprob_abs_diff_max']:.2e}, mismatch KL {m['mismatch/kl']:.2e}, "
+          f"ratio outside [1/2, 2] {m['mismatch/ratio_outside_2x_frac']:.4f}")
     flops, mfu = update_mfu(model_dir, args.device, args.batch, args.seq, args.steps)
     print(f"update (bf16 autocast, AdamW), {args.batch} x {args.seq} tokens: {flops / 1e12:.1f} TFLOP/s"
           + (f", MFU {mfu:.1%} of the bf16 peak" if mfu is not None else " (peak unknown: no MFU)"))
