@@ -63,7 +63,9 @@ def _recompute_rotary(model) -> None:
         if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "config"):
             try:
                 fresh = type(module)(module.config)
-            except TypeError:  # a constructor of another shape: its buffers stay as cast
+            # A constructor of another shape, or a config it cannot build (a layer type the
+            # decoders refuse just after, with the reason): its buffers stay as cast.
+            except (TypeError, KeyError, ValueError):
                 continue
             for name, buf in fresh.named_buffers(recurse=False):
                 if buf.is_floating_point() and name in module._buffers:
