@@ -129,11 +129,12 @@ def kodcode(rec: dict, where: str, **_) -> dict:
                    + ". Your code should be wrapped in a markdown code block.")
     pid = rec.get("question_id", rec.get("conversation_id", where))
     return {"id": str(pid), "format": "kodcode", "prompt": prompt, "tests": tests, "module": "solution",
-            "entry_points": names or _imported_from(tests, "solution"), "reference": solution,
+            "entry_points": names or imported_from(tests, "solution"), "reference": solution,
             "completion": _fence(solution), "difficulty": rec.get("gpt_difficulty"), "subset": rec.get("subset")}
 
 
-def _imported_from(tests: str, module: str) -> list[str]:
+def imported_from(tests: str, module: str) -> list[str]:
+    """The names a test module takes with ``from <module> import ...`` (none if it does not parse)."""
     try:
         tree = ast.parse(tests)
     except SyntaxError:

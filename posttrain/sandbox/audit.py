@@ -18,12 +18,12 @@ ships none, as LiveCodeBench: only the trivial answers run). Records without fla
 
 from __future__ import annotations
 
-import ast
 import collections
 import dataclasses
 import json
 from pathlib import Path
 
+from posttrain.data.formats import imported_from
 from posttrain.sandbox.pool import Job, SandboxPool
 from posttrain.sandbox.records import to_job
 
@@ -36,7 +36,7 @@ def trivial_jobs(job: Job) -> dict[str, Job]:
     if job.io:
         return {name: dataclasses.replace(job, program=src) for name, src in TRIVIAL_IO.items()}
     if job.module:
-        names = _imported_names(job.tests, job.module)
+        names = imported_from(job.tests, job.module)
         out = {"empty": dataclasses.replace(job, program="")}
         for name, body in TRIVIAL_BODIES.items():
             program = "".join(f"def {n}(*args, **kwargs):\n    {body}\n" for n in names)
@@ -49,13 +49,6 @@ def trivial_jobs(job: Job) -> dict[str, Job]:
     return out
 
 
-def _imported_names(tests: str, module: str) -> list[str]:
-    try:
-        tree = ast.parse(tests)
-    except SyntaxError:
-        return []
-    return [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == module
-            for a in node.names if a.name != "*"]
 
 
 def audit(records: list[dict], pool: SandboxPool, source: str, timeout_s: float | None = None) -> list[dict]:
