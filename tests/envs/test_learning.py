@@ -4,6 +4,7 @@ data with `posttrain make-env-data`, warm-start with `posttrain sft` on the trac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -43,55 +44,111 @@ def warm_start(tmp_path, env: str, sft_steps: int, *make_data, max_len: int = 16
     return latest_checkpoint(tmp_path / "sft"), tmp_path / "data"
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How long each stage of a learning test runs: the release run whose figures the docs quote,
+    or a short one that CI can afford."""
+
+    sft_steps: int = 1000
+    """Warm-start SFT steps on good traces."""
+    mixed_steps: int = 60
+    """SFT steps after it, on traces of which most skip the behaviour the environment rewards."""
+    grpo_steps: int = 25
+    held_out: int = 64
+    """Held-out problems; each is sampled ``samples`` times at T=1 before and after GRPO."""
+    samples: int = 4
+
+
+RELEASE = Schedule()
+
+
 def grpo_from_a_mixed_start(tmp_path, env: EnvConfig, warm: tuple, mixed: tuple, max_len: int, mixed_max_len: int,
-                            rl_overrides: tuple, max_new_tokens: int) -> tuple[list, list]:
-    """The learning tests' design: a warm start on good traces (1000 SFT steps), 60 more SFT steps
-    on traces of which most skip the behaviour the environment rewards (``mixed``: make-env-data
-    flags), then 25 GRPO steps of the environment's example; held-out episodes (64 x 4 at T=1)
-    before and after GRPO."""
-    sft, data = warm_start(tmp_path, env.name, 1000, "--tools-style", "none", "--n-eval", "64", *warm, max_len=max_len)
+                            rl_overrides: tuple, max_new_tokens: int, schedule: Schedule) -> tuple[list, list]:
+    """The learning tests' design: a warm start on good traces, more SFT on traces of which most skip
+    the behaviour the environment rewards (``mixed``: make-env-data flags), then GRPO with the
+    environment's example; held-out episodes at T=1 before and after GRPO (``schedule``: how long)."""
+    sft, data = warm_start(tmp_path, env.name, schedule.sft_steps, "--tools-style", "none",
+                           "--n-eval", str(schedule.held_out), *warm, max_len=max_len)
     assert main(["make-env-data", env.name, str(tmp_path / "mixed"), "--tools-style", "none", "--seed", "1",
                  "--n-eval", "0", *mixed]) == 0
-    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={sft}", "num_steps=60", "optim.lr=1e-3",
-                 f"data.max_len={mixed_max_len}", "optim.warmup_steps=0",
+    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={sft}", f"num_steps={schedule.mixed_steps}",
+                 "optim.lr=1e-3", f"data.max_len={mixed_max_len}", "optim.warmup_steps=0",
                  f"data.path={tmp_path / 'mixed' / 'sft_train.jsonl'}", "logging.progress=false",
                  f"out_dir={tmp_path / 'sft-mixed'}"]) == 0
     start = latest_checkpoint(tmp_path / "sft-mixed")
     held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
-    before = episodes(start, held_out, env, 4, 1.0, max_new_tokens)
+    before = episodes(start, held_out, env, schedule.samples, 1.0, max_new_tokens)
     assert main(["rl", str(EXAMPLES / f"grpo_{env.name}.yaml"), f"model.path={start}",
-                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", "num_steps=25", "kl.track=false",
-                 "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}", *rl_overrides]) == 0
-    return before, episodes(latest_checkpoint(tmp_path / "rl"), held_out, env, 4, 1.0, max_new_tokens)
+                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", f"num_steps={schedule.grpo_steps}",
+                 "kl.track=false", "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}",
+                 *rl_overrides]) == 0
+    return before, episodes(latest_checkpoint(tmp_path / "rl"), held_out, env, schedule.samples, 1.0, max_new_tokens)
+
+
+def trained_rows(run_dir: Path) -> list[dict]:
+    """The GRPO steps' metrics (those that updated the model)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r]
 
 
 CALC = EnvConfig(name="calculator", tools_style="none", max_turns=3, max_total_tokens=256)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(2400)  # ~9 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
-def test_grpo_raises_calculator_episode_success(tmp_path):
-    # A warm start that can use the calculator (1000 SFT steps on tool-using traces: it learns to
-    # copy the operands into the call and the result into the answer) but, after a short second SFT
-    # on traces that mostly answer in the head, uses it only some of the time. 3-digit products are
-    # out of the tiny model's reach without it, so GRPO's reward is for calling the tool and copying.
-    # The copying is learned abruptly (around step 150 of 1000 with the example's schedule; with lr 3e-3
-    # and 10 warmup steps it came at step 250 for some seeds and never for others).
-    before, after = grpo_from_a_mixed_start(tmp_path, CALC, (), ("--direct-frac", "0.6"), 128, 192, (), 96)
-    tool_use = lambda eps: sum(e.tool_calls > 0 for e in eps) / len(eps)  # noqa: E731
-    print(f"calculator episode success (T=1, 64 held-out x 4): {success(before):.3f} -> "
-          f"{success(after):.3f}; episodes calling the tool {tool_use(before):.2f} -> {tool_use(after):.2f}")
+def calculator_run(tmp_path, schedule: Schedule) -> tuple[list, list, list[dict]]:
+    """A warm start that can use the calculator (SFT on tool-using traces: it learns to copy the
+    operands into the call and the result into the answer) but, after a short second SFT on traces
+    that mostly answer in the head, uses it only some of the time; then GRPO. 3-digit products are
+    out of the tiny model's reach without it, so GRPO's reward is for calling the tool and copying.
+    The copying is learned abruptly (around step 150 of 1000 with the example's schedule; with lr 3e-3
+    and 10 warmup steps it came at step 250 for some seeds and never for others)."""
+    before, after = grpo_from_a_mixed_start(tmp_path, CALC, (), ("--direct-frac", "0.6"), 128, 192, (), 96, schedule)
+    n = f"{schedule.held_out} held-out x {schedule.samples}"
+    print(f"calculator episode success (T=1, {n}): {success(before):.3f} -> {success(after):.3f}; "
+          f"episodes calling the tool {tool_use(before):.2f} -> {tool_use(after):.2f}")
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    return before, after, rows
+
+
+def tool_use(eps) -> float:
+    return sum(e.tool_calls > 0 for e in eps) / len(eps)
+
+
+def worst_mismatch(rows: list[dict]) -> float:
+    """fp32 engine (KV cache, left-padded prefill) vs trainer (one forward): the worst token's log-prob
+    difference over the run (tests/envs/test_runner.py holds the nano model to 1e-5)."""
     worst = max(r["mismatch/logprob_abs_diff_max"] for r in rows if "mismatch/logprob_abs_diff_max" in r)
     print(f"engine vs trainer log-prob, worst token over the run: {worst:.2e}")
+    return worst
+
+
+@pytest.mark.release
+@pytest.mark.timeout(2400)  # ~9 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
+def test_grpo_raises_calculator_episode_success(tmp_path):
+    before, after, rows = calculator_run(tmp_path, RELEASE)
     # Both must move: the tool call (the behaviour GRPO rewards) and the episodes it solves. Measured:
     # tool use 0.43 -> 1.00, success 0.42 -> 0.99 (256 episodes each; +0.05 is over two standard
     # errors of the difference at any success rate here).
     assert tool_use(after) >= tool_use(before) + 0.3
     assert success(after) >= success(before) + 0.05
-    # fp32 engine (KV cache, left-padded prefill) vs trainer (one forward): measured up to 4.9e-5 at the
-    # worst token of 25 steps of ~5,500 model tokens; tests/envs/test_runner.py holds the nano model to 1e-5.
-    assert worst < 1e-4
+    assert worst_mismatch(rows) < 1e-4  # measured up to 4.9e-5 over 25 steps of ~5,500 model tokens
+
+
+# CI's calculator run: 300 SFT steps are past the step (~150) where the copying is learned.
+SHORT_CALC = Schedule(sft_steps=300, grpo_steps=8, held_out=32)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~3 min on 2 idle cores
+def test_a_short_grpo_run_raises_calculator_tool_use_and_success(tmp_path):
+    before, after, rows = calculator_run(tmp_path, SHORT_CALC)
+    trained = trained_rows(tmp_path / "rl")
+    assert len(trained) == SHORT_CALC.grpo_steps
+    assert all(r["outcomes/PASS_frac"] + r["outcomes/MODEL_FAIL_frac"] == pytest.approx(1.0) for r in trained)
+    # Measured: tool use 0.39 -> 0.98, success 0.23 -> 0.67, reward/mean 0.30 at the first step and
+    # 0.89 at the last (128 episodes each; +0.15 is over two standard errors of the difference).
+    assert tool_use(after) >= tool_use(before) + 0.3
+    assert success(after) >= success(before) + 0.15
+    assert worst_mismatch(rows) < 1e-4
 
 
 @pytest.mark.slow
@@ -131,28 +188,57 @@ def both_cores():
     torch.set_num_threads(before)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3600)  # ~23 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
-def test_grpo_raises_repo_episode_success(tmp_path, both_cores):
-    # As for the calculator: a warm start that can fix the bug (1000 SFT steps on traces that run the
-    # tests, read the module, replace the line and submit; some miss a first replace and retry), then a
-    # short SFT on traces that mostly submit right after the tests, unfixed. Such an episode never
-    # passes, so GRPO's reward is for going on to read and fix. How well the tiny model copies the line
-    # is not what moves here: from the warm start alone, 10 GRPO steps left success where it was.
+def repo_run(tmp_path, schedule: Schedule) -> tuple[list, list, list[dict]]:
+    """As for the calculator: a warm start that can fix the bug (SFT on traces that run the tests,
+    read the module, replace the line and submit; some miss a first replace and retry), then a short
+    SFT on traces that mostly submit right after the tests, unfixed. Such an episode never passes, so
+    GRPO's reward is for going on to read and fix. How well the tiny model copies the line is not what
+    moves here: from the warm start alone, 10 GRPO steps left success where it was."""
     before, after = grpo_from_a_mixed_start(tmp_path, REPO, ("--retry-frac", "0.3"),
                                             ("--retry-frac", "0.3", "--give-up-frac", "0.6"), 768, 768,
-                                            ("rollout.max_new_tokens=160",), 160)
-    print(f"repo episode success (T=1, 64 held-out x 4): {success(before):.3f} -> {success(after):.3f}; "
+                                            ("rollout.max_new_tokens=160",), 160, schedule)
+    n = f"{schedule.held_out} held-out x {schedule.samples}"
+    print(f"repo episode success (T=1, {n}): {success(before):.3f} -> {success(after):.3f}; "
           f"episodes that edit before submitting {edits(before):.2f} -> {edits(after):.2f}")
-    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in rows if "loss" in r]
-    assert len(trained) == 25 and all(r["outcomes/INFRA_FAIL_frac"] == 0.0 for r in trained)
-    assert edits(after) >= edits(before) + 0.2
-    assert main(["report", str(tmp_path / "rl"), "--out", str(tmp_path / "report.html")]) == 0
+    trained = trained_rows(tmp_path / "rl")
+    assert len(trained) == schedule.grpo_steps and all(r["outcomes/INFRA_FAIL_frac"] == 0.0 for r in trained)
+    return before, after, trained
+
+
+def assert_the_report_shows_episodes(run_dir: Path, out: Path) -> None:
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
     from posttrain.eval.report import ENV_PANEL, find_runs, series_for
 
-    assert "<h3>Episodes</h3>" in (tmp_path / "report.html").read_text()  # turns, tool calls and errors, reset time
-    assert len(series_for(ENV_PANEL, find_runs([tmp_path / "rl"]))) == 4
+    assert "<h3>Episodes</h3>" in out.read_text()  # turns, tool calls and errors, reset time
+    assert len(series_for(ENV_PANEL, find_runs([run_dir]))) == 4
+
+
+@pytest.mark.release
+@pytest.mark.timeout(7200)  # ~23 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes;
+# a shared machine's other jobs stall its two torch threads (seen: over 60 min)
+def test_grpo_raises_repo_episode_success(tmp_path, both_cores):
+    before, after, _ = repo_run(tmp_path, RELEASE)
+    assert edits(after) >= edits(before) + 0.2
+    assert_the_report_shows_episodes(tmp_path / "rl", tmp_path / "report.html")
     # 256 episodes each: the standard error of the difference is at most 0.044 (both at 0.5), so this
     # is more than two of them at any success rate.
     assert success(after) >= success(before) + 0.09
+
+
+# CI's repository run: long enough to learn the tools and the give-up traces, too short to learn to copy
+# the line (success stays near 0: 300 SFT steps and 4 GRPO steps measured 0/64 -> 1/64), so it checks the
+# pipeline, not learning.
+# CI's repository run checks the pipeline, not the learning: 300 SFT steps teach the tiny model the
+# tool calls (measured: every held-out episode calls a tool, about half edit the project) but not yet
+# to fix the bug (success 0 -> 0 after 4 GRPO steps); the learning is the release test's. ~2 min on
+# 2 idle cores.
+SHORT_REPO = Schedule(sft_steps=300, grpo_steps=4, held_out=16)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_short_grpo_run_on_the_repository_trains_every_step_and_reports_episodes(tmp_path, both_cores):
+    before, after, _ = repo_run(tmp_path, SHORT_REPO)  # every step trained, none INFRA_FAIL
+    assert tool_use(before) >= 0.9 and tool_use(after) >= 0.9
+    assert edits(before) > 0 and edits(after) > 0
+    assert_the_report_shows_episodes(tmp_path / "rl", tmp_path / "report.html")
