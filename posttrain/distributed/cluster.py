@@ -31,8 +31,8 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise UserError("runtime=ray needs the ray package: pip install 'posttrain[ray]' "
-                          "(or bash scripts/setup.sh ray)") from None
+        raise UserError("runtime=ray needs the ray package: bash scripts/setup.sh ray "
+                          "(from a checkout: pip install -e '.[ray]')") from None
     return ray
 
 

@@ -108,7 +108,7 @@ class OpenEnvEnv(Environment):
         try:
             from openenv.core import GenericEnvClient
         except ImportError as e:
-            raise ImportError("OpenEnv environments need openenv-core (pip install 'posttrain[envs]')") from e
+            raise ImportError("OpenEnv environments need openenv-core (bash scripts/setup.sh envs; from a checkout: pip install -e '.[envs]')") from e
         self._client_cls, self.url, self.app = GenericEnvClient, url.rstrip("/"), launch
         self.action_field, self.observation_field = action_field, observation_field
         self.reset_fields = ["seed"] if reset_fields is None else list(reset_fields)

@@ -27,7 +27,7 @@ def _import_skyrl():
     try:
         import skyrl_gym
     except ImportError:
-        raise ImportError("SkyRL-gym environments need the skyrl-gym package: pip install 'posttrain[envs]'") from None
+        raise ImportError("SkyRL-gym environments need the skyrl-gym package: bash scripts/setup.sh envs (from a checkout: pip install -e '.[envs]')") from None
     return skyrl_gym
 
 
