@@ -6,8 +6,13 @@ Metric names follow docs/rl.md: ``reward/mean``, ``entropy``, ``response_length/
 
 ``Watchdog`` prints a warning once per kind when entropy collapses (the policy has become
 near-deterministic: exploration is gone), when the sampler/trainer mismatch jumps (a weight-sync
-or precision bug, or a stale sampler), or when every group is zero-variance (no gradient at all:
-the data is too easy or too hard for the current policy).
+or precision bug, or a stale sampler), when most samples went ungraded (INFRA_FAIL/TASK_FAIL,
+masked: a judge or sandbox that grades nothing), or when every group is zero-variance (no gradient
+at all: the data is too easy or too hard for the current policy).
+
+Entropy collapse is judged against the run's own start (the median of its first steps), never an
+absolute number: an SFT start on a nearly solved task is already certain, and sharpening it is
+not a collapse. Medians over a few steps keep one noisy step from starting or ending a warning.
 """
 
 from __future__ import annotations
@@ -45,16 +50,28 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
     return m
 
 
+def ungraded_share(m: dict) -> tuple[float, str]:
+    """The share of samples masked as INFRA_FAIL or TASK_FAIL in one step's metrics, and their
+    reasons, largest first ("INFRA_FAIL/judge_unparseable 100%")."""
+    share = m.get("outcomes/INFRA_FAIL_frac", 0.0) + m.get("outcomes/TASK_FAIL_frac", 0.0)
+    reasons = sorted(((v, k[len("outcomes/"):-len("_frac")]) for k, v in m.items()
+                      if k.startswith(("outcomes/INFRA_FAIL/", "outcomes/TASK_FAIL/")) and k.endswith("_frac")),
+                     reverse=True)
+    return share, ", ".join(f"{name} {v:.0%}" for v, name in reasons) or "no reason recorded"
+
+
 class Watchdog:
-    def __init__(self, printer=print, entropy_floor: float = 0.05, mismatch_jump: float = 10.0,
-                 zero_variance_warning: bool = True):
+    def __init__(self, printer=print, entropy_drop: float = 0.1, entropy_window: int = 3,
+                 mismatch_jump: float = 10.0, ungraded_warn: float = 0.5, zero_variance_warning: bool = True):
         # Off where equal rewards in a group still teach: PPO's critic, a teacher's per-token signal.
         self.zero_variance_warning = zero_variance_warning
         self.printer = printer
-        self.entropy_floor = entropy_floor
+        self.entropy_drop = entropy_drop
+        self.entropy_window = entropy_window
         self.mismatch_jump = mismatch_jump
+        self.ungraded_warn = ungraded_warn
         self.warned: set[str] = set()
-        self.first_entropy: float | None = None
+        self.entropy_history: list[float] = []
         self.mismatch_history: list[float] = []
 
     def _warn(self, kind: str, message: str) -> None:
@@ -62,16 +79,21 @@ class Watchdog:
             self.warned.add(kind)
             self.printer(f"WARNING [{kind}] {message}")
 
+    def _check_entropy(self, step: int, ent: float) -> None:
+        hist, w = self.entropy_history, self.entropy_window
+        hist.append(ent)
+        if len(hist) <= w:  # the start is still being measured
+            return
+        start, now = statistics.median(hist[:w]), statistics.median(hist[-w:])
+        if now < self.entropy_drop * start:
+            self._warn("entropy_collapse", f"step {step}: policy entropy {now:.4f} (median of the last {w} "
+                       f"steps) is under {self.entropy_drop:g}x the run's start ({start:.4f}); sampling has "
+                       "become near-deterministic")
+
     def check(self, step: int, m: dict) -> None:
         ent = m.get("entropy")
         if ent is not None:
-            if self.first_entropy is None:
-                self.first_entropy = ent
-            elif ent < 0.1 * self.first_entropy or ent < self.entropy_floor <= self.first_entropy:
-                # the absolute floor only for runs that started above it: an SFT start already that
-                # certain (a solved task) is not a collapse, only a tenfold drop from it is
-                self._warn("entropy_collapse", f"step {step}: policy entropy {ent:.4f} (started at "
-                           f"{self.first_entropy:.4f}); sampling has become near-deterministic")
+            self._check_entropy(step, ent)
         kl = m.get("mismatch/kl")
         if kl is not None:
             if len(self.mismatch_history) >= 3:
@@ -80,6 +102,10 @@ class Watchdog:
                     self._warn("mismatch_jump", f"step {step}: sampler/trainer mismatch KL {kl:.2e} is "
                                f"{kl / max(base, 1e-9):.0f}x its median; check weight sync and dtypes")
             self.mismatch_history.append(kl)
-        if self.zero_variance_warning and m.get("groups/zero_variance_frac", 0.0) >= 1.0:
+        share, reasons = ungraded_share(m)
+        if share >= self.ungraded_warn:
+            self._warn("ungraded", f"step {step}: {share:.0%} of samples were not graded ({reasons}); they are "
+                       "masked from the gradient, so the verifier, judge or sandbox is failing, not the model")
+        elif self.zero_variance_warning and m.get("groups/zero_variance_frac", 0.0) >= 1.0:
             self._warn("all_zero_variance", f"step {step}: every group has equal rewards, so there is no "
                        "gradient; the prompts are too easy or too hard (try dynamic_sampling.enabled=true)")
