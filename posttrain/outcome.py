@@ -89,3 +89,26 @@ def checked(outcome: Outcome) -> Outcome:
         return outcome
     return Outcome.infra_fail("verifier_error", f"{outcome.cls.value} with reward {outcome.reward!r}, "
                                                 "not a finite number")
+
+
+UNGRADED_MARK = 0.5
+"""An evaluation or step with at least this share of masked samples (TASK_FAIL, INFRA_FAIL) is
+marked as mostly ungraded: its pass rate then says more about the judge than the model."""
+
+
+def ungraded_fracs(outcomes: list[Outcome]) -> dict[str, float]:
+    """The share of masked samples per ``CLASS/reason`` ("INFRA_FAIL/judge_unparseable"), largest first."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if not o.is_reward:
+            key = f"{o.cls.value}/{o.reason or 'unspecified'}"
+            counts[key] = counts.get(key, 0) + 1
+    return {k: v / len(outcomes) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def ungraded_metrics(fracs: dict[str, float], head: str) -> dict[str, float]:
+    """``<head>/ungraded_frac`` and, per reason, ``<head>/ungraded/<CLASS>/<reason>_frac``: an eval
+    whose samples were mostly not graded is told apart from one the model failed (the RL watchdog
+    warns on it)."""
+    return {f"{head}/ungraded_frac": sum(fracs.values()),
+            **{f"{head}/ungraded/{key}_frac": v for key, v in fracs.items()}}

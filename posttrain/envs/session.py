@@ -17,7 +17,7 @@ from __future__ import annotations
 from posttrain.envs.config import EnvConfig, env_factory
 from posttrain.envs.runner import EpisodeRunner, drive
 from posttrain.envs.trajectory import Episode, episode_metrics, episodes_to_rollouts
-from posttrain.outcome import Outcome, OutcomeClass
+from posttrain.outcome import Outcome, OutcomeClass, ungraded_fracs, ungraded_metrics
 from posttrain.rollout.types import Rollouts, SamplingParams
 
 
@@ -58,4 +58,4 @@ class EnvSession:
         env = {f"{head}/{k}": v for k, v in episode_metrics(episodes).items()
                if not k.endswith("pass_frac") and not k.startswith("time/")}
         return {f"{head}/pass@1": passed, f"{head}/mean_length": sum(e.model_tokens for e in episodes) / max(len(episodes), 1),
-                **env}
+                **env, **ungraded_metrics(ungraded_fracs([e.outcome for e in episodes]), head)}

@@ -11,6 +11,7 @@ import argparse
 
 from posttrain.config import load_config
 from posttrain.eval.runner import EvalConfig, run_eval
+from posttrain.outcome import UNGRADED_MARK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,5 +31,10 @@ def run(args: argparse.Namespace) -> int:
         extra = " ".join(f"pass@{row.k}={row.mean:.3f}" for row in r.pass_at_k[1:])
         print(f"{r.benchmark} {r.profile}: n={r.n} problems={r.num_problems} "
               f"pass@{first.k}={first.mean:.3f} [{first.low:.3f}, {first.high:.3f}] {extra}".rstrip())
+        masked = r.outcomes.get("INFRA_FAIL", 0) + r.outcomes.get("TASK_FAIL", 0)
+        if masked >= UNGRADED_MARK * sum(r.outcomes.values()):
+            print(f"  MOSTLY UNGRADED: {masked} of {sum(r.outcomes.values())} samples were not graded "
+                  f"(INFRA_FAIL {r.outcomes.get('INFRA_FAIL', 0)}, TASK_FAIL {r.outcomes.get('TASK_FAIL', 0)}; "
+                  f"reasons in {cfg.out_dir}/samples/): pass@k counts them as failed")
     print(f"eval: {cfg.out_dir}/eval.json")
     return 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import statistics
 
-from posttrain.outcome import Outcome, OutcomeClass
+from posttrain.outcome import UNGRADED_MARK, Outcome, OutcomeClass
 
 
 def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float) -> dict:
@@ -62,7 +62,7 @@ def ungraded_share(m: dict) -> tuple[float, str]:
 
 class Watchdog:
     def __init__(self, printer=print, entropy_drop: float = 0.1, entropy_window: int = 3,
-                 mismatch_jump: float = 10.0, ungraded_warn: float = 0.5, zero_variance_warning: bool = True):
+                 mismatch_jump: float = 10.0, ungraded_warn: float = UNGRADED_MARK, zero_variance_warning: bool = True):
         # Off where equal rewards in a group still teach: PPO's critic, a teacher's per-token signal.
         self.zero_variance_warning = zero_variance_warning
         self.printer = printer
@@ -109,3 +109,16 @@ class Watchdog:
         elif self.zero_variance_warning and m.get("groups/zero_variance_frac", 0.0) >= 1.0:
             self._warn("all_zero_variance", f"step {step}: every group has equal rewards, so there is no "
                        "gradient; the prompts are too easy or too hard (try dynamic_sampling.enabled=true)")
+        self._check_evals(step, m)
+
+    def _check_evals(self, step: int, m: dict) -> None:
+        """A held-out eval whose samples were mostly ungraded: its pass@1 counts them as failed."""
+        for key in [k for k in m if k.startswith("eval/") and k.endswith("/ungraded_frac")]:
+            head = key[:-len("/ungraded_frac")]
+            if m[key] < self.ungraded_warn:
+                continue
+            prefix = f"{head}/ungraded/"
+            reasons = ", ".join(f"{k[len(prefix):-len('_frac')]} {v:.0%}" for k, v in m.items() if k.startswith(prefix))
+            self._warn(f"eval_ungraded {head}", f"step {step}: {m[key]:.0%} of the held-out samples were not "
+                       f"graded ({reasons}); pass@1 {m.get(head + '/pass@1', 0.0):.3f} counts them as failed, "
+                       "so it measures the judge, not the model")

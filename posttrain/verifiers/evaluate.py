@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from posttrain.algos.passk import pass_at_k_table, solve_fractions
-from posttrain.outcome import Outcome, OutcomeClass
+from posttrain.outcome import Outcome, OutcomeClass, ungraded_fracs, ungraded_metrics
 from posttrain.rollout.types import SamplingParams
 
 
@@ -24,6 +24,8 @@ class EvalSummary:
     mean_length: float
     solve_all_frac: float
     solve_none_frac: float
+    ungraded: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Share of samples masked per ``CLASS/reason`` (TASK_FAIL, INFRA_FAIL): counted as not passed."""
 
 
 def score(verifier, texts: list[str], examples: list[dict], finish: list[str] | None = None) -> list:
@@ -57,11 +59,11 @@ def evaluate(engine, prompt_ids: list[list[int]], examples: list[dict], verifier
         ci={row.k: (row.low, row.high) for row in table},
         passes_per_problem=passes, outcome_counts=counts,
         mean_length=sum(len(c) for c in ro.completion_ids) / len(ro.completion_ids),
-        solve_all_frac=solve_all, solve_none_frac=solve_none,
+        solve_all_frac=solve_all, solve_none_frac=solve_none, ungraded=ungraded_fracs(outcomes),
     )
 
 
 def eval_metrics(summary: EvalSummary, bench: str) -> dict:
     out = {f"eval/{bench}/{summary.profile}/pass@{k}": v for k, v in summary.pass_at_k.items()}
     out[f"eval/{bench}/{summary.profile}/mean_length"] = summary.mean_length
-    return out
+    return out | ungraded_metrics(summary.ungraded, f"eval/{bench}/{summary.profile}")

@@ -1,5 +1,7 @@
 """Watchdog: each warning fires once, when its condition is met, and only then."""
 
+import dataclasses
+
 from posttrain.rl.diagnostics import Watchdog
 
 
@@ -115,3 +117,27 @@ def test_outcome_fractions_and_the_reasons_of_every_failing_class():
         "outcomes/INFRA_FAIL_frac": 3 / 8, "outcomes/MODEL_FAIL/wrong_answer_frac": 2 / 8,
         "outcomes/MODEL_FAIL/max_turns_frac": 1 / 8, "outcomes/INFRA_FAIL/env_timeout_frac": 2 / 8,
         "outcomes/INFRA_FAIL/env_error_frac": 1 / 8, "outcomes/TASK_FAIL/bad_test_frac": 1 / 8}
+
+
+def test_a_held_out_eval_mostly_ungraded_is_marked_with_its_reasons():
+    """What `held_out_eval` logs when the judge answered nothing usable for 3 of 4 samples."""
+    from posttrain.outcome import Outcome, ungraded_fracs
+    from posttrain.verifiers.evaluate import EvalSummary, eval_metrics
+
+    outcomes = [Outcome.infra_fail("judge_unparseable")] * 2 + [Outcome.task_fail("bad_test"), Outcome.passed()]
+    fracs = ungraded_fracs(outcomes)
+    assert fracs == {"INFRA_FAIL/judge_unparseable": 0.5, "TASK_FAIL/bad_test": 0.25}
+    summary = EvalSummary(profile="greedy", n=1, pass_at_k={1: 0.25}, ci={1: (0.0, 0.75)}, passes_per_problem=[],
+                          outcome_counts={}, mean_length=3.0, solve_all_frac=0.25, solve_none_frac=0.75,
+                          ungraded=fracs)
+    m = eval_metrics(summary, "heldout")
+    assert m["eval/heldout/greedy/ungraded_frac"] == 0.75
+    assert m["eval/heldout/greedy/ungraded/INFRA_FAIL/judge_unparseable_frac"] == 0.5
+    said = []
+    _run(Watchdog(said.append), [{}, m, m])
+    assert len(said) == 1 and "[eval_ungraded eval/heldout/greedy] step 2: 75% of the held-out samples" in said[0]
+    assert "INFRA_FAIL/judge_unparseable 50%, TASK_FAIL/bad_test 25%" in said[0] and "pass@1 0.250" in said[0]
+    quiet = []
+    _run(Watchdog(quiet.append), [eval_metrics(dataclasses.replace(summary, ungraded={"TASK_FAIL/bad_test": 0.25}),
+                                               "heldout")])
+    assert quiet == []
