@@ -187,7 +187,8 @@ def run_metrics(rows: list[dict]) -> dict[str, float]:
     """One run's numbers: each held-out metric at the start (step 0, when logged), its final and best
     value after training, and the first/last-quarter training reward."""
     out: dict[str, float] = {}
-    keys = sorted({k for r in rows for k in r if k.startswith("eval/") and not k.endswith("mean_length")})
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/") and not k.endswith("mean_length")
+                   and "/ungraded" not in k})
     for key in keys:
         logged = [(r.get("step"), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
         trained = [v for step, v in logged if step != 0]  # step 0 is the start, not a trained model
