@@ -9,6 +9,14 @@ importance weights divide by. `check_server` proves the mode on the running serv
 token's log-prob must differ from its raw log-prob at temperature 2) and refuses a server in raw
 mode with one line naming the flag.
 
+On a CPU build the requests carry no per-request ``seed``: vLLM 0.32's model runner rewinds a
+seeded request's generator (``Generator.set_offset``) whenever that request's prefill is split over
+steps (a batch past ``max_num_batched_tokens``, or requests preempted by a weight sync and
+recomputed), and a CPU generator has no offset: the engine dies with ``RuntimeError: CPU Generator
+does not use offset`` and every request after it answers HTTP 500. `check_server` reads the device
+from ``/server_info``; unseeded, a request retried on another CPU server draws other samples (still
+of the same weights). GPU builds keep the seeds.
+
 With top-k/top-p on, vLLM reports only the truncated distribution's log-probs, so those stand in
 for the full-distribution ones too: ``mismatch/*`` then include the log of the probability mass the
 truncation kept. Without truncation the two are the same and the mismatch metrics are exact.
@@ -61,6 +69,8 @@ class VLLMDialect:
         # and awaits those in flight before the push; without LoRA, requests are frozen in place.
         # `check_server` reads each server's config to know.
         self.probe_alone = lora_name is not None
+        self.seeded = True
+        """Whether requests carry their seed: false once any server is a CPU build (module docstring)."""
 
     @property
     def pause_mode(self) -> str:
@@ -78,7 +88,10 @@ class VLLMDialect:
             raise RuntimeError("GET /weight_info is 404: start the server with VLLM_SERVER_DEV_MODE=1 "
                                "(weight sync needs vLLM's dev routes)")
         self._check_processed_logprobs(client, url, probe_prompt)
-        self.probe_alone = self.probe_alone or _lora_enabled(client, url)
+        config = server_config(client, url)
+        # unknown counts as the careful case: LoRA on (the probe runs alone), a CPU build (no seeds)
+        self.probe_alone = self.probe_alone or config is None or config.get("lora_config") is not None
+        self.seeded = self.seeded and config is not None and _device(config) not in ("cpu", "")
         return parse_version(info.json().get("weight_version"))
 
     def _check_processed_logprobs(self, client: httpx.Client, url: str, prompt: list[int]) -> None:
@@ -95,6 +108,8 @@ class VLLMDialect:
 
     def body(self, body: dict) -> dict:
         body = {**body, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        if not self.seeded:
+            body.pop("seed", None)
         if self.lora_name:
             body["model"] = self.lora_name
         return body
@@ -169,13 +184,19 @@ def prompt_logprobs(client: httpx.Client, url: str, ids: list[int], model: str |
     return [float(e[str(t)]["logprob"]) for e, t in zip(entries[1:], ids[1:])]
 
 
-def _lora_enabled(client: httpx.Client, url: str) -> bool:
-    """Whether the server runs with ``--enable-lora`` (dev route ``/server_info``; unknown counts as on)."""
+def server_config(client: httpx.Client, url: str) -> dict | None:
+    """The server's ``vllm_config`` (dev route ``/server_info``), None when it cannot be read."""
     try:
         r = client.get(f"{url}/server_info", params={"config_format": "json"})
-        return r.status_code != 200 or r.json()["vllm_config"].get("lora_config") is not None
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
-        return True
+        config = r.json()["vllm_config"] if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _device(config: dict) -> str:
+    device = config.get("device_config")
+    return str(device.get("device", "")) if isinstance(device, dict) else ""
 
 
 def while_paused(pause: Callable[[], object], work: Callable[[], object], resume: Callable[[], object]) -> None:

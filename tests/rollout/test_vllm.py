@@ -82,6 +82,24 @@ def test_the_probe_runs_alone_exactly_on_a_server_with_lora_on(vllm_server, vllm
     assert (lora.probe_alone, lora.pause_mode) == (True, "wait")
 
 
+def test_seeded_requests_past_one_steps_prefill_budget_keep_a_cpu_engine_alive(vllm_server, tmp_path, tokenizer,
+                                                                                vllm_model_dir):
+    """What RL and bench/vllm_vs_torch.py send: seeded, 32 prompts x 8 samples, more prompt tokens
+    than one step prefills (2048 on CPU), so prefills are split over steps. vLLM 0.32 then rewinds a
+    seeded request's generator, which a CPU generator cannot do: the engine died and every request
+    answered HTTP 500. The client sends no seeds to a CPU build."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 200, (int(n),), generator=g).tolist() for n in torch.randint(8, 33, (32,), generator=g)]
+    s = SamplingParams(temperature=1.0, max_new_tokens=32, ignore_eos=True, seed=0)
+    eng = engine(vllm_server, tmp_path, tokenizer, vllm_model_dir)
+    assert eng.dialect.seeded is False  # read from the server's device_config
+    assert sum(len(p) for p in prompts) * 8 > 2048
+    ro = eng.generate(prompts, 8, s)
+    assert ro.finish_reason == ["length"] * (32 * 8), sorted(set(ro.finish_reason))
+    assert eng.stats["retries"] == 0 and eng.stats["failed"] == 0, eng.stats
+    assert all(len(c) == 32 for c in ro.completion_ids)
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.3, 40, 0.8), (0.7, 0, 0.8)])
 def test_sampled_logprobs_are_the_behaviour_policy(vllm_server, tmp_path, tokenizer, vllm_model_dir, hf_model,
                                                   temperature, top_k, top_p):
