@@ -25,6 +25,8 @@ def test_quick_demo_runs_end_to_end_and_its_eval_reproduces(tmp_path):
     assert stages["sft"]["wall_s"] > 0 and stages["rl"]["wall_s"] > 0
     assert summary["seconds"] - 1 <= sum(s["wall_s"] for s in stages.values()) <= summary["seconds"] + 0.5
     assert "[demo] rl:" in r.stdout
+    # a smoke run says it is one, before it starts and under its table
+    assert r.stdout.count("not expected to learn") == 2 and r.stdout.index("not expected to learn") < r.stdout.index("[demo] sft:")
     for stage in ("sft", "rl"):
         assert (out / stage / "config.yaml").is_file() and (out / stage / "metrics.jsonl").is_file()
     html = (out / "report.html").read_text()

@@ -14,13 +14,14 @@ from posttrain.eval.report import write_report
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (nested runs are found)")
     parser.add_argument("--out", default=None,
-                        help="where to write the HTML (default: RUN_DIR/report.html for one run, ./report.html for several)")
+                        help="where to write the HTML (default: the first RUN_DIR's report.html)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    out = args.out or (str(Path(args.runs[0]) / "report.html") if len(args.runs) == 1 else "report.html")
+    # next to the runs it draws, not into whatever folder the command was typed in
+    out = args.out or str(Path(args.runs[0]) / "report.html")
     path = write_report(args.runs, out)
     print(f"report: {path}")
     return 0

@@ -134,6 +134,16 @@ def test_cli_default_out(demo, capsys):
     assert "report:" in capsys.readouterr().out
 
 
+def test_cli_several_runs_write_into_the_first_runs_folder_not_the_working_one(demo, tmp_path, monkeypatch):
+    parser = argparse.ArgumentParser()
+    report_cli.add_arguments(parser)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert report_cli.run(parser.parse_args([str(demo / "sft"), str(demo / "rl")])) == 0
+    assert (demo / "sft" / "report.html").is_file() and list(work.iterdir()) == []
+
+
 def test_report_renders_in_headless_chromium(demo, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
