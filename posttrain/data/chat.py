@@ -29,17 +29,20 @@ def as_messages(prompt: str | list[dict]) -> list[dict]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
 
-def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool, thinking: bool | None = None) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("use_chat_template is set but the tokenizer has no chat template")
+    # enable_thinking only when asked: templates without the switch render as they always did
+    switch = {} if thinking is None else {"enable_thinking": thinking}
     return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+                                         add_generation_prompt=add_generation_prompt, **switch)
 
 
-def render_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool) -> str:
-    """The text a model continues to answer ``prompt`` (the generation prompt included)."""
+def render_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool, thinking: bool | None = None) -> str:
+    """The text a model continues to answer ``prompt`` (the generation prompt included); ``thinking``
+    is the chat template's ``enable_thinking`` (None: the template's default)."""
     if use_chat_template:
-        return _apply(tokenizer, as_messages(prompt), add_generation_prompt=True)
+        return _apply(tokenizer, as_messages(prompt), add_generation_prompt=True, thinking=thinking)
     if not isinstance(prompt, str):
         raise ValueError("a prompt given as chat messages needs use_chat_template=True")
     return prompt + PLAIN_SEPARATOR
@@ -50,9 +53,10 @@ def _bos(tokenizer, use_chat_template: bool) -> list[int]:
     return [bos] if (bos is not None and not use_chat_template) else []
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool,
+                  thinking: bool | None = None) -> list[int]:
     """Token ids of `render_prompt`, encoded the same way training encodes them."""
-    text = render_prompt(tokenizer, prompt, use_chat_template)
+    text = render_prompt(tokenizer, prompt, use_chat_template, thinking)
     return _bos(tokenizer, use_chat_template) + tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

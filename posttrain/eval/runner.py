@@ -329,13 +329,9 @@ def _humaneval_problems(bench: BenchmarkConfig) -> list[dict]:
 
 def encode(tokenizer, prompt, cfg: EvalConfig) -> list[int]:
     """Prompt token ids, rendered as training renders them, with ``enable_thinking`` when set."""
-    from posttrain.data.chat import as_messages, encode_prompt
+    from posttrain.data.chat import encode_prompt
 
-    if cfg.thinking is None:
-        return encode_prompt(tokenizer, prompt, cfg.use_chat_template)
-    text = tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True,
-                                         enable_thinking=cfg.thinking)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_prompt(tokenizer, prompt, cfg.use_chat_template, cfg.thinking)
 
 
 def _chunk_seed(seed: int, first_id: str) -> int:

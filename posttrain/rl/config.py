@@ -150,6 +150,10 @@ class RLDataConfig:
     """Held-out prompts in the same format; empty = no held-out eval during training."""
     use_chat_template: bool = True
     """Render prompts with the tokenizer's chat template (with the assistant generation prompt)."""
+    thinking: bool | None = None
+    """The chat template's ``enable_thinking`` for every prompt (train and held-out): true renders
+    a thinking prompt, false a non-thinking one (Qwen3's empty ``<think></think>``), null the
+    template's default. Needs use_chat_template."""
     eval_max_prompts: int = 200
     """Evaluate on at most this many held-out prompts."""
 
@@ -356,6 +360,10 @@ class RLConfig:
     verifier's with judge.weight when judge.urls is set (docs/envs.md, "Judge rewards")."""
     format_weight: float = 0.0
     """Weight of the format reward added to the verifier's (e.g. 0.05)."""
+    format_reward: str = "format"
+    """The format reward ``format_weight`` weighs: ``format`` (a closed ``<think>`` block, then an
+    ``Answer:`` line or a code block), ``code_format`` (a closed ``<think>`` block, then
+    syntactically valid Python), or any verifier name or import path."""
     prompts_per_step: int = 8
     """Prompts per RL step (each sampled group_size times)."""
     num_steps: int = 50
@@ -454,6 +462,9 @@ class RLConfig:
         if self.mode == "async" and self.rollout.backend == "vllm" and self.rollout.vllm.sleep_during_update:
             raise ConfigValueError("rollout.vllm.sleep_during_update", "sync mode only: asleep, a server "
                                    "generates nothing while the trainer trains, which is all async overlaps")
+        if self.data.thinking is not None and not self.data.use_chat_template:
+            raise ConfigValueError("data.thinking", "needs data.use_chat_template=true (enable_thinking is a "
+                                   "chat template switch)")
         if self.env.name and not self.data.use_chat_template:
             raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
                                    "turns are rendered by the model's chat template (roles, tool replies)")

@@ -369,10 +369,11 @@ def probe_ids(tokenizer, length: int = 32) -> list[int]:
     return (ids * (length // max(len(ids), 1) + 1))[:length]
 
 
-def encode_prompts(tokenizer, examples: list[dict], use_chat_template: bool) -> list[list[int]]:
+def encode_prompts(tokenizer, examples: list[dict], use_chat_template: bool,
+                   thinking: bool | None = None) -> list[list[int]]:
     from posttrain.data.chat import encode_prompt
 
-    return [encode_prompt(tokenizer, ex["prompt"], use_chat_template) for ex in examples]
+    return [encode_prompt(tokenizer, ex["prompt"], use_chat_template, thinking) for ex in examples]
 
 
 def load_prompt_records(path: str) -> list[dict]:
@@ -398,7 +399,8 @@ def setup(cfg: RLConfig) -> RLRun:
         from posttrain.verifiers.judge import Judge
 
         judge = Judge(cfg.judge)
-    verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight, judge=judge)
+    verifier = build_reward(cfg.verifier, format_weight=cfg.format_weight, judge=judge,
+                            format_spec=cfg.format_reward)
     code.configure(cfg.sandbox, cfg.runtime, cfg.ray)  # where code is judged; the pool starts on first use
     if cfg.rollout.backend != "torch" and cfg.rollout.urls:
         check_servers(cfg.rollout.urls, dialect=server_dialect(cfg))  # every rank, before any model loads
@@ -425,11 +427,13 @@ def setup(cfg: RLConfig) -> RLRun:
                     reuse_score_forward=cfg.algorithm != "ppo" and cfg.ppo_epochs * cfg.mini_batches == 1)
     engine = build_engine(cfg, tokenizer, world)
     env = setup_env(cfg, tokenizer)
-    train_prompts = {} if env else dict(enumerate(encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template)))
+    train_prompts = {} if env else dict(enumerate(
+        encode_prompts(tokenizer, train_examples, cfg.data.use_chat_template, cfg.data.thinking)))
     run = RLRun(cfg=cfg, tokenizer=tokenizer, policy=policy, engine=engine,
                 source=CurriculumSource(train_examples, cfg.seed, cfg.curriculum), train_prompts=train_prompts,
                 eval_examples=eval_examples,
-                eval_prompts=[] if env else encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template),
+                eval_prompts=[] if env else encode_prompts(tokenizer, eval_examples, cfg.data.use_chat_template,
+                                                           cfg.data.thinking),
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env,
                 colocated=colocates(cfg, world),
                 precision=PrecisionFallback(cfg.rollout.precision_fallback, cfg.rollout.engine_dtype)

@@ -8,6 +8,9 @@
   than crash, and the caller's own wall-clock limit applies.
 - `format`: a closed ``<think>…</think>`` block at the start, followed by an ``Answer:`` line or a
   fenced code block. Used as a small bonus next to a correctness verifier (see `combine`).
+- `code_format`: a closed ``<think>…</think>`` block at the start, followed by a program that is
+  syntactically valid Python (`extract_code` of what follows the block; parsed, never run): the
+  format reward of the seed's reasoning recipe (examples/seed_reasoning.yaml).
 
 Classes (`posttrain.outcome`): no answer in the completion -> MODEL_FAIL "format"; a wrong one ->
 MODEL_FAIL "wrong_answer"; an example without a usable reference answer -> TASK_FAIL, because
@@ -16,8 +19,10 @@ that is the task's fault, not the model's.
 
 from __future__ import annotations
 
+import ast
 import re
 import threading
+import warnings
 
 from posttrain.outcome import Outcome
 from posttrain.tasks.arithmetic import extract_answer
@@ -28,6 +33,8 @@ MATH_TIMEOUT_S = 5
 _THINK_RE = re.compile(r"\A\s*<think>(?P<think>.*?)</think>(?P<rest>.*)\Z", re.DOTALL)
 _ANSWER_LINE_RE = re.compile(r"^Answer:[ \t]*\S.*$", re.MULTILINE)
 _CODE_BLOCK_RE = re.compile(r"```[^\n`]*\n.*?\n?```", re.DOTALL)
+_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
+_THINK_CLOSE = "</think>"
 
 
 def _reference(example: dict) -> str | None:
@@ -78,13 +85,50 @@ def math(completion: str, example: dict) -> Outcome:
 
 def format_reward(completion: str, example: dict) -> Outcome:
     """PASS for ``<think>…</think>`` followed by an ``Answer:`` line or a fenced code block."""
-    m = _THINK_RE.match(completion)
-    if m is None:
-        return Outcome.model_fail("format", detail="no closed <think>...</think> at the start")
-    if "<think>" in m["think"] or "<think>" in m["rest"] or "</think>" in m["rest"]:
-        return Outcome.model_fail("format", detail="more than one think block")
-    if not m["think"].strip():
-        return Outcome.model_fail("format", detail="empty think block")
-    if _ANSWER_LINE_RE.search(m["rest"]) or _CODE_BLOCK_RE.search(m["rest"]):
+    rest, reason = _think_block(completion)
+    if rest is None:
+        return Outcome.model_fail("format", detail=reason)
+    if _ANSWER_LINE_RE.search(rest) or _CODE_BLOCK_RE.search(rest):
         return Outcome.passed()
     return Outcome.model_fail("format", detail="no 'Answer:' line or code block after </think>")
+
+
+def extract_code(completion: str) -> str:
+    """The program in a completion: after a closed reasoning trace (the text past the last
+    ``</think>``) when there is one, the last fenced block's body, or that text itself when it has
+    no fence. A draft in the trace is never the answer, so a trace never closed (cut at the length
+    limit) leaves no program."""
+    _, closed, answer = completion.rpartition(_THINK_CLOSE)
+    if not closed and "<think>" in completion:
+        return ""
+    blocks = _FENCE_RE.findall(answer)
+    return blocks[-1] if blocks else answer
+
+
+def _think_block(completion: str) -> tuple[str | None, str]:
+    """(the answer after one closed, non-empty ``<think>`` block at the start, the reason when there is none)."""
+    m = _THINK_RE.match(completion)
+    if m is None:
+        return None, "no closed <think>...</think> at the start"
+    if "<think>" in m["think"] or "<think>" in m["rest"] or "</think>" in m["rest"]:
+        return None, "more than one think block"
+    if not m["think"].strip():
+        return None, "empty think block"
+    return m["rest"], ""
+
+
+def code_format(completion: str, example: dict) -> Outcome:
+    """PASS for ``<think>…</think>`` followed by a program that parses as Python (`extract_code`)."""
+    rest, reason = _think_block(completion)
+    if rest is None:
+        return Outcome.model_fail("format", detail=reason)
+    program = extract_code(rest)
+    if not program.strip():
+        return Outcome.model_fail("format", detail="no code after </think>")
+    try:
+        with warnings.catch_warnings():  # an invalid escape in the program is its business, not the log's
+            warnings.simplefilter("ignore")
+            ast.parse(program)
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte in the source
+        return Outcome.model_fail("format", detail=f"not valid Python after </think>: {e}")
+    return Outcome.passed()

@@ -10,8 +10,9 @@ An example carries its tests next to the prompt, in either sandbox form:
 and optionally ``program_prefix`` / ``program_suffix`` around the code (published formats,
 `posttrain.data.formats`, which also sets ``task_error`` on a task broken as published: TASK_FAIL).
 
-The program is taken from the completion: the last fenced code block if there is one, else the
-whole completion. For function-call tasks a program that defines ``entry_point`` is put after the
+The program is taken from the completion (`posttrain.verifiers.basic.extract_code`): past a closed
+``<think>`` trace when there is one, the last fenced code block if there is one, else that text.
+For function-call tasks a program that defines ``entry_point`` is put after the
 prelude; one that does not is read as the continuation of the prelude (HumanEval style, where
 the prompt ends inside the function and the model writes its body).
 
@@ -40,11 +41,11 @@ from posttrain.outcome import Outcome
 from posttrain.sandbox.pool import Job, SandboxPool
 from posttrain.sandbox.records import to_job
 from posttrain.sandbox.worker import SandboxConfig
+from posttrain.verifiers.basic import extract_code
 
 if TYPE_CHECKING:
     from posttrain.distributed.farm import VerifierFarm
 
-_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
 _LOCK = threading.Lock()
 _STATE: dict = {"pool": None, "settings": (SandboxConfig(), "local", None)}
 
@@ -91,12 +92,6 @@ def close() -> None:
 
 
 atexit.register(close)
-
-
-def extract_code(completion: str) -> str:
-    """The last fenced block's body, or the completion itself when it has no fence."""
-    blocks = _FENCE_RE.findall(completion)
-    return blocks[-1] if blocks else completion
 
 
 def build_job(completion: str, example: dict) -> Job | Outcome:

@@ -53,6 +53,7 @@ VERIFIERS: dict[str, Verifier] = {
     "arithmetic": basic.arithmetic,
     "math": basic.math,
     "format": basic.format_reward,
+    "code_format": basic.code_format,
     "code": code,
 }
 
@@ -156,9 +157,11 @@ def verifier_metrics(fn: Verifier) -> dict:
     return metrics() if callable(metrics) else {}
 
 
-def build_reward(spec: str, format_weight: float = 0.0, judge: Verifier | None = None) -> Verifier:
+def build_reward(spec: str, format_weight: float = 0.0, judge: Verifier | None = None,
+                 format_spec: str = "format") -> Verifier:
     """The verifier named by ``spec`` (``judge``: the ``judge`` alone), plus the judge's weighted
-    grade when one is given with another verifier, plus ``format_weight`` × the format reward."""
+    grade when one is given with another verifier, plus ``format_weight`` × the format reward
+    named by ``format_spec`` (a verifier name or import path)."""
     if spec == "judge":
         if judge is None:
             raise UserError("verifier=judge: set judge.urls to the judge model's servers")
@@ -169,5 +172,5 @@ def build_reward(spec: str, format_weight: float = 0.0, judge: Verifier | None =
     if judge is not None and spec != "judge":
         parts.append((judge, judge.cfg.weight))
     if format_weight != 0:
-        parts.append((basic.format_reward, format_weight))
+        parts.append((resolve_verifier(format_spec), format_weight))
     return fn if len(parts) == 1 else combine(parts)

@@ -160,3 +160,17 @@ def test_a_template_that_drops_earlier_thinking_trains_each_reply_as_the_model_s
     # without thinking in the replies nothing is re-rendered: one text
     plain = [dict(m, content=m["content"].split("</think>\n")[-1]) for m in CONVERSATION]
     assert len(tokenize_sft([SFTExample(messages=plain)], tok, max_len=512, use_chat_template=True)) == 1
+
+
+def test_thinking_is_the_templates_switch(nano_tokenizer, monkeypatch):
+    # Qwen3's switch: a non-thinking prompt ends with an empty trace the model continues after
+    switch = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+              "<think>\n\n</think>\n\n{% endif %}")
+    monkeypatch.setattr(nano_tokenizer, "chat_template", switch)
+    head = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(nano_tokenizer, "q", True) == head
+    assert render_prompt(nano_tokenizer, "q", True, thinking=True) == head
+    assert render_prompt(nano_tokenizer, "q", True, thinking=False) == head + "<think>\n\n</think>\n\n"
+    assert nano_tokenizer.decode(encode_prompt(nano_tokenizer, "q", True, thinking=False)) == \
+        head + "<think>\n\n</think>\n\n"

@@ -136,3 +136,46 @@ def test_registry_and_import_paths():
     assert build_reward("arithmetic") is arithmetic
     assert build_reward("arithmetic", format_weight=0.05)("<think>t</think>\nAnswer: 2", {"answer": "2"}).reward \
         == pytest.approx(1.05)
+
+
+@pytest.mark.parametrize("completion,ok,detail", [
+    ("<think>read the tests</think>\n```python\ndef f(x):\n    return x + 1\n```", True, ""),
+    ("<think>plan</think>\ndef f(x):\n    return x + 1\n", True, ""),  # an unfenced program
+    ("<think>plan</think>\n```python\ndef f(x) return x\n```", False, "not valid Python"),
+    ("<think>plan</think>\nThe answer is f(x) = x + 1.", False, "not valid Python"),
+    ("<think>plan</think>\n```python\n```", False, "no code"),
+    ("<think>plan</think>\n", False, "no code"),
+    ("```python\ndef f(x):\n    return x\n```", False, "no closed"),
+    ("<think>plan, cut at the length limit\n```python\ndef f(x):\n    return x\n```", False, "no closed"),
+    ("<think> </think>\ndef f(x):\n    return x\n", False, "empty think"),
+    ("<think>a</think><think>b</think>\ndef f(x):\n    return x\n", False, "more than one"),
+    ("<think>draft:\n```python\ndef f(x):\n    return x\n```\n</think>\nsee above", False, "not valid Python"),
+])
+def test_code_format_is_a_closed_trace_then_valid_python(completion, ok, detail):
+    from posttrain.verifiers.basic import code_format
+
+    out = code_format(completion, {})
+    assert (out.cls is PASS, out.reward) == (ok, 1.0 if ok else 0.0)
+    assert detail in out.detail
+
+
+def test_extract_code_reads_past_the_trace_only():
+    from posttrain.verifiers.basic import extract_code
+
+    draft = "<think>try\n```python\ndef f():\n    return 0\n```\n</think>\n"
+    assert extract_code(draft + "```python\ndef f():\n    return 1\n```") == "def f():\n    return 1\n"
+    assert extract_code(draft + "def f():\n    return 2\n") == "\ndef f():\n    return 2\n"
+    assert extract_code("<think>never closed\ndef f():\n    return 3\n") == ""
+    assert extract_code("def f():\n    return 4\n") == "def f():\n    return 4\n"
+
+
+def test_the_format_reward_of_a_recipe_is_named():
+    ex = {"answer": "2"}
+    code = build_reward("arithmetic", format_weight=0.05, format_spec="code_format")
+    plain = build_reward("arithmetic", format_weight=0.05)
+    prose = "<think>t</think>\nThat's 2.\nAnswer: 2"  # an Answer line, but not Python
+    assert (plain(prose, ex).reward, code(prose, ex).reward) == (pytest.approx(1.05), pytest.approx(1.0))
+    program = "<think>t</think>\nAnswer: 2"  # an annotated name: valid Python, and an Answer line
+    assert (plain(program, ex).reward, code(program, ex).reward) == (pytest.approx(1.05), pytest.approx(1.05))
+    with pytest.raises(UserError, match="not a registered name"):
+        build_reward("arithmetic", format_weight=0.05, format_spec="nope")
