@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -92,6 +93,10 @@ class VLLMConfig:
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b: .*")
+"""An exception's last line (``RuntimeError: CPU Generator does not use offset``), wherever in a
+prefixed log line (``(Worker pid=1) ERROR 12-05 02:43:48 [file.py:1063] ...``) it sits."""
 
 
 @dataclass(kw_only=True)
@@ -189,7 +194,7 @@ class VLLMServers:
         return int(self.procs[i].args[self.procs[i].args.index("--port") + 1])
 
     def _launch(self, i: int, port: int) -> subprocess.Popen:
-        with open(self.log_dir / f"vllm-{i}.log", "ab") as log:
+        with open(self.log_path(i), "ab") as log:
             return subprocess.Popen(server_command(self.spec, vllm_python(self.spec), port),
                                     env=server_env(self.spec, i), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -230,10 +235,29 @@ class VLLMServers:
 
     def log_tail(self, i: int, lines: int = 5) -> str:
         try:
-            text = (self.log_dir / f"vllm-{i}.log").read_text(errors="replace").strip().splitlines()
+            text = self.log_path(i).read_text(errors="replace").strip().splitlines()
         except OSError:
             return "(no log)"
         return " | ".join(line.strip() for line in text[-lines:])
+
+    def log_path(self, i: int) -> Path:
+        return self.log_dir / f"vllm-{i}.log"
+
+    def last_errors(self, i: int, lines: int = 3) -> str:
+        """Where server ``i`` logs and the last distinct error lines there (``RuntimeError: ...``),
+        without vLLM's line prefixes: why it died, where a user finds the rest. A dying engine logs
+        thousands of lines (a traceback per request), so its tail alone repeats one error."""
+        try:
+            with open(self.log_path(i), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - (4 << 20)))
+                text = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return f"no log at {self.log_path(i)}"
+        errors = [m.group(0).strip() for line in text if (" ERROR " in line or _ERROR_LINE.match(line))
+                  and (m := _ERROR_LINE.search(line))]
+        distinct = list(dict.fromkeys(reversed(errors)))[:lines]  # by last appearance
+        said = " | ".join(reversed(distinct)) if distinct else "no error line"
+        return f"log {self.log_path(i)}: {' '.join(said.split())[:600]}"
 
     def kill(self, i: int) -> None:
         """SIGKILL server ``i``'s whole process group (its engine core and workers too)."""

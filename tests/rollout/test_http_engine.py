@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import socket
 import threading
 import time
@@ -267,6 +268,23 @@ def _dead_url() -> str:
     port = sock.getsockname()[1]
     sock.close()
     return f"http://127.0.0.1:{port}"
+
+
+def test_the_same_failure_again_is_counted_into_one_line_per_server(servers, tmp_path, tokenizer, prompts, caplog):
+    """A server whose engine died answers every request the same HTTP 500: one line as it happens,
+    one line that sums up the rest, not a line per request."""
+    for s in servers:
+        s.fail = lambda prompt: True
+    engine = engine_for(servers, tmp_path, tokenizer, retries=1)
+    with caplog.at_level(logging.WARNING, logger="posttrain.rollout.http.completions"):
+        ro = engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=4, seed=1))
+    assert set(ro.finish_reason) == {"error"}
+    said = [r.getMessage() for r in caplog.records]
+    first = [m for m in said if "completion request failed" in m]
+    summed = [m for m in said if "more completion requests failed the same way" in m]
+    assert len(first) == 2 and len(summed) == 2 and len(said) == 4, said
+    more = sum(int(m.split(": ")[1].split()[0]) for m in summed)
+    assert more + len(first) == len(prompts) * 2  # every try of every prompt is counted once
 
 
 def test_an_unreachable_server_is_a_one_line_error_and_exit_1(nano_model_dir, arith_data_dir, tmp_path, capsys):

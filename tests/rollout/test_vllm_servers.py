@@ -50,3 +50,18 @@ def test_servers_on_ipv6_loopback_start_and_answer_at_a_bracketed_url(monkeypatc
     spec = ServerSpec(model="/models/tiny", host="::1", python=sys.executable, startup_timeout_s=60)
     with VLLMServers(spec, 1, tmp_path / "logs", printer=lambda *_: None) as urls:
         assert len(urls) == 1 and urls[0].startswith("http://[::1]:")
+
+
+def test_last_errors_names_the_log_and_the_distinct_errors_of_a_dying_engine(tmp_path):
+    """A crashed engine logs a traceback per request: the root cause is far above the tail."""
+    servers = VLLMServers(ServerSpec(model="/models/tiny"), 1, tmp_path, printer=lambda *_: None)
+    prefix = "(Worker pid=7) ERROR 12-05 02:43:48 [multiproc_executor.py:1063] "
+    dead = "(APIServer pid=5) ERROR 12-05 02:43:49 [serving.py:1] EngineDeadError: EngineCore encountered an issue."
+    lines = ["(APIServer pid=5) WARNING [system_utils.py:255] failed: `OSError: [Errno 24] Too many open files`.",
+             prefix + "Traceback (most recent call last):", prefix + "    gen.set_offset(gen.get_offset() - 4)",
+             prefix + "RuntimeError: CPU Generator does not use offset"] + [dead] * 3000
+    servers.log_path(0).write_text("\n".join(lines) + "\n")
+    said = servers.last_errors(0)
+    assert said == (f"log {servers.log_path(0)}: RuntimeError: CPU Generator does not use offset | "
+                    f"EngineDeadError: EngineCore encountered an issue.")
+    assert servers.last_errors(1) == f"no log at {tmp_path / 'vllm-1.log'}"

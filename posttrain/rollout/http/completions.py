@@ -12,7 +12,9 @@ A request that fails (connection error, timeout, an HTTP error, a malformed answ
 older version than the client holds) is retried on another server after a backoff, up to
 ``retries`` times; after that its ``n`` samples come back with finish reason ``"error"`` and an empty
 completion (the RL loop scores them INFRA_FAIL: masked and counted, never a reward), or the call
-raises `AllTriesFailed` when asked to (async RL then sends its prompts again).
+raises `AllTriesFailed` when asked to (async RL then sends its prompts again). The first failure
+of a kind on a server is logged at once; the same failure again within the call is counted and
+summed up in one line when the call ends (a dead server fails every request the same way).
 """
 
 from __future__ import annotations
@@ -87,8 +89,15 @@ class Completions:
         it, or with the newer one its server reports. A prompt no server could answer gives error
         samples, or with ``lost_if_failed`` raises `AllTriesFailed`."""
         bodies = [self._body(p, n, sampling, s) for p, s in zip(prompts, sampling.seeds(len(prompts)))]
-        with ThreadPoolExecutor(max_workers=min(self.max_inflight, len(prompts))) as pool:
-            groups = list(pool.map(lambda b: self._complete(b, version), bodies))
+        failures: dict[tuple[str, str], int] = {}
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.max_inflight, len(prompts))) as pool:
+                groups = list(pool.map(lambda b: self._complete(b, version, failures), bodies))
+        finally:
+            for (url, why), count in failures.items():
+                if count > 1:
+                    log.warning("rollout server %s: %d more completion requests failed the same way (%s)",
+                                url, count - 1, why)
         if lost_if_failed and any(g is None for g in groups):
             raise AllTriesFailed(f"{sum(g is None for g in groups)} of {len(groups)} prompts found no server "
                                  f"that answered in {self.retries + 1} tries")
@@ -111,8 +120,9 @@ class Completions:
             body["ignore_eos"] = True
         return self.dialect.body(body)
 
-    def _complete(self, body: dict, version: int) -> list[dict] | None:
-        """The ``n`` parsed choices of one request, retried on other servers; None when every try failed."""
+    def _complete(self, body: dict, version: int, failures: dict[tuple[str, str], int]) -> list[dict] | None:
+        """The ``n`` parsed choices of one request, retried on other servers; None when every try
+        failed. ``failures`` counts the call's failures by server and message."""
         tried: list[str] = []
         for attempt in range(self.retries + 1):
             if attempt:
@@ -122,8 +132,12 @@ class Completions:
             try:
                 return self._post(url, body, version)
             except _RequestFailed as e:
-                log.warning("rollout server %s: completion request failed (try %d of %d): %s",
-                            url, attempt + 1, self.retries + 1, e)
+                with self._lock:
+                    seen = failures.get((url, str(e)), 0)
+                    failures[(url, str(e))] = seen + 1
+                if not seen:
+                    log.warning("rollout server %s: completion request failed (try %d of %d): %s",
+                                url, attempt + 1, self.retries + 1, e)
                 self.pool.check_alive(url)
             finally:
                 self.pool.release(url)

@@ -4,8 +4,10 @@ A request goes to the live server with the fewest requests in flight, preferring
 tried yet (round robin among equals). A server that stops answering — a request or a push failed
 and ``GET /health`` gets no answer — leaves the rotation: it is gone, not refusing. One this client
 launched (``servers``) is relaunched in the background, handed the newest weights (``rejoin``) and
-put back once it confirmed them, at most ``max_relaunches`` times. With no server left,
-`ServersDown` (an `EngineError`) ends the run.
+put back once it confirmed them, at most ``max_relaunches`` times; the warning names its log and
+its last error lines (``servers.last_errors``). With no server left a request waits for a
+relaunch in progress (it may take minutes); with none in progress, `ServersDown` (an
+`EngineError`) ends the run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class ServersDown(EngineError):
 
 class ServerPool:
     """The servers at ``urls`` (see the module docstring). ``health`` is the client ``/health`` is
-    asked with; ``servers`` (with ``restart(index)``) are the ones this client launched."""
+    asked with; ``servers`` (with ``restart(index)`` and ``last_errors(index)``) are the ones this
+    client launched."""
 
     def __init__(self, urls: list[str], health: httpx.Client, *, servers=None, max_relaunches: int = 2,
                  printer=print):
@@ -37,8 +40,16 @@ class ServerPool:
         returns the version it then holds."""
         self._dead: set[str] = set()  # out of the rotation: not answering, or relaunching
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a server came back or a relaunch gave up
+        self._relaunching = 0
         self._inflight = dict.fromkeys(urls, 0)
         self._next = 0  # round-robin tie break
+
+    @property
+    def relaunching(self) -> int:
+        """Servers being relaunched now (out of the rotation until they confirm the newest weights)."""
+        with self._lock:
+            return self._relaunching
 
     def live_urls(self) -> list[str]:
         with self._lock:
@@ -52,9 +63,13 @@ class ServerPool:
 
     def acquire(self, tried: list[str]) -> str:
         """The live server with the fewest requests in flight, preferring ones this request has not
-        tried, counted in flight until `release`; `ServersDown` when none is left."""
+        tried, counted in flight until `release`; with none left, it waits for a relaunch in
+        progress, and raises `ServersDown` when there is none."""
         with self._lock:
             live = [u for u in self.urls if u not in self._dead]
+            while not live and self._relaunching:
+                self._changed.wait()
+                live = [u for u in self.urls if u not in self._dead]
             if not live:
                 raise self.down()
             fresh = [u for u in live if u not in tried] or live
@@ -77,6 +92,7 @@ class ServerPool:
         """A relaunched server joins the rotation again."""
         with self._lock:
             self._dead.discard(url)
+            self._changed.notify_all()
 
     def check_alive(self, url: str) -> bool:
         """False, and the server leaves the rotation (a launched one is relaunched), when it does not
@@ -90,11 +106,15 @@ class ServerPool:
             if url in self._dead:
                 return False
             self._dead.add(url)
-        live = len(self.urls) - len(self._dead)
+            live = len(self.urls) - len(self._dead)
+            relaunch = self.servers is not None and self.restarts < self.max_relaunches
+            if relaunch:
+                self.restarts += 1
+                self._relaunching += 1
+        why = "" if self.servers is None else f"; {self.servers.last_errors(self.urls.index(url))}"
         self.printer(f"WARNING [server_lost] rollout server {url} stopped answering; {live} of "
-                     f"{len(self.urls)} left")
-        if self.servers is not None and self.restarts < self.max_relaunches:
-            self.restarts += 1
+                     f"{len(self.urls)} left{why}")
+        if relaunch:
             threading.Thread(target=self._relaunch, args=(url,), name="relaunch-server", daemon=True).start()
         return False
 
@@ -106,3 +126,7 @@ class ServerPool:
             self.printer(f"[server_back] rollout server {url} relaunched with weights version {version}")
         except Exception as e:  # noqa: BLE001 - a background thread: report, the server stays out
             self.printer(f"WARNING [server_lost] could not relaunch rollout server {url}: {one_line(e)}")
+        finally:
+            with self._lock:
+                self._relaunching -= 1
+                self._changed.notify_all()
