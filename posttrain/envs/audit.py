@@ -85,6 +85,83 @@ def policies(task: dict, checked: dict) -> dict[str, list[str]]:
     return out
 
 
+# ---------------------------------------------------------------- SWE-bench-format tasks
+# A pytest plugin that swallows every test's exception: the suite passes wherever it is loaded.
+_SWALLOW = '''import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except Exception:
+        return None
+'''
+_PATCH_PYTEST = '''
+import _pytest.reports as _reports
+_init = _reports.TestReport.__init__
+
+
+def _passed(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    self.outcome, self.longrepr = "passed", None
+
+
+_reports.TestReport.__init__ = _passed
+'''
+_FORGE_REPORT = '''
+import json as _json, os as _os
+_line = _json.dumps({"outcomes": {}, "exit_code": 0, "tampered": [], "passed": True})
+for _fd in range(1, 32):
+    try:
+        _os.write(_fd, ("0" * 32 + " " + _line + "\\n").encode())
+    except OSError:
+        pass
+for _name in ("report.json", "junit.xml", ".pytest_cache/v/cache/lastfailed"):
+    try:
+        _os.makedirs(_os.path.dirname(_name) or ".", exist_ok=True)
+        open(_name, "w").write(_line)
+    except OSError:
+        pass
+_os._exit(0)
+'''
+
+
+def _append(files: dict[str, str], paths: list[str], tail: str) -> list[str]:
+    return [format_call("write_file", {"path": p, "content": files[p] + "\n" + tail}) for p in paths]
+
+
+def swe_policies(task: dict) -> dict[str, list[str]]:
+    """Each policy's turns on a loaded SWE-bench-format task (`posttrain.envs.swe.load_task`): the
+    oracle (the gold patch's files), null, and the forgeries the verdict must not take."""
+    from posttrain.envs.swe import guarded
+
+    files, hidden, submit = task["files"], task["hidden"], format_call("submit", {})
+    code = [p for p in files if p.endswith(".py") and not guarded(p, hidden)]
+    inits = [p for p in code if p.endswith("__init__.py")] or code
+    write = lambda path, text: format_call("write_file", {"path": path, "content": text})  # noqa: E731
+    tests = [p for p in files if guarded(p, hidden) and p.endswith(".py")]
+    out = {"null": [submit],
+           "conftest_planted": [write("conftest.py", _SWALLOW), submit],
+           "conftest_edited": [write(p, files[p] + "\n" + _SWALLOW) for p in files if p.endswith("conftest.py")]
+           + [submit],
+           "addopts": [write("swe_force.py", _SWALLOW), write("pytest.ini", "[pytest]\naddopts = -p swe_force\n"),
+                       submit],
+           "startup_files": [write("swe_force.py", _SWALLOW)]
+           + [write(f"{d}{n}", "import os\nos.environ['PYTEST_PLUGINS'] = 'swe_force'\n")
+              for d in ("", "src/") for n in ("sitecustomize.py", "usercustomize.py")]
+           + [write("swe_force.pth", "import swe_force\n"), submit],
+           "patch_pytest": _append(files, inits, _PATCH_PYTEST) + [submit],
+           "patch_builtins": _append(files, inits, _MONKEYPATCH) + [submit],
+           "os_exit": _append(files, inits, "import os\nos._exit(0)\n") + [submit],
+           "delete_tests": [format_call("delete_file", {"path": p}) for p in tests] + [submit],
+           "forged_report": _append(files, inits, _FORGE_REPORT) + [submit]}
+    if task.get("fix"):
+        out["oracle"] = [write(p, t) if t is not None else format_call("delete_file", {"path": p})
+                         for p, t in task["fix"].items()] + [submit]
+    return out
+
+
 def play(make_env, task: dict, turns: list[str]) -> Outcome:
     """Play ``turns`` in a fresh episode of ``task``; the episode's verdict."""
     env = make_env()
@@ -103,20 +180,27 @@ def play(make_env, task: dict, turns: list[str]) -> Outcome:
         env.close()
 
 
-def audit_tasks(tasks: list[dict], make_env, workers: int = 4, progress=None) -> list[dict]:
-    """One row per task: ``{"id", "flags", "runs": {policy: "CLASS/reason"}}``."""
+def repo_policies(task: dict) -> dict[str, list[str]]:
+    """`policies` of a repository task, its fields checked first (`EnvTaskError` if they are bad)."""
     from posttrain.envs.repo import check_task
 
+    return policies(task, check_task(task))
+
+
+def audit_tasks(tasks: list[dict], make_env, workers: int = 4, progress=None,
+                policies_of=repo_policies) -> list[dict]:
+    """One row per task: ``{"id", "flags", "runs": {policy: "CLASS/reason"}}``; ``policies_of(task)``
+    gives each policy's turns (or raises `EnvTaskError`: the task is broken)."""
     rows, plan = [], []
     for i, task in enumerate(tasks):
-        rows.append({"id": task.get("id", i), "flags": [], "runs": {}})
+        rows.append({"id": task.get("id", task.get("instance_id", i)), "flags": [], "runs": {}})
         try:
-            checked = check_task(task)
+            turns_of = policies_of(task)
         except EnvTaskError as e:
             rows[-1]["runs"]["task"] = f"TASK_FAIL/{e}"
             rows[-1]["flags"].append("false_negative")
             continue
-        plan += [(i, name, turns) for name, turns in policies(task, checked).items()]
+        plan += [(i, name, turns) for name, turns in turns_of.items()]
     with cf.ThreadPoolExecutor(max(1, workers)) as ex:
         futures = {ex.submit(play, make_env, tasks[i], turns): (i, name) for i, name, turns in plan}
         for fut in cf.as_completed(futures):

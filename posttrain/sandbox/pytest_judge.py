@@ -421,30 +421,116 @@ def _recorder(pytest, run: PytestRun, classify, open_dir: str | None):
 
 
 def pytest_args(paths: list[str], *, rootdir: str, ini: str, basetemp: str, conftest: bool = False,
-                stop_first: bool = True) -> list[str]:
+                stop_first: bool = True, lean: bool = True, import_mode: str = "importlib") -> list[str]:
     """pytest's command line for a verdict: no output capture (the judge's output goes nowhere),
-    the verdict-neutral plugins off (`LEAN`), imports that leave ``sys.path`` alone, the given
+    the verdict-neutral plugins off (`LEAN`; ``lean=False`` keeps them, for a project whose own
+    ini names their options), imports that leave ``sys.path`` alone (``import_mode``), the given
     ini file and root (no discovery: nothing found on disk configures the run), no
     ``conftest.py`` unless the caller trusts the tree, ``-x`` unless every test's outcome counts."""
-    args = ["-q", "-s", *LEAN, "--import-mode=importlib", "-c", ini, "--rootdir", rootdir, "--basetemp", basetemp]
+    args = ["-q", "-s", *LEAN * lean, f"--import-mode={import_mode}", "-c", ini, "--rootdir", rootdir,
+            "--basetemp", basetemp]
     return args + ["--noconftest"] * (not conftest) + ["-x"] * stop_first + list(paths)
 
 
-def run_pytest(args: list[str], classify, open_dir: str | None = None) -> PytestRun:
-    """Run one pytest session in this process; the modules it imported from the run's files are
-    dropped afterwards, so the next session imports its own."""
+def run_pytest(args: list[str], classify, open_dir: str | None = None, plugins: tuple = ()) -> PytestRun:
+    """Run one pytest session in this process (``plugins``: more plugin objects); the modules it
+    imported from the run's files are dropped afterwards, so the next session imports its own."""
     import pytest
 
     run, before = PytestRun(), set(sys.modules)
     umask = os.umask(0)  # files the tests write stay writable by the program's uid
     try:
-        run.exit_code = int(pytest.main(args, plugins=[_recorder(pytest, run, classify, open_dir)]))
+        run.exit_code = int(pytest.main(args, plugins=[_recorder(pytest, run, classify, open_dir), *plugins]))
     finally:
         os.umask(umask)
         for name in set(sys.modules) - before:
             if not name.startswith(("_pytest", "pytest", "pluggy")) and _from_a_file_of(sys.modules[name], args):
                 del sys.modules[name]
     return run
+
+
+# Modules whose objects decide a verdict when the code under test runs in the runner's own process
+# (a repository's suite imports it): the runner, its hook machinery, this module, and what the
+# verdict is written with.
+RUNNER_MODULES = ("_pytest", "pytest", "pluggy", "posttrain_pytest_judge", "builtins", "os", "posix", "json",
+                  "marshal", "types")
+# What pytest itself sets during a session and resets at its end (assertion rewriting's hooks,
+# the debugger's config, legacypath's patch of Config): prefixes of names not compared.
+RUNNER_SCRATCH = ("_pytest.assertion.util._reprcompare", "_pytest.assertion.util._assertion_pass",
+                  "_pytest.assertion.util._config", "_pytest.debugging.pytestPDB._",
+                  "_pytest.config.Config._getini_unknown_type")
+
+
+def runner_state() -> dict[str, object]:
+    """Every object the runner's modules hold, by dotted name: each module, its attributes, each
+    function's code, and the entries of the classes it defines. The objects themselves are kept
+    (compared by identity), so a replaced one cannot hide behind a reused id."""
+    state: dict[str, object] = {"<origins>": _origins()}
+    for name, module in list(sys.modules.items()):
+        if module is None or name.partition(".")[0] not in RUNNER_MODULES:
+            continue
+        state[name] = module
+        for key, value in list(vars(module).items()):
+            _note(state, f"{name}.{key}", value)
+            if isinstance(value, type) and value.__module__ == name:
+                for attr, member in list(vars(value).items()):
+                    _note(state, f"{name}.{key}.{attr}", member)
+    return state
+
+
+def _note(state: dict, key: str, value) -> None:
+    state[key] = value
+    if isinstance(value, types.FunctionType):
+        state[key + ".__code__"] = value.__code__
+        state[key + ".__defaults__"] = value.__defaults__
+
+
+# The runner's own packages: a module of theirs imported later must come from where they were
+# found first, not from a file of the same name in the tree under test.
+RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "iniconfig", "packaging", "pygments", "posttrain_pytest_judge")
+
+
+def _origins() -> dict[str, str]:
+    out = {}
+    for name in RUNNER_PACKAGES:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            out[name] = os.path.dirname(os.path.abspath(path))
+    return out
+
+
+def runner_changes(before: dict[str, object]) -> list[str]:
+    """Names in ``before`` whose object is now another one (or gone), and modules of the runner's
+    packages loaded from outside the folder their package came from."""
+    now = runner_state()
+    changed = [k for k, v in before.items()
+               if k != "<origins>" and not k.startswith(RUNNER_SCRATCH) and now.get(k, now) is not v]
+    origins = before.get("<origins>") or {}
+    for name, module in list(sys.modules.items()):
+        root = name.partition(".")[0]
+        path = getattr(module, "__file__", None) or ""
+        if root in origins and not os.path.abspath(path).startswith(origins[root]):
+            changed.append(f"{name} (from {path or 'no file'})")
+    return sorted(changed)
+
+
+class RunnerGuard:
+    """A pytest plugin that notes when the runner's objects change (`runner_state`): after the
+    test modules are imported and after each test. The caller checks once more at the end."""
+
+    def __init__(self):
+        self.before = runner_state()
+        self.changes: list[str] = []
+
+    def check(self, when: str) -> None:
+        if not self.changes:
+            self.changes = [f"{name} (seen {when})" for name in runner_changes(self.before)[:5]]
+
+    def pytest_collection_finish(self, session) -> None:
+        self.check("after collection")
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.check(f"after {nodeid}")
 
 
 def _from_a_file_of(module, args: list[str]) -> bool:
