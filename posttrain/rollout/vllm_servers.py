@@ -56,8 +56,10 @@ class VLLMConfig:
     sends it; a key never goes in a config file)."""
     dtype: str = "float32"
     """The servers' weight dtype (``--dtype``): float32, bfloat16 or float16."""
-    max_model_len: int = 2048
-    """Longest prompt + completion a server accepts (``--max-model-len``)."""
+    max_model_len: int = 0
+    """Longest prompt + completion a server accepts (``--max-model-len``); 0: the model's own
+    (``max_position_embeddings`` in its config.json, which vLLM reads). A value past the model's
+    positions is refused before any server starts."""
     enforce_eager: bool = True
     """Skip CUDA-graph capture and compilation (``--enforce-eager``): the faster start, and what a
     CPU build runs anyway; false on a GPU for faster decoding once started."""
@@ -83,8 +85,10 @@ class VLLMConfig:
             raise ConfigValueError("launch", "must be >= 0 (0: use rollout.urls)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigValueError("dtype", "must be float32, bfloat16 or float16")
-        if self.max_model_len < 1 or self.kv_cache_gib < 1:
-            raise ConfigValueError("max_model_len" if self.max_model_len < 1 else "kv_cache_gib", "must be >= 1")
+        if self.max_model_len < 0:
+            raise ConfigValueError("max_model_len", "must be >= 0 (0: the model's own)")
+        if self.kv_cache_gib < 1:
+            raise ConfigValueError("kv_cache_gib", "must be >= 1")
         if self.sleep_during_update and self.launch and not self.gpus:
             raise ConfigValueError("sleep_during_update", "vLLM's sleep mode needs GPUs: list the servers' "
                                    "gpus (it is not available on CPU builds)")
@@ -117,6 +121,30 @@ def vllm_python(spec: ServerSpec) -> str:
     return path
 
 
+def model_positions(model: str) -> int | None:
+    """The positions the model was built for (``max_position_embeddings``), None when its config
+    cannot be read here (a hub id without a cache: vLLM then checks on its own)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def check_max_model_len(spec: ServerSpec) -> None:
+    """A one-line `UserError` when ``max_model_len`` is past the model's positions (vLLM would fail
+    to start with a traceback in its log)."""
+    n = model_positions(spec.model) if spec.max_model_len else None
+    if n is not None and spec.max_model_len > n:
+        raise UserError(f"rollout.vllm.max_model_len: {spec.max_model_len} is past the {n} positions of the "
+                        f"model at {spec.model} (max_position_embeddings in its config.json); set at most {n}, "
+                        f"or 0 for the model's own")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host``, asked of a socket of the host's own address family (IPv6 for ``::1``)."""
     family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
@@ -131,9 +159,10 @@ def server_url(host: str, port: int) -> str:
 
 def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model,
-           "--host", spec.host, "--port", str(port), "--dtype", spec.dtype,
-           "--max-model-len", str(spec.max_model_len), "--logprobs-mode", "processed_logprobs",
+           "--host", spec.host, "--port", str(port), "--dtype", spec.dtype, "--logprobs-mode", "processed_logprobs",
            "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    if spec.max_model_len:
+        cmd += ["--max-model-len", str(spec.max_model_len)]
     if spec.enforce_eager:
         cmd.append("--enforce-eager")
     if spec.sleep_during_update:
@@ -178,6 +207,7 @@ class VLLMServers:
 
     def start(self) -> list[str]:
         vllm_python(self.spec)  # no environment: one line before anything is written or started
+        check_max_model_len(self.spec)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
         try:

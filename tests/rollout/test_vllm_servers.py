@@ -65,3 +65,21 @@ def test_last_errors_names_the_log_and_the_distinct_errors_of_a_dying_engine(tmp
     assert said == (f"log {servers.log_path(0)}: RuntimeError: CPU Generator does not use offset | "
                     f"EngineDeadError: EngineCore encountered an issue.")
     assert servers.last_errors(1) == f"no log at {tmp_path / 'vllm-1.log'}"
+
+
+def test_max_model_len_defaults_to_the_models_own_and_a_longer_one_is_one_line_exit_2(nano_model_dir, arith_data_dir,
+                                                                                      tmp_path, capsys):
+    from transformers import AutoConfig
+
+    from posttrain.cli import main
+
+    positions = AutoConfig.from_pretrained(nano_model_dir).max_position_embeddings
+    assert "--max-model-len" not in server_command(ServerSpec(model=str(nano_model_dir)), "python", 8000)
+    assert vllm_servers.model_positions(str(nano_model_dir)) == positions
+    code = main(["rl", f"model.path={nano_model_dir}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
+                 "rollout.backend=vllm", "rollout.vllm.launch=1", f"rollout.vllm.python={sys.executable}",
+                 f"rollout.vllm.max_model_len={positions + 1}", f"out_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"rollout.vllm.max_model_len: {positions + 1} is past the {positions} positions" in err
+    assert not (tmp_path / "run").exists()
