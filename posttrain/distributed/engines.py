@@ -93,10 +93,10 @@ class EngineReplica:
             self._free_since = time.perf_counter()
         return ro, self._free_since - t0, self.idle_s
 
-    def load_weights(self, weights, version: int, checksum: str) -> str:
+    def load_weights(self, weights, version: int, checksum: str, dtype: str | None = None) -> str:
         self._busy()
         try:
-            return load_and_read_back(self.engine, weights, version, checksum)
+            return load_and_read_back(self.engine, weights, version, checksum, dtype)
         finally:
             self._free_since = time.perf_counter()
 
@@ -104,11 +104,11 @@ class EngineReplica:
         self.group = None  # the old group's sockets go first
         self.group = WeightGroup(host, port, rank, size, timeout_s, name)
 
-    def receive_weights(self, version: int) -> str:
+    def receive_weights(self, version: int, dtype: str | None = None) -> str:
         """Weights broadcast bucket by bucket over the weight group until an empty bucket, then the
-        sender's checksum: each bucket is copied in as it arrives (`TorchEngine.load_buckets`). The
-        stream is read to its end whatever happens, so the sender is never left waiting. Returns the
-        checksum of the engine's own tensors read back after the copy."""
+        sender's checksum: each bucket is copied in as it arrives (`TorchEngine.load_buckets`), held in
+        ``dtype`` when given. The stream is read to its end whatever happens, so the sender is never
+        left waiting. Returns the checksum of the engine's own tensors read back after the copy."""
         self._busy()
         names: list[str] = []
 
@@ -123,6 +123,8 @@ class EngineReplica:
 
         stream, sent = buckets(), []
         try:
+            if dtype is not None:
+                self.engine.set_dtype(getattr(torch, dtype))
             self.engine.load_buckets(stream, version, checksum)
         except BaseException:
             for _ in stream:
@@ -189,7 +191,7 @@ class RayEngines:
         self._requests: dict[int, _Request] = {}
         self._acks: dict[object, _Ack] = {}  # object ref -> the acknowledgement it will carry
         self._ready: list[Generated | Lost] = []
-        self._weights = None  # (ref, version, checksum, expected) of the newest version sent
+        self._weights = None  # (ref, version, checksum, expected, dtype) of the newest version sent
         self._idle: dict[int, float] = {}
         self._idle_dead = 0.0
         self._group: WeightGroup | None = None  # the weight group, and the actors it was built with
@@ -297,16 +299,20 @@ class RayEngines:
             raise WeightSyncError(f"version {version} is older than the version already sent ({self.version})")
         cpu = {k: v.detach().cpu() for k, v in weights.items()}
         ref = self.ray.put(cpu)  # serialised now: a private copy, the trainer may keep updating its own
-        self._weights = (ref, version, checksum, engine_checksum(cpu, checksum, getattr(torch, self.spec.dtype)))
+        self._weights = (ref, version, checksum, engine_checksum(cpu, checksum, getattr(torch, self.spec.dtype)),
+                         self.spec.dtype)
         self.version = version
         for slot in range(len(self.actors)):
             self._send_weights(slot)
 
     def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
-                     probe: Probe | None = None) -> None:
+                     probe: Probe | None = None, dtype: str | None = None) -> None:
         """`RolloutEngine.load_version`: streamed over the weight group (`load_buckets`) with
         ``stream_weights``, else one object-store put (`load_weights`). The replicas' checksums read
-        back are the proof; the probe adds nothing."""
+        back are the proof; the probe adds nothing. ``dtype`` becomes the replicas' (a replacement
+        starts in it too) from this version on."""
+        if dtype is not None:
+            self.spec = dataclasses.replace(self.spec, dtype=dtype)
         if self.stream_weights:
             self.load_buckets(buckets, version, digest)
         else:
@@ -322,7 +328,7 @@ class RayEngines:
             raise WeightSyncError(f"version {version} is older than the version already sent ({self.version})")
         self.wait_synced()  # a replica takes part only once it has nothing queued before the stream
         group = self._weight_group()
-        refs = {a.receive_weights.remote(version): slot for slot, a in enumerate(self.actors)}
+        refs = {a.receive_weights.remote(version, self.spec.dtype): slot for slot, a in enumerate(self.actors)}
         dtype, held = getattr(torch, self.spec.dtype), WeightsDigest()
         try:
             for bucket in buckets:
@@ -376,9 +382,9 @@ class RayEngines:
         return group
 
     def _send_weights(self, slot: int) -> None:
-        ref, version, checksum, expected = self._weights
+        ref, version, checksum, expected, dtype = self._weights
         actor = self.actors[slot]
-        self._acks[actor.load_weights.remote(ref, version, checksum)] = _Ack(slot, actor, version, expected)
+        self._acks[actor.load_weights.remote(ref, version, checksum, dtype)] = _Ack(slot, actor, version, expected)
 
     def wait_synced(self) -> None:
         self._wait(lambda: not self._acks, "acknowledge", self.sync_timeout_s)

@@ -29,8 +29,9 @@ class PrecisionFallbackConfig:
     kl_threshold: float = 0.0
     """0 = off. When a step's ``mismatch/kl`` exceeds this, the engine holds the next version in
     float32 and samples the following steps in it; logged as ``rollout/precision`` (bits of the dtype
-    the step's rollouts came from). Needs a 16-bit ``engine_dtype`` and the in-process engine
-    (backend=torch, runtime=local, mode=sync)."""
+    the engine held for the step). Needs a 16-bit ``engine_dtype``; any engine posttrain runs (in
+    process, the async engine process, Ray replicas, ``posttrain serve``: set ``engine_dtype`` to
+    the server's ``--dtype``), not vLLM or SGLang, which cannot change dtype at run time."""
     quiet_steps: int = 5
     """Consecutive float32 steps whose ``mismatch/kl`` stays at or under ``kl_threshold`` before the
     engine goes back to ``engine_dtype`` (a gap that persists in float32 is not precision's, so the
@@ -124,8 +125,9 @@ class RolloutConfig:
             raise ConfigValueError("urls", f"backend={self.backend} needs at least one server, "
                                            "e.g. [http://localhost:8000]")
         if self.backend == "vllm" and bool(self.urls) == bool(self.vllm.launch):
-            raise ConfigValueError("urls", "backend=vllm needs either running servers in urls or vllm.launch=N "
-                                           "(servers the run starts), not both")
+            # blame the key the user set: urls when both are set, backend when neither is
+            raise ConfigValueError("urls" if self.urls else "backend", "backend=vllm: set exactly one of "
+                                   "rollout.urls (running servers) or rollout.vllm.launch=N (servers the run starts)")
         if not all(u.startswith(("http://", "https://")) for u in self.urls):
             raise ConfigValueError("urls", f"each must start with http:// or https://, got {self.urls}")
         for key in ("request_timeout_s", "sync_timeout_s", "sync_bucket_mb"):
@@ -477,9 +479,10 @@ class RLConfig:
         if r.engine_dtype == "float32":
             raise ConfigValueError("rollout.precision_fallback.kl_threshold", "has no effect: "
                                    "rollout.engine_dtype is already float32 (set bfloat16 or float16)")
-        if (r.backend, self.runtime, self.mode) != ("torch", "local", "sync"):
-            raise ConfigValueError("rollout.precision_fallback.kl_threshold", "needs the in-process engine "
-                                   "(rollout.backend=torch, runtime=local, mode=sync), whose dtype the run sets")
+        if r.backend in ("vllm", "sglang"):
+            raise ConfigValueError("rollout.precision_fallback.kl_threshold", f"{r.backend} holds the dtype its "
+                                   f"server started with and cannot change it at run time (use rollout.backend="
+                                   f"torch or openai, or set kl_threshold=0)")
 
     @property
     def importance_weighted(self) -> bool:

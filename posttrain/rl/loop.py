@@ -259,7 +259,7 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
                                                  norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step,
                                                  train_rows=train_rows)
     if run.precision is not None:  # before the sync: the next version loads in the dtype chosen here
-        metrics |= follow_the_gap(run, step, metrics["mismatch/kl"])
+        metrics |= follow_the_gap(run, step, metrics.get("mismatch/kl"))
     with timer("sync"):
         sync_weights(run)
     return metrics
@@ -311,23 +311,25 @@ def sync_weights(run: RLRun, version: int | None = None) -> None:
     if backend in ("vllm", "sglang"):  # a collective when sharded, so before the stream
         ids = probe_ids(run.tokenizer)
         probe = (ids, run.policy.probe_logprobs(ids))
+    dtype = run.precision.current if run.precision is not None else None  # rollout.precision_fallback
     if run.colocated:
-        stream_to_ranks(run.engine, run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb), run.world, run.version)
+        stream_to_ranks(run.engine, run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb), run.world, run.version,
+                        dtype)
         return
     sent = WeightsDigest()
     buckets = _digested(run.policy.export_buckets(run.cfg.rollout.sync_bucket_mb, adapter=adapter_only), sent)
     if not run.world.main:
         _drain(buckets)  # rank 0 is gathering them: every rank takes part
-    load = lambda: _hand_over(run.engine, buckets, run.version, sent, probe)  # noqa: E731
+    load = lambda: _hand_over(run.engine, buckets, run.version, sent, probe, dtype)  # noqa: E731
     share_step(run, load) if run.world.distributed else load()  # a refused sync on rank 0 stops every rank
 
 
-def stream_to_ranks(engine: RolloutEngine, buckets, world: World, version: int) -> None:
+def stream_to_ranks(engine: RolloutEngine, buckets, world: World, version: int, dtype: str | None = None) -> None:
     """Every rank's engine takes rank 0's buckets as they leave the shards: one broadcast per bucket
     and dtype, each rank copying it in before the next, then rank 0's checksum of what it sent."""
     sent = WeightsDigest()
     engine.load_version(_broadcast_each(_digested(buckets, sent), world), version,
-                        lambda: world.broadcast_object(sent.hexdigest() if world.main else None))
+                        lambda: world.broadcast_object(sent.hexdigest() if world.main else None), dtype=dtype)
 
 
 def _broadcast_each(buckets, world: World):
@@ -338,12 +340,13 @@ def _broadcast_each(buckets, world: World):
         del received
 
 
-def _hand_over(engine: RolloutEngine | None, buckets, version: int, sent: WeightsDigest, probe) -> None:
-    """Rank 0: the engine takes the buckets; the stream is drained whatever happens (the other
-    ranks are gathering it with us)."""
+def _hand_over(engine: RolloutEngine | None, buckets, version: int, sent: WeightsDigest, probe,
+               dtype: str | None = None) -> None:
+    """Rank 0: the engine takes the buckets (held in ``dtype`` when given); the stream is drained
+    whatever happens (the other ranks are gathering it with us)."""
     try:
         if engine is not None:
-            engine.load_version(buckets, version, sent.hexdigest, probe)
+            engine.load_version(buckets, version, sent.hexdigest, probe, dtype=dtype)
     finally:
         _drain(buckets)
 
@@ -491,6 +494,8 @@ def checkpoint(run: RLRun, step: int, extra: dict | None = None, prompts: dict |
     prompts = run.source.state_dict() if prompts is None else prompts
     state = {"step": step, "scheduler": run.policy.scheduler.state_dict(), "prompts": prompts,
              "engine_version": run.version, **(extra or {})}
+    if run.precision is not None:  # a resumed run samples in the same dtype, its quiet steps counted on
+        state["precision"] = run.precision.state_dict()
     critic = {}
     if run.ppo is not None:
         state["critic_scheduler"] = run.ppo.critic.scheduler.state_dict()
@@ -524,6 +529,8 @@ def maybe_resume(run: RLRun, printer=print) -> int:
     if run.ppo is not None:
         run.ppo.critic.scheduler.load_state_dict(state["critic_scheduler"])
     run.source.load_state_dict(state["prompts"])
+    if run.precision is not None:
+        run.precision.load_state_dict(state.get("precision", {}))
     sync_weights(run, version=resumed_version(run, state["engine_version"]))
     if run.world.main:
         printer(f"resumed from {ckpt} (step {state['step']})")

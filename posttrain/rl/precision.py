@@ -6,15 +6,17 @@ corrections absorb a small gap, not a large one. When a step's ``mismatch/kl`` p
 from the trainer's own numbers; after ``quiet_steps`` float32 steps at or under the threshold it
 goes back to ``rollout.engine_dtype``.
 
-The switch happens between the update and the weight sync: an engine cast up from 16 bits holds
-16-bit values in float32 storage, so the precision is only real once the new version's float32
-weights are copied in, which the sync does right after. `PrecisionFallback` is the decision alone
-(testable by hand); `follow_the_gap` applies it to the run's engine.
+The switch rides on the next weight sync: an engine cast up from 16 bits holds 16-bit values in
+float32 storage, so the precision is only real once the new version's float32 weights are copied
+in. Every sync hands the engine ``current`` as the ``dtype`` of `RolloutEngine.load_version`, one
+request every engine kind honours its own way (the in-process engine, the engine process, Ray
+replicas, our servers); vLLM and SGLang cannot change dtype at run time and the config refuses
+them. `PrecisionFallback` is the decision alone (testable by hand, saved with a checkpoint so a
+resumed run keeps its precision and its count of quiet steps); `follow_the_gap` takes a step's
+decision and logs it.
 """
 
 from __future__ import annotations
-
-import torch
 
 from posttrain.rl.config import PrecisionFallbackConfig
 from posttrain.rl.state import RLRun
@@ -51,19 +53,27 @@ class PrecisionFallback:
         self.current, self.quiet = dtype, 0
         return dtype
 
+    def state_dict(self) -> dict:
+        return {"current": self.current, "quiet": self.quiet}
 
-def follow_the_gap(run: RLRun, step: int, mismatch_kl: float, printer=print) -> dict:
-    """Apply ``run.precision``'s decision on this step's mismatch to the run's engine (every rank
-    holding one: the metric is the whole step's, so colocated ranks agree), before the sync that
-    loads the next version; return ``rollout/precision`` (bits of this step's rollouts) and, on a
-    switch, ``rollout/precision_switch`` (bits from the next step on)."""
+    def load_state_dict(self, state: dict) -> None:
+        """Take a checkpoint's precision; one saved by a run with another ``engine_dtype`` (or from
+        before the fallback was on) starts from this run's 16-bit dtype."""
+        if state.get("current") in (HIGH, self.low):
+            self.current, self.quiet = state["current"], int(state.get("quiet", 0))
+
+
+def follow_the_gap(run: RLRun, step: int, mismatch_kl: float | None, printer=print) -> dict:
+    """Take ``run.precision``'s decision on this step's mismatch before the sync that loads the next
+    version (every rank decides alike: the metric is the whole step's); return ``rollout/precision``
+    (bits of the dtype the engine held for this step) and, on a switch, ``rollout/precision_switch``
+    (bits from the next version on). A step without a mismatch figure (async: no sample was fresh)
+    decides nothing."""
     fb = run.precision
     metrics = {"rollout/precision": BITS[fb.current]}
-    target = fb.observe(mismatch_kl)
+    target = fb.observe(mismatch_kl) if mismatch_kl is not None else None
     if target is None:
         return metrics
-    if run.engine is not None:
-        run.engine.set_dtype(getattr(torch, target))
     if run.world.main:
         why = (f"mismatch KL {mismatch_kl:.2e} > {fb.cfg.kl_threshold:.2e}" if target == HIGH
                else f"{fb.cfg.quiet_steps} quiet steps")

@@ -145,9 +145,11 @@ class TorchEngine:
         self.version = version
 
     def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
-                     probe: Probe | None = None) -> None:
-        """`RolloutEngine.load_version`: `load_buckets`. The probe adds nothing here: the checksum of
-        the very tensors copied in is the proof."""
+                     probe: Probe | None = None, dtype: str | None = None) -> None:
+        """`RolloutEngine.load_version`: `set_dtype` when asked, then `load_buckets`. The probe adds
+        nothing here: the checksum of the very tensors copied in is the proof."""
+        if dtype is not None:
+            self.set_dtype(getattr(torch, dtype))
         self.load_buckets(buckets, version, digest)
 
     def load_buckets(self, buckets, version: int, checksum) -> None:

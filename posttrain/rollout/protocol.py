@@ -48,13 +48,17 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
 
     def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
-                     probe: Probe | None = None) -> None:
+                     probe: Probe | None = None, dtype: str | None = None) -> None:
         """Take the weights of ``version`` as ``buckets`` arrive (each may be dropped before the next
         is read) and verify them: ``digest()``, asked for after the last bucket, is the sender's
         `weights_checksum` of them all; ``probe`` is checked where the engine has no better proof.
         `WeightSyncError` when the engine does not confirm; an engine that loads in the background
         (the engine process, replicas fed through the object store) reports it by ``wait_synced``.
-        Stopping early leaves the rest of ``buckets`` unread: the caller drains them."""
+        Stopping early leaves the rest of ``buckets`` unread: the caller drains them.
+
+        ``dtype`` ("float32", "bfloat16", "float16"; None keeps the engine's): hold this version,
+        and the ones after it, in that dtype (``rollout.precision_fallback``). The switch rides on a
+        load because only then is it real: weights cast up from 16 bits are still 16-bit values."""
         ...
 
 
@@ -93,6 +97,8 @@ class LoadWeights:
     checksum: str
     payload: bytes
     """``torch.save`` of the state dict: a private copy, so the trainer may keep updating its own."""
+    dtype: str | None = None
+    """The dtype the engine holds these weights in (None: the one it started with)."""
 
 
 @dataclasses.dataclass
@@ -149,9 +155,12 @@ def engine_checksum(weights: dict[str, torch.Tensor], checksum: str, dtype: torc
     return weights_checksum({k: v.to(dtype) for k, v in weights.items()})
 
 
-def load_and_read_back(engine, weights: dict[str, torch.Tensor], version: int, checksum: str) -> str:
-    """Load ``weights`` into a `TorchEngine` (it verifies ``checksum``) and return the checksum of
-    the engine's own tensors of those names, read back after the copy."""
+def load_and_read_back(engine, weights: dict[str, torch.Tensor], version: int, checksum: str,
+                       dtype: str | None = None) -> str:
+    """Load ``weights`` into a `TorchEngine` (it verifies ``checksum``), held in ``dtype`` when
+    given, and return the checksum of the engine's own tensors of those names, read back after the copy."""
+    if dtype is not None:
+        engine.set_dtype(getattr(torch, dtype))
     engine.load_weights(weights, version, checksum)
     own = engine.model.state_dict()
     return weights_checksum({k: own[k] for k in weights})
@@ -175,7 +184,7 @@ class EngineHandle(Protocol):
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> Rollouts: ...
 
     def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
-                     probe: Probe | None = None) -> None: ...
+                     probe: Probe | None = None, dtype: str | None = None) -> None: ...
 
     def wait_synced(self) -> None: ...
 

@@ -286,7 +286,7 @@ def _info_routes(state: ServeState) -> list[Route]:
         return JSON({"model_path": str(state.model_path), "served_model_name": state.served_name,
                      "is_generation": True, "version": state.version,
                      "weight_version": state.weight_label or str(state.version), "checksum": state.checksum,
-                     "dtype": str(next(engine.model.parameters()).dtype).replace("torch.", ""),
+                     "dtype": _held_dtype(engine),
                      "device": str(engine.device), "max_model_len": state.limits.max_model_len,
                      "vocab_size": state.limits.vocab_size, "logprob_kind": LOGPROB_KIND})
 
@@ -392,7 +392,7 @@ def prompt_logprobs(engine, ids: list[int]) -> list[float]:
 # SGLang's request fields with nothing to do here (one engine, no KV cache kept between requests).
 _SGLANG_IGNORED = {"abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph",
                    "token_step", "flush_cache"}
-_UPDATE_FIELDS = {"model_path", "load_format", "version", "weight_version", "checksum"} | _SGLANG_IGNORED
+_UPDATE_FIELDS = {"model_path", "load_format", "version", "weight_version", "checksum", "dtype"} | _SGLANG_IGNORED
 
 
 async def _update_weights(state: ServeState, request: Request) -> Response:
@@ -414,6 +414,7 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
     if version is None and label is not None and str(label).strip().isdigit():
         version = int(str(label).strip())
     checksum = get_str(body, "checksum", None)
+    dtype = _engine_dtype(get_str(body, "dtype", None))
     for key in _SGLANG_IGNORED:  # type-checked, then ignored
         get_int(body, key, None) if key == "token_step" else get_bool(body, key, False)
 
@@ -438,6 +439,8 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
 
         def swap(engine) -> int:
             v = version if version is not None else engine.version + 1
+            if dtype is not None:  # a trainer's precision fallback: the weights copied in next are the real ones
+                engine.set_dtype(dtype)
             # verifies the checksum again before touching a weight; the trainer owns the version count,
             # so a new or resumed run may restart it below the loaded one
             engine.load_weights(weights, v, actual, allow_older=state.access.allow_version_rollback)
@@ -454,7 +457,20 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
     msg = f"loaded the weights of {folder} as version {new_version}"
     log.info(msg)
     return JSON({"success": True, "message": msg, "num_paused_requests": 0, "version": new_version,
-                 "checksum": actual})
+                 "checksum": actual, "dtype": _held_dtype(state.engine)})
+
+
+def _engine_dtype(name: str | None):
+    """The torch dtype a reload asks the engine to hold its weights in (None: keep its own)."""
+    from posttrain.models.hf import DTYPES
+
+    if name is not None and name not in DTYPES:
+        raise bad(f"dtype={name!r}: choose from {', '.join(DTYPES)}", "dtype", "invalid_value")
+    return None if name is None else DTYPES[name]
+
+
+def _held_dtype(engine) -> str:
+    return str(next(engine.model.parameters()).dtype).replace("torch.", "")
 
 
 def _reload_folder(access: Access, model_path: str) -> Path:

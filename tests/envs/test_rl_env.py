@@ -218,7 +218,7 @@ class _Scripted(ScriptedEngine):
         ro.logprobs = [[-6.0] * len(row) for row in ro.logprobs]
         return ro
 
-    def load_version(self, buckets, version, digest, probe=None):
+    def load_version(self, buckets, version, digest, probe=None, dtype=None):
         self.version = version
 
 

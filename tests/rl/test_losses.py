@@ -175,7 +175,7 @@ class _NullEngine:
 
     version = 0
 
-    def load_version(self, buckets, version, digest, probe=None):
+    def load_version(self, buckets, version, digest, probe=None, dtype=None):
         self.version = version
 
 

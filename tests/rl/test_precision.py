@@ -120,11 +120,39 @@ def test_fallback_switches_the_engine_up_and_back_with_a_forced_gap(rl_overrides
 def test_fallback_is_refused_where_it_cannot_act():
     from posttrain.rl.config import RLConfig
 
+    on = PrecisionFallbackConfig(kl_threshold=1e-3)
     with pytest.raises(ConfigValueError, match="already float32"):
-        RLConfig(rollout=RolloutConfig(precision_fallback=PrecisionFallbackConfig(kl_threshold=1e-3)))
-    with pytest.raises(ConfigValueError, match="in-process engine"):
-        RLConfig(mode="async", rollout=RolloutConfig(engine_dtype="bfloat16",
-                                                     precision_fallback=PrecisionFallbackConfig(kl_threshold=1e-3)))
+        RLConfig(rollout=RolloutConfig(precision_fallback=on))
+    for backend in ("vllm", "sglang"):
+        with pytest.raises(ConfigValueError, match=f"{backend} holds the dtype its server started with and cannot "
+                                                   "change it at run time") as e:
+            RLConfig(rollout=RolloutConfig(engine_dtype="bfloat16", backend=backend, urls=["http://127.0.0.1:1"],
+                                           precision_fallback=on))
+        assert e.value.key == "rollout.precision_fallback.kl_threshold" and "\n" not in str(e.value)
+    for mode, runtime in (("async", "local"), ("sync", "ray"), ("async", "ray")):  # every engine posttrain runs
+        RLConfig(mode=mode, runtime=runtime, rollout=RolloutConfig(engine_dtype="bfloat16", precision_fallback=on))
+
+
+def test_fallback_state_survives_a_resume(rl_overrides, reward_plugin):
+    # quiet_steps=3 and a threshold only float32 steps stay under: 16, 32, then 3 quiet steps in float32
+    knobs = {"rollout.engine_dtype": "bfloat16", "rollout.precision_fallback.kl_threshold": 1e-9,
+             "rollout.precision_fallback.quiet_steps": 3, "save_every": 1}
+    assert [m["rollout/precision"] for m in _run(rl_overrides, reward_plugin, **knobs)] == [16, 32]
+    rows = _run(rl_overrides, reward_plugin, **knobs, num_steps=5)  # resumes after step 2
+    # a resume back at bf16 would give 16, 32, 16, 32, 32; one that forgot the quiet step 16, 32, 32, 32, 32
+    assert [m["rollout/precision"] for m in rows] == [16, 32, 32, 32, 16]
+    assert [m.get("rollout/precision_switch") for m in rows] == [32, None, None, 16, 32]
+    assert rows[2]["mismatch/logprob_abs_diff_max"] < 1e-5  # the resumed engine really holds float32
+
+
+def test_fallback_switches_the_async_engine_process(rl_overrides, reward_plugin):
+    rows = _run(rl_overrides, reward_plugin, **{
+        "mode": "async", "max_staleness": 0, "rollout.engine_dtype": "bfloat16",
+        "rollout.precision_fallback.kl_threshold": 1e-9, "rollout.precision_fallback.quiet_steps": 1,
+        "num_steps": 4, "asynchrony.self_test_max_kl": 1e-3})
+    assert [m["rollout/precision"] for m in rows] == [16, 32, 16, 32]
+    for m in rows:
+        assert (m["mismatch/logprob_abs_diff_max"] < 1e-5) == (m["rollout/precision"] == 32)
 
 
 def test_a_bf16_server_against_the_float32_trainer(rl_overrides, reward_plugin, nano_model_dir, tmp_path):

@@ -54,7 +54,7 @@ class PerPromptSeeds:
                  for i, p in enumerate(prompts)]
         return Rollouts.concat([r.select(list(range(n)), [i] * n) for i, r in enumerate(parts)])
 
-    def load_version(self, buckets, version, digest, probe=None) -> None:
+    def load_version(self, buckets, version, digest, probe=None, dtype=None) -> None:
         self.engine.load_version(buckets, version, digest, probe)
 
 

@@ -47,7 +47,7 @@ def load_into(engine, msg: LoadWeights):
     """Apply a `LoadWeights` to an engine; the reply reads the engine's tensors back."""
     try:
         return WeightsLoaded(msg.version, load_and_read_back(engine, _unpack_weights(msg.payload), msg.version,
-                                                             msg.checksum))
+                                                             msg.checksum, msg.dtype))
     except WeightSyncError as e:
         return Failed("weights", str(e), version=msg.version)
 
@@ -100,7 +100,7 @@ class _Handle:
     """Bookkeeping shared by the process and in-process handles: versions, acks, ready results."""
 
     def __init__(self, dtype: str):
-        self.dtype = getattr(torch, dtype)
+        self.dtype = dtype  # what every weights message asks the engine to hold, so a restarted one does too
         self.version = 0
         self._rid = 0
         self._pending: dict[int, Generate] = {}
@@ -114,19 +114,20 @@ class _Handle:
         self._pending[req.rid] = req
         return req
 
-    def _weights_message(self, weights, version: int, checksum: str) -> LoadWeights:
+    def _weights_message(self, weights, version: int, checksum: str, dtype: str | None = None) -> LoadWeights:
         if version < self.version:
             raise WeightSyncError(f"version {version} is older than the version already sent ({self.version})")
-        msg = LoadWeights(version=version, checksum=checksum, payload=_pack_weights(weights))
-        self._acks[version] = engine_checksum(weights, checksum, self.dtype)
+        self.dtype = dtype or self.dtype
+        msg = LoadWeights(version=version, checksum=checksum, payload=_pack_weights(weights), dtype=self.dtype)
+        self._acks[version] = engine_checksum(weights, checksum, getattr(torch, self.dtype))
         self.version, self._last_weights = version, msg
         return msg
 
     def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
-                     probe: Probe | None = None) -> None:
-        """`RolloutEngine.load_version`: the engine takes one whole dict (`load_weights`); the
-        checksum it reads back is the proof, so the probe adds nothing."""
-        self.load_weights(joined(buckets), version, digest())
+                     probe: Probe | None = None, dtype: str | None = None) -> None:
+        """`RolloutEngine.load_version`: the engine takes one whole dict (`load_weights`), in
+        ``dtype`` when given; the checksum it reads back is the proof, so the probe adds nothing."""
+        self.load_weights(joined(buckets), version, digest(), dtype)
 
     def _on_reply(self, msg) -> None:
         if isinstance(msg, Generated):
@@ -224,7 +225,7 @@ class ProcessEngine(_Handle):
             self._outbox.put(self._pending[rid])
 
     def _expected_for(self, msg: LoadWeights) -> str:
-        return engine_checksum(_unpack_weights(msg.payload), msg.checksum, self.dtype)
+        return engine_checksum(_unpack_weights(msg.payload), msg.checksum, getattr(torch, msg.dtype or self.dtype))
 
     # ------------------------------------------------------------------------------ message pump
 
@@ -278,8 +279,8 @@ class ProcessEngine(_Handle):
         self._wait(lambda: any(g.rid == rid for g in self._ready), f"answer generate request {rid}")
         return self._take_ready(rid)[0].rollouts
 
-    def load_weights(self, weights, version: int, checksum: str) -> None:
-        self._outbox.put(self._weights_message(weights, version, checksum))
+    def load_weights(self, weights, version: int, checksum: str, dtype: str | None = None) -> None:
+        self._outbox.put(self._weights_message(weights, version, checksum, dtype))
 
     def wait_synced(self) -> None:
         self._wait(lambda: not self._acks, f"acknowledge weights versions {sorted(self._acks)}")
@@ -313,8 +314,8 @@ class LocalEngine(_Handle):
     def generate(self, prompts, n: int, sampling: SamplingParams) -> Rollouts:
         return self._take_ready(self.submit(prompts, n, sampling))[0].rollouts
 
-    def load_weights(self, weights, version: int, checksum: str) -> None:
-        self._on_reply(load_into(self.engine, self._weights_message(weights, version, checksum)))
+    def load_weights(self, weights, version: int, checksum: str, dtype: str | None = None) -> None:
+        self._on_reply(load_into(self.engine, self._weights_message(weights, version, checksum, dtype)))
 
     def wait_synced(self) -> None:
         pass

@@ -149,12 +149,12 @@ class HTTPEngine:
     # ----------------------------------------------------------------------------------- weights
 
     def load_version(self, buckets: Buckets, version: int, digest: Callable[[], str],
-                     probe: Probe | None = None) -> None:
+                     probe: Probe | None = None, dtype: str | None = None) -> None:
         """`RolloutEngine.load_version`: the parts written as they arrive, then every server must
         confirm the sender's ``digest()`` (our server hashes the files it read) or, on vLLM and
         SGLang, the version read back and the ``probe``; `WeightSyncError` names every server that
-        did not."""
-        self.weights.load(buckets, version, digest, probe)
+        did not. ``dtype``: our servers hold the version in it and say so (vLLM and SGLang cannot)."""
+        self.weights.load(buckets, version, digest, probe, dtype)
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int, checksum: str,
                      probe: Probe | None = None) -> None:

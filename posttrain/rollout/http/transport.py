@@ -39,16 +39,21 @@ class PosttrainDialect:
         truncated = choice.get("truncated_logprobs")
         return None if truncated is None else [float(x) for x in truncated]
 
-    def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe) -> str:
-        """'' when the server confirmed the version and checksum it loaded, else what it answered."""
+    def push(self, client: httpx.Client, url: str, folder: str, version: int, checksum: str, probe,
+             dtype: str | None = None) -> str:
+        """'' when the server confirmed the version and checksum it loaded (and the ``dtype`` it was
+        asked to hold them in), else what it answered."""
         body = {"model_path": folder, "version": version, "checksum": checksum}
+        if dtype is not None:
+            body["dtype"] = dtype
         r = client.post(f"{url}/update_weights_from_disk", json=body)
         try:
             got = r.json()
         except ValueError:
             return f"HTTP {r.status_code} {one_line(r.text)}"
         confirmed = (r.status_code == 200 and isinstance(got, dict) and got.get("success") is True
-                     and got.get("version") == version and got.get("checksum") == checksum)
+                     and got.get("version") == version and got.get("checksum") == checksum
+                     and (dtype is None or got.get("dtype") == dtype))
         return "" if confirmed else f"HTTP {r.status_code} {one_line(got)}"
 
 

@@ -46,20 +46,23 @@ class WeightSync:
         self.weights_dir = Path(weights_dir) if weights_dir else None
         self.model_files, self.adapter_config, self.keep_versions = model_files, adapter_config, keep_versions
         self._lock = threading.Lock()  # one push at a time: the trainer's, or a relaunched server's
-        self._last: tuple | None = None  # (folder, version, checksum, probe) of the newest version
+        self._last: tuple | None = None  # (folder, version, checksum, probe, dtype) of the newest version
         self._written: list[Path] = []
 
-    def load(self, buckets: Buckets, version: int, digest: Callable[[], str] | None, probe: Probe | None) -> None:
+    def load(self, buckets: Buckets, version: int, digest: Callable[[], str] | None, probe: Probe | None,
+             dtype: str | None = None) -> None:
         """Write the version's folder as the parts arrive, then `push_all`. The checksum the servers
         confirm is the sender's ``digest()`` (asked for once every part is written), or without one
         that of what was written."""
         folder, written = self._write(buckets, version, WeightsDigest() if digest is None else None)
-        self.push_all(folder, written if digest is None else digest(), version, probe)
+        self.push_all(folder, written if digest is None else digest(), version, probe, dtype)
 
-    def push_all(self, folder: Path, checksum: str, version: int, probe: Probe | None) -> None:
-        """Every live server loads ``folder`` as ``version`` and confirms it; `WeightSyncError` names
-        every one that answers but did not."""
-        push = (str(folder), version, checksum, probe)
+    def push_all(self, folder: Path, checksum: str, version: int, probe: Probe | None,
+                 dtype: str | None = None) -> None:
+        """Every live server loads ``folder`` as ``version`` (held in ``dtype`` when given: our
+        server only) and confirms it; `WeightSyncError` names every one that answers but did not. A
+        relaunched server rejoins with the newest push, dtype included."""
+        push = (str(folder), version, checksum, probe, dtype)
         with self._lock, self.gate.alone(self._alone()):
             live = self.pool.live_urls()
             with ThreadPoolExecutor(max_workers=max(len(live), 1)) as threads:
@@ -102,9 +105,10 @@ class WeightSync:
         readiness check may switch on)."""
         return getattr(self.dialect, "probe_alone", False)
 
-    def _push(self, url: str, folder: str, version: int, checksum: str, probe) -> str:
-        try:
-            return self.dialect.push(self.client, url, folder, version, checksum, probe)
+    def _push(self, url: str, folder: str, version: int, checksum: str, probe, dtype: str | None) -> str:
+        try:  # only our server's dialect takes a dtype (the config refuses a fallback on vLLM or SGLang)
+            return self.dialect.push(self.client, url, folder, version, checksum, probe,
+                                     **({"dtype": dtype} if dtype is not None else {}))
         except httpx.HTTPError as e:
             return f"no answer ({one_line(e) or type(e).__name__})"
 
