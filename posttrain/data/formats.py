@@ -14,6 +14,11 @@ Formats (detected from a record's fields, or named):
 - ``livecodebench`` (code_generation_lite): ``question_content``, ``starter_code``,
   ``public_test_cases``, ``private_test_cases`` (JSON, or base64 of zlib of a pickle of JSON),
   ``metadata`` (``func_name`` for functional problems), ``difficulty``, ``contest_date``.
+- ``swebench`` (SWE-bench, SWE-Gym, R2E-Gym, SWE-smith): ``instance_id``, ``repo``,
+  ``base_commit``, ``patch``, ``test_patch``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``,
+  ``problem_statement``, and ``repo_path`` (a local checkout or folder): kept whole, with ``id``
+  and ``prompt`` (the problem statement) added; an episode of ``env.name=swe`` (`posttrain.envs.swe`)
+  is the task, not a single completion.
 - ``posttrain``: our own records (``prompt`` + ``tests``/``entry_point`` or ``io``), unchanged.
 
 The task record (a dict; extra fields ride along): ``id``, ``prompt``, ``format``, one test form
@@ -42,7 +47,7 @@ from typing import Callable
 
 from posttrain.errors import UserError
 
-PUBLISHED = ("kodcode", "mbpp", "evalplus", "livecodebench")
+PUBLISHED = ("kodcode", "mbpp", "evalplus", "livecodebench", "swebench")
 FORMATS = (*PUBLISHED, "posttrain")
 MAX_PRIVATE_BYTES = 256 << 20  # a decompressed test blob larger than this is refused, not read
 
@@ -58,6 +63,8 @@ def detect(record: dict) -> str | None:
         return "evalplus"
     if {"test_list", "code"} <= keys:
         return "mbpp"
+    if {"instance_id", "test_patch", "FAIL_TO_PASS"} <= keys:
+        return "swebench"
     if keys & {"prompt", "messages", "completion", "program", "reference", "tests", "io"}:
         return "posttrain"
     return None
@@ -397,10 +404,19 @@ def _lcb_prompt(content: str, starter: str) -> str:
     return f"### Question:\n{content}\n\n### Format: {fmt}\n\n### Answer: (use the provided format with backticks)\n\n"
 
 
+# ----------------------------------------------------------------------------- SWE-bench
+def swebench(rec: dict, where: str, **_) -> dict:
+    """The record whole (the environment reads its fields), with ``id`` and ``prompt``."""
+    for key in ("instance_id", "problem_statement"):
+        _text(rec, key, where, "swebench", allow_empty=False)
+    return {**rec, "id": rec["instance_id"], "format": "swebench", "prompt": rec["problem_statement"]}
+
+
 # ----------------------------------------------------------------------------- ours
 def posttrain(rec: dict, where: str, **_) -> dict:
     return dict(rec)
 
 
 LOADERS: dict[str, Callable[..., dict | None]] = {"kodcode": kodcode, "mbpp": mbpp, "evalplus": evalplus,
-                                                   "livecodebench": livecodebench, "posttrain": posttrain}
+                                                   "livecodebench": livecodebench, "swebench": swebench,
+                                                   "posttrain": posttrain}

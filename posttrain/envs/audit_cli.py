@@ -3,7 +3,9 @@
 Plays the oracle (the reference fix), the null policy (submit unchanged) and the known hacks
 (`posttrain.envs.audit`) through the repository environment, each task in the code sandbox.
 ``TASKS`` is a JSONL file of tasks (docs/envs.md) or ``embedded`` (``--n`` embedded tasks of
-``--split``). Writes ``DIR/clean.jsonl`` (the tasks without flags), ``DIR/audit.jsonl`` (one row
+``--split``). A file of SWE-bench-format records (``FAIL_TO_PASS``, ``test_patch``...) is played
+through ``env.name=swe`` (`posttrain.envs.swe`): the gold patch, null, and the forgeries of a
+pytest verdict (`audit.swe_policies`). Writes ``DIR/clean.jsonl`` (the tasks without flags), ``DIR/audit.jsonl`` (one row
 per task: flags and each policy's verdict) and ``DIR/summary.json``; prints each policy's pass rate
 (oracle 1.0, every other 0.0 on a sound task set). Exit 0 when every task is clean, 1 when some
 were flagged (they are left out of clean.jsonl).
@@ -37,12 +39,13 @@ def read_tasks(args) -> list[dict]:
         return sample_tasks(args.n, split=args.split)
     from posttrain.envs.base import EnvTaskError
     from posttrain.envs.repo import check_task
+    from posttrain.envs.swe import is_swe_record, load_task
     from posttrain.jsonl import read_jsonl
 
     tasks = []
     for line, rec in read_jsonl(args.tasks):
         try:
-            check_task(rec)
+            load_task(rec) if is_swe_record(rec) else check_task(rec)
         except EnvTaskError as e:
             raise UserError(f"{args.tasks}:{line}: {e}") from None
         tasks.append(rec)
@@ -50,8 +53,9 @@ def read_tasks(args) -> list[dict]:
 
 
 def run(args) -> int:
-    from posttrain.envs.audit import audit_tasks, pass_rates
+    from posttrain.envs.audit import audit_tasks, pass_rates, repo_policies, swe_policies
     from posttrain.envs.repo import RepoEnv
+    from posttrain.envs.swe import SweEnv, is_swe_record, load_task
     from posttrain.sandbox.audit import write_audit
     from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
     from posttrain.sandbox.worker import SandboxConfig
@@ -60,15 +64,19 @@ def run(args) -> int:
     if args.timeout <= 0 or args.workers < 0:
         raise UserError("--timeout must be > 0 and --workers >= 0")
     tasks = read_tasks(args)
+    swe = bool(tasks) and is_swe_record(tasks[0])
+    if any(is_swe_record(t) != swe for t in tasks):
+        raise UserError(f"{args.tasks}: mixes SWE-bench-format records with repository tasks; audit them apart")
+    env_class = SweEnv if swe else RepoEnv
     try:
         pool = SandboxPool(SandboxConfig(workers=args.workers))
     except SandboxUnavailable as e:
         raise UserError(f"{args.tasks}: cannot run the tasks here: {e}") from None
     with pool, progress_bar(sys.stderr.isatty()) as bar:
         job = bar.add_task("audit", total=None, info="")
-        rows = audit_tasks(tasks, lambda: RepoEnv(timeout_s=args.timeout, pool=pool),
-                           workers=2 * pool.cfg.n_workers,
-                           progress=lambda: bar.advance(job))
+        rows = audit_tasks(tasks, lambda: env_class(timeout_s=args.timeout, pool=pool),
+                           workers=2 * pool.cfg.n_workers, progress=lambda: bar.advance(job),
+                           policies_of=(lambda rec: swe_policies(load_task(rec))) if swe else repo_policies)
     summary = write_audit(tasks, rows, Path(args.out))
     summary["pass_rate"] = pass_rates(rows)
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

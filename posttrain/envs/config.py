@@ -5,6 +5,7 @@ eval`) and the environment registry.
 
 - ``calculator``, ``code_repair``, ``repo``: the embedded ones (`posttrain.envs.calculator`,
   `posttrain.envs.code_repair`, `posttrain.envs.repo`);
+- ``swe``: SWE-bench-format tasks on local repositories (`posttrain.envs.swe`);
 - ``openenv``: an OpenEnv server (``options.url`` or ``options.launch``; `posttrain.envs.openenv`);
 - ``skyrl:<id>``: a SkyRL-gym environment, e.g. ``skyrl:gsm8k_multi_turn`` (`posttrain.envs.skyrl`);
 - ``verifiers:<taskset id>``: a Prime Intellect verifiers v1 environment, run in ``.venv-verifiers``
@@ -31,13 +32,14 @@ from posttrain.errors import UserError
 EMBEDDED = {"calculator": "posttrain.envs.calculator:CalculatorEnv",
             "code_repair": "posttrain.envs.code_repair:CodeRepairEnv",
             "repo": "posttrain.envs.repo:RepoEnv",
+            "swe": "posttrain.envs.swe:SweEnv",
             "openenv": "posttrain.envs.openenv:OpenEnvEnv"}
 
 
 @dataclasses.dataclass(kw_only=True)
 class EnvConfig:
     name: str = ""
-    """Multi-turn environment: calculator, code_repair, repo, openenv, skyrl:<id>, verifiers:<taskset> or
+    """Multi-turn environment: calculator, code_repair, repo, swe, openenv, skyrl:<id>, verifiers:<taskset> or
     package.module:factory;
     empty = single-turn prompts judged by the verifier (docs/envs.md)."""
     max_turns: int = 4

@@ -254,6 +254,10 @@ def load_problems(bench: BenchmarkConfig, seed: int, farm: bool = False) -> list
     from posttrain.data.records import load_records_with_location
 
     rows = load_records_with_location(bench.path)
+    if bench.kind == "env":  # SWE-bench-format records get their prompt from the problem statement
+        from posttrain.data.formats import convert, detect
+
+        rows = [(w, convert(r, w) if detect(r) == "swebench" else r) for w, r in rows]
     if bench.num_problems:
         rows = rows[:bench.num_problems]
     out, seen = [], set()

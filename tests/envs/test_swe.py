@@ -5,6 +5,7 @@ repository-scale tools, and bad records."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from posttrain.cli import main
 from posttrain.envs.audit import audit_tasks, pass_rates, swe_policies
 from posttrain.envs.base import EnvTaskError
 from posttrain.envs.swe import SweEnv, load_task, verdict_files
@@ -150,6 +152,28 @@ def test_env_audit_on_the_fixture_task(pool, record):
     assert rates.pop("oracle") == 1.0
     assert set(rates) == set(EXPECTED) and all(r == 0.0 for r in rates.values()), rates
     assert rows[0]["flags"] == []
+
+
+def test_env_audit_cli_reads_swe_bench_records(record, tmp_path, capsys):
+    path = tmp_path / "swe.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    assert main(["env-audit", str(path), "--out", str(tmp_path / "audit"), "--workers", "1", "--timeout", "30"]) == 0
+    summary = json.loads((tmp_path / "audit" / "summary.json").read_text())
+    assert summary["pass_rate"]["oracle"] == 1.0 and summary["clean"] == 1
+    assert sorted(k for k, v in summary["pass_rate"].items() if v) == ["oracle"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(record) + "\n" + json.dumps({**record, "PASS_TO_PASS": 3}) + "\n")
+    assert main(["env-audit", str(bad), "--out", str(tmp_path / "audit2")]) == 2
+    assert f"{bad}:2: 'PASS_TO_PASS' must be a list of pytest node ids" in capsys.readouterr().err
+
+
+def test_swe_bench_records_are_detected_as_published(record):
+    from posttrain.data.formats import convert, detect
+
+    assert detect(record) == "swebench"
+    task = convert(record, "x.jsonl:1")
+    assert task["prompt"] == record["problem_statement"] and task["id"] == "calc__calc-1"
+    assert task["test_patch"] == record["test_patch"]  # the environment reads the record's own fields
 
 
 # ------------------------------------------------------------------------------ the tools
