@@ -108,6 +108,20 @@ def pass_at_k_table(n: Sequence[int] | np.ndarray, c: Sequence[int] | np.ndarray
     return table
 
 
+def paired_bootstrap_ci(before_P: np.ndarray, after_P: np.ndarray, *, num_resamples: int = 1000,
+                        confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(mean change, low, high) of ``after_P - before_P``, per-problem values (P,) of the same problems:
+    the percentile bootstrap of the mean difference, resampling problems with both arms together.
+    Pairing removes the spread between problems that both arms share (an easy problem is easy for
+    both), so the interval of a change is far narrower than two independent intervals suggest."""
+    before_P, after_P = np.asarray(before_P, dtype=np.float64), np.asarray(after_P, dtype=np.float64)
+    if before_P.shape != after_P.shape:
+        raise ValueError(f"paired values need one entry per problem in each arm, got {before_P.size} and {after_P.size}")
+    diff_P = after_P - before_P
+    low, high = bootstrap_ci(diff_P, num_resamples=num_resamples, confidence=confidence, seed=seed)
+    return (float(diff_P.mean()) if diff_P.size else float("nan")), low, high
+
+
 def solve_fractions(n: Sequence[int] | np.ndarray, c: Sequence[int] | np.ndarray) -> tuple[float, float]:
     """(solve-all, solve-none): the fractions of problems where every sample passed, and where none did.
 

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, read_eval_json
+from posttrain.eval.seed_table import body as seed_body, header as seed_header, seed_table, to_markdown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +257,66 @@ def plot_overoptimisation(runs: Sequence[Run]) -> str | None:
     return _png(fig)
 
 
+PRECISION_KEY, SWITCH_KEY = "rollout/precision", "rollout/precision_switch"
+
+
+def precision_events(run: Run) -> list[tuple[Any, int, float | None]]:
+    """(step, bits from the next step on, that step's ``mismatch/kl``) of each switch of
+    ``rollout.precision_fallback`` in ``run``."""
+    return [(row.get("step", i), int(row[SWITCH_KEY]), row.get("mismatch/kl"))
+            for i, row in enumerate(run.metrics) if _is_number(row.get(SWITCH_KEY))]
+
+
+def plot_precision(runs: Sequence[Run]) -> str | None:
+    """The bits each step's rollouts were sampled in, one step line per run, each switch marked
+    (up: to float32, down: back to 16 bits) and ``mismatch/kl`` beneath on a log axis: the gap that
+    moved the engine up and the quiet that let it down."""
+    timed = [(run, [(row.get("step", i), row[PRECISION_KEY]) for i, row in enumerate(run.metrics)
+                    if _is_number(row.get(PRECISION_KEY))]) for run in runs]
+    timed = [(run, pts) for run, pts in timed if pts]
+    if not timed:
+        return None
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(1, 1.3))
+    for i, (run, pts) in enumerate(timed):
+        label = run.name if len(timed) > 1 else None
+        top.step([p[0] for p in pts], [p[1] for p in pts], where="mid", color=f"C{i % 10}", label=label)
+        for step, bits, _ in precision_events(run):  # the switch takes effect from the next step
+            top.plot(step + 0.5, 24, "^" if bits == 32 else "v", color=f"C{i % 10}", markersize=7)
+        kl = [(row.get("step", j), row["mismatch/kl"]) for j, row in enumerate(run.metrics)
+              if _is_number(row.get("mismatch/kl")) and row["mismatch/kl"] > 0]
+        if kl:
+            bottom.plot([p[0] for p in kl], [p[1] for p in kl], marker="o", markersize=3, color=f"C{i % 10}", label=label)
+    top.set_yticks([16, 32])
+    top.set_ylim(12, 36)
+    top.set_ylabel("rollout bits")
+    top.grid(alpha=0.3)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("mismatch/kl")
+    bottom.set_xlabel("step")
+    bottom.grid(alpha=0.3)
+    if len(timed) > 1:
+        top.legend(fontsize=7)
+    return _png(fig)
+
+
+def precision_panel(runs: Sequence[Run]) -> str | None:
+    """The precision chart and the switch events as a table, or None when no run had the fallback on."""
+    png = plot_precision(runs)
+    if png is None:
+        return None
+    rows = [(run.name, step, "float32" if bits == 32 else f"{bits}-bit",
+             f"{kl:.2e}" if _is_number(kl) else "") for run in runs for step, bits, kl in precision_events(run)]
+    events = (_table(("run", "after step", "engine samples in", "mismatch/kl that step"), rows) if rows
+              else '<p class="note">no switch</p>')
+    note = ("rollout.precision_fallback: the bits each step's rollouts were sampled in (16 or 32); a "
+            "marker at each switch (up: mismatch KL past the threshold, down: enough quiet steps)")
+    return (f'<div class="panel"><h3>Rollout precision</h3><p class="note">{html.escape(note)}</p>'
+            f'{_img(png, "Rollout precision")}{events}</div>')
+
+
 def plot_timing(runs: Sequence[Run]) -> str | None:
     """One horizontal stacked bar per run: mean seconds per step spent in each stage."""
     timed = [(run.name, stage_times(run)) for run in runs]
@@ -371,6 +432,17 @@ def evals_section(runs: Sequence[Run]) -> list[str]:
     return out
 
 
+def seed_section(runs: Sequence[Run]) -> list[str]:
+    """The seed's code benchmarks against each run's starting checkpoint (`posttrain.eval.seed_table`)."""
+    table = seed_table([(run.name, run.evals) for run in runs])
+    if not table.rows:
+        return []
+    return ["<h2>Code benchmarks against the starting checkpoint</h2>",
+            '<p class="note">pass@1 in percent: start = the evaluation labelled <code>before</code>, RL = '
+            "<code>after</code>; the change in percentage points with a paired bootstrap 95% interval over "
+            "the problems both judged.</p>", _table(seed_header(table), seed_body(table))]
+
+
 def _panel_div(title: str, note: str, png: str) -> str:
     note_html = f'<p class="note">{html.escape(note)}</p>' if note else ""
     return f'<div class="panel"><h3>{html.escape(title)}</h3>{note_html}{_img(png, title)}</div>'
@@ -378,7 +450,7 @@ def _panel_div(title: str, note: str, png: str) -> str:
 
 def render_html(runs: Sequence[Run]) -> str:
     """The whole page for ``runs``."""
-    body = ["<h1>posttrain report</h1>"] + runs_section(runs) + evals_section(runs)
+    body = ["<h1>posttrain report</h1>"] + runs_section(runs) + seed_section(runs) + evals_section(runs)
     missing = []
     panels_html = []
     for panel in PANELS:
@@ -390,6 +462,9 @@ def render_html(runs: Sequence[Run]) -> str:
     episodes = plot_panel(ENV_PANEL, runs)  # single-turn runs have none, and miss nothing
     if episodes is not None:
         panels_html.append(_panel_div(ENV_PANEL.title, ENV_PANEL.note, episodes))
+    precision = precision_panel(runs)  # runs without rollout.precision_fallback have none, and miss nothing
+    if precision is not None:
+        panels_html.append(precision)
     overopt = plot_overoptimisation(runs)
     if overopt is not None:
         panels_html.append(_panel_div("Gold and proxy vs KL", "reward over-optimisation: the proxy (reward model) "
@@ -415,9 +490,20 @@ def render_html(runs: Sequence[Run]) -> str:
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
-    """Render every run under ``paths`` into the self-contained HTML file ``out``."""
+    """Render every run under ``paths`` into the self-contained HTML file ``out`` (`write_report_files`)."""
+    return write_report_files(paths, out)[0]
+
+
+def write_report_files(paths: Sequence[str | Path], out: str | Path) -> tuple[Path, Path | None]:
+    """The HTML page ``out`` and, when the runs have the seed's code benchmarks, their table as
+    Markdown next to it (``out`` with suffix ``.md``; None when there is no table)."""
     runs = find_runs(paths)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(runs), encoding="utf-8")
-    return out
+    markdown = to_markdown(seed_table([(run.name, run.evals) for run in runs]))
+    if not markdown:
+        return out, None
+    table = out.with_suffix(".md")
+    table.write_text(markdown, encoding="utf-8")
+    return out, table

@@ -1,14 +1,16 @@
 """`posttrain report RUN_DIR [RUN_DIR ...] [--out report.html]`: one self-contained HTML page.
 
 See `posttrain.eval.report` for what is drawn. Several run directories are compared on the same
-charts; sub-runs (a demo's ``sft/`` and ``rl/``) are found by themselves.
+charts; sub-runs (a demo's ``sft/`` and ``rl/``) are found by themselves. Runs evaluated on the
+seed's code benchmarks also get their table as Markdown (`posttrain.eval.seed_table`), printed and
+written next to the page.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from posttrain.eval.report import write_report
+from posttrain.eval.report import write_report_files
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     # next to the runs it draws, not into whatever folder the command was typed in
     out = args.out or str(Path(args.runs[0]) / "report.html")
-    path = write_report(args.runs, out)
+    path, table = write_report_files(args.runs, out)
     print(f"report: {path}")
+    if table is not None:
+        print(f"table: {table}\n\n{table.read_text()}", end="")
     return 0

@@ -94,3 +94,19 @@ def test_solve_fractions():
     all_frac, none_frac = solve_fractions([4, 4, 4, 4], [4, 0, 0, 2])
     assert all_frac == 0.25
     assert none_frac == 0.5
+
+
+def test_paired_interval_of_a_change():
+    from posttrain.algos.passk import paired_bootstrap_ci
+
+    # every problem gains exactly 0.1: whatever the resample, the mean change is 0.1
+    before = np.array([0.0, 0.3, 0.5, 0.9])
+    assert paired_bootstrap_ci(before, before + 0.1) == pytest.approx((0.1, 0.1, 0.1))
+    # one problem of four flips to solved: +0.25, and no resample can go below 0 or above 0.75
+    mean, low, high = paired_bootstrap_ci([0, 0, 1, 1], [1, 0, 1, 1])
+    assert mean == 0.25 and 0.0 <= low < 0.25 < high <= 0.75
+    # the interval is the bootstrap of the per-problem differences, not of the two arms apart
+    diffs = np.array([1, 0, 0, 0, 1, 0, 0, 0, 0, 1], dtype=float)
+    assert paired_bootstrap_ci(np.zeros(10), diffs, seed=3)[1:] == bootstrap_ci(diffs, seed=3)
+    with pytest.raises(ValueError, match="one entry per problem"):
+        paired_bootstrap_ci([0, 1], [1])
