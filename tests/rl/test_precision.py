@@ -117,6 +117,26 @@ def test_fallback_switches_the_engine_up_and_back_with_a_forced_gap(rl_overrides
     assert len(events) == 4 and "mismatch KL" in events[0] and "2 quiet steps" in events[1]
 
 
+def test_the_report_draws_the_precision_and_lists_each_switch(rl_overrides, reward_plugin, tmp_path):
+    import re
+
+    from posttrain.eval.report import Run, find_runs, render_html
+
+    _run(rl_overrides, reward_plugin, **{"rollout.engine_dtype": "bfloat16", "num_steps": 4,
+                                         "rollout.precision_fallback.kl_threshold": 1e-9,
+                                         "rollout.precision_fallback.quiet_steps": 2})
+    page = render_html(find_runs([tmp_path / "run"]))
+    panel = page[page.index("<h3>Rollout precision</h3>"):]
+    panel = panel[:panel.index("</div>")]
+    assert 'alt="Rollout precision" src="data:image/png;base64,' in panel
+    cells = re.findall(r"<tr><td>run</td><td>(\d+)</td><td>([^<]+)</td><td>([^<]*)</td></tr>", panel)
+    assert [(s, d) for s, d, _ in cells] == [("1", "float32"), ("3", "16-bit"), ("4", "float32")]
+    assert all(float(kl) > 1e-9 for s, _, kl in cells if s != "3")  # the gap that moved it up
+    without = Run(name="run", path=tmp_path, config_text="", metrics=[{"step": 1, "mismatch/kl": 1e-7}], evals=[],
+                  notes=[])
+    assert "Rollout precision" not in render_html([without])  # neither drawn nor listed as missing
+
+
 def test_fallback_is_refused_where_it_cannot_act():
     from posttrain.rl.config import RLConfig
 
