@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("posttrain.distributed.sandbox_cli",
                 "judge programs in the sandbox, here or on a Ray farm; audit code datasets"),
     "serve": ("posttrain.serve.serve_cli", "OpenAI-compatible HTTP server over the rollout engine"),
+    "tinker-serve": ("posttrain.tinker.cli", "Tinker-compatible training API (the official tinker SDK's routes)"),
     "demo": ("posttrain.demo", "the whole pipeline on the embedded tiny model"),
 }
 

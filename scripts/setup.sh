@@ -10,6 +10,7 @@
 #   bash scripts/setup.sh envs         + SkyRL-gym and OpenEnv (env.name=skyrl:<id>, env.name=openenv)
 #   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
 #   bash scripts/setup.sh verifiers    + a separate .venv-verifiers with Prime Intellect's verifiers
+#   bash scripts/setup.sh tinker       + a separate .venv-tinker with the official tinker SDK (its test lane)
 # Extras combine with commas (`test,vllm`); the pip extras (test, bench, lint, ray, envs, tensorboard,
 # wandb) go into .venv, the same as `.venv/bin/pip install -e '.[ray]'` from this checkout.
 set -euo pipefail
@@ -24,6 +25,11 @@ VERIFIERS=0
 if [[ ",$EXTRAS," == *",verifiers,"* ]]; then  # not a pip extra either: openai<3 and friends
   VERIFIERS=1
   EXTRAS="$(echo ",$EXTRAS," | sed 's/,verifiers,/,/g; s/^,//; s/,$//')"
+fi
+TINKER=0
+if [[ ",$EXTRAS," == *",tinker,"* ]]; then  # the SDK a user's loop imports: a client's environment, not ours
+  TINKER=1
+  EXTRAS="$(echo ",$EXTRAS," | sed 's/,tinker,/,/g; s/^,//; s/,$//')"
 fi
 PY="${PYTHON:-python3}"
 
@@ -70,4 +76,6 @@ fi
 [ "$VLLM" = 1 ] && bash scripts/setup_vllm.sh
 # verifiers (env.name=verifiers:<taskset>) wants openai<3 and pins mcp: its own environment too.
 [ "$VERIFIERS" = 1 ] && bash scripts/setup_verifiers.sh
+# The tinker SDK drives `posttrain tinker-serve` from its own environment, as a user's loop would.
+[ "$TINKER" = 1 ] && bash scripts/setup_tinker.sh
 true

@@ -16,7 +16,7 @@ FLOORS = [
     {"core", "data", "models", "sandbox", "tasks", "distributed"},
     {"verifiers", "envs"},
     {"train", "rl"},
-    {"eval", "study", "demo", "cli", "__main__", "serve"},
+    {"eval", "study", "demo", "cli", "__main__", "serve", "tinker"},
 ]
 FLOOR = {pkg: i for i, names in enumerate(FLOORS) for pkg in names}
 

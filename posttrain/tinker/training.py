@@ -1,0 +1,285 @@
+"""Training clients on one base model: a LoRA adapter and an optimizer each, one shared base.
+
+`Base` holds one base model wrapped once by peft; each training client is a named adapter on it
+(peft's multi-adapter model), with its own `TrainCore` (AdamW) over that adapter's parameters
+only. Choices:
+
+* **Isolation.** A forward runs with exactly one adapter active; gradients land on that
+  adapter's parameters and stay there until its own ``optim_step`` (another client's
+  ``forward_backward`` in between does not touch them), and clipping and the optimizer see that
+  adapter's parameters only. A failing request raises before any gradient is accumulated where it
+  can (inputs are checked first) and never touches another adapter.
+* **The same optimizer step as every trainer**: `TrainCore.backward` / `apply_gradients` (clip,
+  AdamW, zero). Tinker sets Adam's parameters per ``optim_step``, so they are written into the
+  optimizer's param group before each step; the schedule is constant (the client owns it).
+* **Sampling** goes through the rollout engine (`TorchEngine`), which holds its own copy of the
+  weights: a sampler snapshot is the base with the adapter merged in (W + scale·B·A per layer),
+  loaded with a checksum when a request needs a different snapshot than the engine holds.
+* One thread runs every method here (the server's worker); nothing here locks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from posttrain.algos.logprobs import token_logprobs
+from posttrain.core.trainer import TrainCore
+from posttrain.rollout.types import weights_checksum
+from posttrain.tinker.losses import LossInputError, check_datum, per_token_loss
+
+ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+UNEMBED = ["lm_head"]
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+    def targets(self) -> list[str]:
+        return ATTN * self.train_attn + MLP * self.train_mlp + UNEMBED * self.train_unembed
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "seed": self.seed, "train_attn": self.train_attn, "train_mlp": self.train_mlp,
+                "train_unembed": self.train_unembed}
+
+
+class _AdapterParams:
+    """What `TrainCore` reads of a model: one adapter's parameters, in a fixed order."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self._params = params
+
+    def parameters(self):
+        return iter(self._params)
+
+    def train(self):
+        return self
+
+
+@dataclass
+class Sampler:
+    """A sampling session: a snapshot of one client's weights (merged), or the base's (None)."""
+
+    base: str
+    label: str
+    weights: dict | None
+    model_path: str | None
+    clients: int = 0
+
+
+@dataclass
+class Adapter:
+    name: str
+    spec: LoraSpec
+    core: TrainCore
+    params: dict[str, torch.nn.Parameter]
+    steps: int = 0
+
+
+class Base:
+    """A base model (loaded once) and the adapters of the training clients on it."""
+
+    def __init__(self, name: str, model, tokenizer, engine, max_context: int):
+        self.name, self.tokenizer, self.engine, self.max_context = name, tokenizer, engine, max_context
+        self.model = model  # the plain HF model until the first adapter wraps it
+        self.base_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.adapters: dict[str, Adapter] = {}
+        self.engine_holds: str = "base"  # which snapshot the engine's weights are
+        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+
+    # ------------------------------------------------------------------------- adapters
+
+    def add_adapter(self, name: str, spec: LoraSpec) -> Adapter:
+        from peft import LoraConfig, get_peft_model
+
+        targets = [t for t in spec.targets() if not (t == "lm_head" and self.tied)]
+        if not targets:
+            raise LossInputError("lora_config: train_attn, train_mlp and train_unembed are all false: nothing to train")
+        config = LoraConfig(r=spec.rank, lora_alpha=spec.rank, lora_dropout=0.0, target_modules=targets,
+                            task_type="CAUSAL_LM")
+        if spec.seed is not None:
+            torch.manual_seed(spec.seed)
+        if not self.adapters and not hasattr(self.model, "peft_config"):
+            self.model = get_peft_model(self.model, config, adapter_name=name)
+        else:
+            self.model.add_adapter(name, config)
+        params = {k: p for k, p in self.model.named_parameters() if f".{name}." in k}
+        for p in params.values():
+            p.requires_grad_(True)
+        optimizer = torch.optim.AdamW(list(params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        core = TrainCore(_AdapterParams(list(params.values())), optimizer, None, grad_clip=0.0)
+        adapter = Adapter(name=name, spec=spec, core=core, params=params)
+        self.adapters[name] = adapter
+        return adapter
+
+    def remove_adapter(self, name: str) -> None:
+        self.adapters.pop(name, None)
+        if hasattr(self.model, "peft_config") and name in self.model.peft_config:
+            self.model.delete_adapter(name)
+
+    def _activate(self, name: str) -> Adapter:
+        adapter = self.adapters[name]
+        self.model.base_model.set_adapter(name)
+        for p in adapter.params.values():  # set_adapter may freeze; this client trains its own
+            p.requires_grad_(True)
+        return adapter
+
+    # ------------------------------------------------------------------------- training
+
+    def forward_backward(self, name: str, loss_fn: str, data: list, config: dict, backward: bool) -> tuple[list, dict]:
+        """Per-datum ``logprobs`` and ``elementwise_loss``, and the summed loss; gradients added to
+        the adapter's (not applied) unless ``backward`` is false."""
+        self.check_data(loss_fn, data)
+        adapter = self._activate(name)
+        ids, mask, x = _pad(data)
+        self.model.train()
+        with torch.set_grad_enabled(backward):
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            logp = token_logprobs(logits.float(), x.pop("target_tokens").long())
+            loss_BT, metrics = per_token_loss(loss_fn, logp, x, mask, config)
+            loss = loss_BT.sum()
+            if backward:
+                adapter.core.backward(loss)
+        outputs = [{"logprobs": logp[i, :len(d.tokens)].detach().numpy().astype(np.float32),
+                    "elementwise_loss": loss_BT[i, :len(d.tokens)].detach().numpy().astype(np.float32)}
+                   for i, d in enumerate(data)]
+        report = {"loss:sum": float(loss.detach())}
+        report |= {f"{k}:mean": float(v) for k, v in metrics.items() if not k.endswith("_max")}
+        report |= {f"{k}:max": float(v) for k, v in metrics.items() if k.endswith("_max")}
+        return outputs, report
+
+    def check_data(self, loss_fn: str, data: list) -> None:
+        """`LossInputError` for a datum the loss cannot read or the model cannot take."""
+        for i, d in enumerate(data):
+            check_datum(loss_fn, i, d.tokens, d.inputs)
+            if not d.tokens:
+                raise LossInputError(f"data[{i}].model_input: no tokens")
+            if len(d.tokens) > self.max_context:
+                raise LossInputError(f"data[{i}].model_input: {len(d.tokens)} tokens, the model takes {self.max_context}")
+            targets = d.inputs["target_tokens"]
+            if min(d.tokens) < 0 or max(d.tokens) >= self.vocab or targets.min() < 0 or targets.max() >= self.vocab:
+                raise LossInputError(f"data[{i}]: token ids must be in [0, {self.vocab})")
+            if any(not np.isfinite(a).all() for a in d.inputs.values()):
+                raise LossInputError(f"data[{i}].loss_fn_inputs: NaN or infinite values")
+
+    def optim_step(self, name: str, adam: dict) -> dict:
+        adapter = self.adapters[name]
+        group = adapter.core.optimizer.param_groups[0]
+        group.update(lr=adam["learning_rate"], betas=(adam["beta1"], adam["beta2"]), eps=adam["eps"],
+                     weight_decay=adam["weight_decay"])
+        adapter.core.grad_clip = adam["grad_clip_norm"]
+        core = adapter.core
+        core.scheduler = _NoSchedule()
+        metrics = core.apply_gradients()
+        adapter.steps += 1
+        return {"grad_norm:mean": metrics["grad_norm"], "learning_rate:mean": metrics["lr"]}
+
+    @property
+    def vocab(self) -> int:
+        return self.engine.vocab_size
+
+    # ------------------------------------------------------------------------- state
+
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """The adapter's tensors under names without the adapter's own name (portable between names)."""
+        return {k.replace(f".{name}.", ".ADAPTER."): p.detach().clone() for k, p in self.adapters[name].params.items()}
+
+    def optimizer_state(self, name: str) -> dict:
+        return {"optimizer": self.adapters[name].core.optimizer.state_dict(), "steps": self.adapters[name].steps}
+
+    def load_state(self, name: str, tensors: dict[str, torch.Tensor], optimizer: dict | None) -> None:
+        adapter = self.adapters[name]
+        wanted = {k.replace(f".{name}.", ".ADAPTER."): p for k, p in adapter.params.items()}
+        if set(wanted) != set(tensors):
+            raise LossInputError("the checkpoint's adapter does not match this model's LoRA layout (rank or targets)")
+        with torch.no_grad():
+            for k, p in wanted.items():
+                if p.shape != tensors[k].shape:
+                    raise LossInputError(f"the checkpoint's {k} has shape {list(tensors[k].shape)}, "
+                                         f"the model's {list(p.shape)}")
+                p.copy_(tensors[k])
+        if optimizer is not None:
+            adapter.core.optimizer.load_state_dict(optimizer["optimizer"])
+            adapter.steps = optimizer["steps"]
+
+    # ------------------------------------------------------------------------- sampling
+
+    def use_snapshot(self, label: str, weights: dict[str, torch.Tensor] | None) -> None:
+        """Put snapshot ``label`` (``weights``; None: the base) in the engine unless it is there."""
+        if self.engine_holds == label:
+            return
+        weights = self.base_weights if weights is None else weights
+        self.engine.load_weights(weights, self.engine.version + 1, weights_checksum(weights))
+        self.engine_holds = label
+
+    def sample(self, prompt: list[int], n: int, params: dict, want_prompt_logprobs: bool):
+        from posttrain.rollout.types import SamplingParams
+
+        stop = params["stop"]
+        sampling = SamplingParams(temperature=params["temperature"], top_p=params["top_p"],
+                                  top_k=max(params["top_k"], 0), max_new_tokens=params["max_tokens"],
+                                  stop=[s for s in stop if isinstance(s, str)], seed=params["seed"])
+        out = self.engine.generate([prompt], n, sampling)
+        stop_ids = {s for s in stop if isinstance(s, int)}
+        sequences = [_cut(out.completion_ids[i], out.logprobs[i], out.finish_reason[i], stop_ids) for i in range(n)]
+        prompt_lp = None
+        if want_prompt_logprobs:
+            from posttrain.serve.app import prompt_logprobs
+
+            with torch.no_grad():
+                prompt_lp = [math.nan] + prompt_logprobs(self.engine, prompt)
+        return sequences, prompt_lp
+
+
+def merge_adapter(base_weights: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base's weights with an adapter (`Base.adapter_state` names) merged in: W + B·A per layer
+    (alpha = rank, so the scale is 1), under the base model's names."""
+    weights = dict(base_weights)
+    with torch.no_grad():
+        for key, a in adapter.items():
+            if ".lora_A.ADAPTER." not in key:
+                continue
+            b = adapter[key.replace(".lora_A.", ".lora_B.")]
+            layer = key.split(".lora_A.")[0].removeprefix("base_model.model.")
+            weights[layer + ".weight"] = base_weights[layer + ".weight"] + b.float() @ a.float()
+    return weights
+
+
+class _NoSchedule:
+    """Tinker's client owns the learning rate: each ``optim_step`` names it."""
+
+    def step(self):
+        pass
+
+
+def _cut(tokens: list[int], logprobs: list[float], reason: str, stop_ids: set[int]):
+    """Token-id stops, which the engine does not take: the sample up to and including the first one."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return "stop", tokens[:i + 1], logprobs[:i + 1]
+    return ("length" if reason == "length" else "stop"), tokens, logprobs
+
+
+def _pad(data: list) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Right-padded (B, T) input ids, attention mask and loss inputs (0 at padding)."""
+    T = max(len(d.tokens) for d in data)
+    ids = torch.zeros(len(data), T, dtype=torch.long)
+    mask = torch.zeros(len(data), T, dtype=torch.long)
+    names = set().union(*(d.inputs for d in data))
+    x = {k: torch.zeros(len(data), T, dtype=torch.long if k == "target_tokens" else torch.float32) for k in names}
+    for i, d in enumerate(data):
+        n = len(d.tokens)
+        ids[i, :n] = torch.tensor(d.tokens)
+        mask[i, :n] = 1
+        for k, arr in d.inputs.items():
+            x[k][i, :n] = torch.from_numpy(np.array(arr)).to(x[k].dtype)
+    return ids, mask, x

@@ -1,0 +1,217 @@
+"""`posttrain tinker-serve` over plain HTTP, no SDK: the key rule, 4xx for bad requests, the
+protobuf codec, the loss mapping against hand-worked numbers, and a forward/backward whose
+log-probs equal the model's own (a fresh adapter is the base)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.tinker import wire
+from posttrain.tinker.app import Limits, create_app
+from posttrain.tinker.cli import load_base
+from posttrain.tinker.losses import LossInputError, check_request, per_token_loss
+from tests.serve.conftest import RunningServer
+
+KEY = "tml-test-key"
+
+
+@pytest.fixture(scope="module")
+def server(nano_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinker-root")
+    app = create_app({"nano": load_base("nano", nano_model_dir, None)}, root, api_key=KEY,
+                     limits=Limits(max_models=3, max_samples=4, max_new_tokens=16))
+    with RunningServer(app) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers={"X-API-Key": KEY}, timeout=60) as c:
+        yield c
+
+
+def result(http, handle):
+    """Poll a future as the SDK does."""
+    assert handle.status_code == 200, handle.text
+    for _ in range(60):
+        r = http.post("/api/v1/retrieve_future", json={"request_id": handle.json()["request_id"]})
+        assert r.status_code == 200, r.text
+        if r.headers["content-type"].startswith("application/x-protobuf"):
+            return r.content
+        if r.json().get("type") != "try_again":
+            return r.json()
+        time.sleep(0.05)
+    raise AssertionError("the future never finished")
+
+
+@pytest.fixture(scope="module")
+def model_id(http):
+    session = http.post("/api/v1/create_session", json={"tags": [], "sdk_version": "x"}).json()["session_id"]
+    body = {"session_id": session, "model_seq_id": 0, "base_model": "nano", "lora_config": {"rank": 4, "seed": 0}}
+    return result(http, http.post("/api/v1/create_model", json=body))["model_id"]
+
+
+def test_key_needed_except_health(server):
+    with httpx.Client(base_url=server.url) as c:
+        assert c.get("/api/v1/healthz").status_code == 200
+        r = c.post("/api/v1/create_session", json={})
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert c.post("/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"}).status_code == 401
+        ok = c.post("/api/v1/create_session", json={"tags": []}, headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200 and ok.json()["session_id"]
+
+
+def test_beyond_loopback_needs_key(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("POSTTRAIN_API_KEY", raising=False)
+    assert main(["tinker-serve", "--root", str(tmp_path), "--host", "0.0.0.0"]) == 2
+    assert "needs an API key" in capsys.readouterr().err
+    assert main(["tinker-serve", "--root", str(tmp_path / "missing")]) == 2
+    assert main(["tinker-serve", "--root", str(tmp_path), "--model", "x=" + str(tmp_path)]) == 2
+
+
+def fb_body(model_id, loss="cross_entropy", tokens=(3, 4, 5, 6), **inputs):
+    n = len(tokens)
+    inputs = {"target_tokens": np.array(list(tokens[1:]) + [7], dtype=np.int64),
+              "weights": np.ones(n, dtype=np.float32)} | inputs
+    return wire.encode_forward_backward(model_id, 1, loss, [(list(tokens), inputs)])
+
+
+@pytest.mark.parametrize("case, status, words", [
+    ("garbage", 400, "field"), ("dro", 400, "'dro' is not supported"), ("missing", 400, "needs 'weights'"),
+    ("length", 400, "expected [4]"), ("extra", 400, "not read by cross_entropy"), ("vocab", 400, "token ids"),
+    ("model", 404, "no such training client"),
+])
+def test_forward_backward_bad_requests(http, model_id, case, status, words):
+    body = {"garbage": b"\x0a\xff\xff\xff\xff\x0f",
+            "dro": fb_body(model_id, "dro"),
+            "missing": wire.encode_forward_backward(model_id, 1, "cross_entropy",
+                                                    [([1, 2], {"target_tokens": np.array([2, 3])})]),
+            "length": fb_body(model_id, weights=np.ones(3, dtype=np.float32)),
+            "extra": fb_body(model_id, advantages=np.ones(4, dtype=np.float32)),
+            "vocab": fb_body(model_id, tokens=(3, 4, 5, 10**6)),
+            "model": fb_body("nope")}[case]
+    r = http.post("/api/v1/forward_backward", content=body, headers={"Content-Type": "application/x-protobuf"})
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route, body, status, words", [
+    ("/api/v1/create_model", {"session_id": "s", "model_seq_id": 9, "base_model": "nope", "lora_config": {"rank": 4}},
+     400, "not served here"),
+    ("/api/v1/optim_step", {"model_id": "nope", "adam_params": {}}, 404, "no such training client"),
+    ("/api/v1/load_weights", {"model_id": "x", "path": "tinker://../weights/x", "optimizer": True}, 400, "plain names"),
+    ("/api/v1/load_weights", {"model_id": "x", "path": "/etc/passwd", "optimizer": True}, 400, "tinker://"),
+    ("/api/v1/retrieve_future", {"request_id": "req-nope"}, 404, "no such request"),
+    ("/api/v1/asample", {"sampling_session_id": "nope"}, 404, "no such sampler"),
+    ("/api/v1/no_such_route", {}, 404, "no such route"),
+])
+def test_bad_requests_are_4xx(http, route, body, status, words):
+    r = http.post(route, json=body)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]["message"]
+
+
+def test_rank_and_model_count_bounds(http, model_id):
+    session = http.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
+    bad = {"session_id": session, "model_seq_id": 0, "base_model": "nano", "lora_config": {"rank": 0}}
+    assert http.post("/api/v1/create_model", json=bad).status_code == 400
+    codes = []
+    for seq in range(4):
+        body = {"session_id": session, "model_seq_id": seq, "base_model": "nano", "lora_config": {"rank": 2}}
+        r = http.post("/api/v1/create_model", json=body)
+        codes.append(r.status_code)
+        if r.status_code == 200:
+            result(http, r)
+    assert codes.count(429) >= 1 and codes[0] == 200  # three clients at most (one is model_id's)
+    for seq, code in enumerate(codes):
+        if code == 200:
+            result(http, http.post("/api/v1/unload_model", json={"model_id": f"{session}:train:{seq}"}))
+
+
+def test_sampling_bounds(http, model_id):
+    sid = result(http, http.post("/api/v1/save_weights_for_sampler",
+                                 json={"model_id": model_id, "sampling_session_seq_id": 0}))["sampling_session_id"]
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [3, 4, 5]}]}
+    for params, n, words in [({"max_tokens": 17}, 1, "max_tokens"), ({"max_tokens": 4}, 5, "num_samples"),
+                             ({"max_tokens": 4, "temperature": 0}, 1, "temperature")]:
+        r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "prompt": prompt, "num_samples": n,
+                                               "sampling_params": params})
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "prompt": prompt, "num_samples": 2,
+                                           "sampling_params": {"max_tokens": 4, "seed": 1}})
+    out = wire.fields(result(http, r))
+    assert len(out[1]) == 2 and len(r.json()["sample_sequence_ids"]) == 2
+
+
+def test_forward_backward_matches_the_model(http, model_id, nano_model_dir):
+    """A fresh adapter (B = 0) is the base: log-probs equal the HF model's, loss:sum is -Σ w·logp."""
+    from transformers import AutoModelForCausalLM
+
+    tokens, weights = [3, 4, 5, 6, 9], np.array([0, 1, 1, 0.5, 2], dtype=np.float32)
+    targets = np.array([4, 5, 6, 9, 11])
+    body = wire.encode_forward_backward(model_id, 1, "cross_entropy",
+                                        [(tokens, {"target_tokens": targets, "weights": weights})], forward_only=True)
+    out = result(http, http.post("/api/v1/forward_backward", content=body))
+    f = wire.fields(out)
+    record = wire.fields(f[2][0])
+    fields = {wire._text(wire.fields(e), 1): wire.fields(wire.fields(e)[2][0]) for e in record[2]}
+    logprobs = np.frombuffer(fields["logprobs"][1][0], dtype="<f4")
+    metrics = {wire._text(wire.fields(e), 1): wire._double(wire.fields(e)[2][0]) for e in f[3]}
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
+    with torch.no_grad():
+        ref = model(torch.tensor([tokens])).logits[0].log_softmax(-1)[torch.arange(5), torch.tensor(targets)]
+    np.testing.assert_allclose(logprobs, ref.numpy(), atol=1e-5)
+    assert metrics["loss:sum"] == pytest.approx(-(weights * ref.numpy()).sum(), abs=1e-4)
+
+
+def test_a_failed_load_fails_its_future_only(http, model_id):
+    r = http.post("/api/v1/load_weights", json={"model_id": model_id, "path": "tinker://nobody/weights/none",
+                                                "optimizer": False})
+    failed = result(http, r)
+    assert failed["category"] == "user" and "no checkpoint" in failed["error"]
+    ok = result(http, http.post("/api/v1/forward_backward", content=fb_body(model_id)))
+    assert isinstance(ok, bytes)
+
+
+def losses_of(name, logp, old, adv, **config):
+    x = {"logprobs": torch.tensor([old]), "advantages": torch.tensor([adv]), "weights": torch.tensor([adv])}
+    loss, _ = per_token_loss(name, torch.tensor([logp]), x, torch.ones(1, len(logp)), check_request(name, config))
+    return loss[0].tolist()
+
+
+def test_losses_by_hand():
+    half, quarter = math.log(0.5), math.log(0.25)
+    # ratio 2 on token 0, 0.5 on token 1; advantages +1 and -1
+    logp, old, adv = [half, quarter], [quarter, half], [1.0, -1.0]
+    assert losses_of("cross_entropy", logp, old, adv) == pytest.approx([-half, quarter])
+    assert losses_of("importance_sampling", logp, old, adv) == pytest.approx([-2.0, 0.5])
+    assert losses_of("ppo", logp, old, adv) == pytest.approx([-1.2, 0.8])  # max(-Aρ, -A·clip(ρ, .8, 1.2))
+    assert losses_of("ppo", logp, old, adv, clip_low_threshold=0.5, clip_high_threshold=3.0) == pytest.approx([-2, .5])
+    assert losses_of("cispo", logp, old, adv) == pytest.approx([-1.2 * half, 0.8 * quarter])
+    # gspo: one ratio per sequence, exp(mean log-ratio) = exp(0) = 1 here: -A each
+    assert losses_of("gspo", logp, old, adv) == pytest.approx([-1.0, 1.0])
+    with pytest.raises(LossInputError, match="not understood"):
+        check_request("cross_entropy", {"clip_low_threshold": 0.9})
+    with pytest.raises(LossInputError, match="clip_low_threshold <= 1"):
+        losses_of("ppo", logp, old, adv, clip_low_threshold=1.5)
+
+
+def test_wire_round_trip_and_truncation():
+    tokens, targets = [1, 2, 3], np.array([2, 3, 4])
+    body = wire.encode_forward_backward("m:train:0", 7, "ppo", [(tokens, {"target_tokens": targets})])
+    req = wire.decode_forward_backward(body)
+    assert (req.model_id, req.seq_id, req.loss_fn, req.forward_only) == ("m:train:0", 7, "ppo", False)
+    assert req.data[0].tokens == tokens and req.data[0].inputs["target_tokens"].tolist() == [2, 3, 4]
+    for cut in (3, len(body) // 2, len(body) - 1):
+        with pytest.raises(wire.WireError):
+            wire.decode_forward_backward(body[:cut])
+    out = wire.fields(wire.encode_sample_response([("length", [5, 6], [-0.5, -1.5])], [math.nan, -2.0]))
+    seq = wire.fields(out[1][0])
+    assert seq[1] == [1] and np.frombuffer(seq[3][0], dtype="<f4").tolist() == [-0.5, -1.5]
