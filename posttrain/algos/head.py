@@ -68,7 +68,11 @@ def hidden_head(model):
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
+    # Causal LMs apply the head to a slice, ``hidden[:, -k:]``: a view. Returned from an FSDP2 root,
+    # a view makes torch warn that an in-place op on it would drop the pre-backward hook. Nothing
+    # here writes into it and the gradients equal one process's (tests/core/test_head_grads_fsdp.py),
+    # but a copy (B, T, H, far below the (B, T, V) logits this path avoids) ends the question.
+    return x.clone() if x._base is not None else x
 
 
 def _logits(h_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None, tau: float) -> torch.Tensor:
