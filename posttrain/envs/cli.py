@@ -12,6 +12,10 @@ Files written (JSONL):
 For ``repo`` the prompts are whole tasks (the project's files, hidden tests, the reference fix):
 `posttrain env-audit` checks them.
 
+``swe`` makes SWE-bench-format tasks from a real project and its own test suite
+(``--from`` a source distribution or a folder; `posttrain.envs.swe_tasks`): ``tasks_train.jsonl``,
+``tasks_eval.jsonl`` and ``repos/NAME`` (the git repository the tasks point at), for ``env.name=swe``.
+
 Train and eval never share a problem (the tasks' hash splits).
 """
 
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from posttrain.errors import UserError
 
-ENVS = ("calculator", "code_repair", "repo")
+ENVS = ("calculator", "code_repair", "repo", "swe")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "retried (default 0)")
     parser.add_argument("--give-up-frac", type=float, default=0.0,
                         help="repo: share of traces that submit right after running the tests, unfixed (default 0)")
+    parser.add_argument("--from", dest="source", default="",
+                        help="swe: the project, a source distribution (.tar.gz, .zip) or a folder, with its tests")
+    parser.add_argument("--max-tasks", type=int, default=50, help="swe: most tasks to keep (default 50)")
+    parser.add_argument("--per-function", type=int, default=2, help="swe: most tasks per function (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="swe: seconds for one run of the project's suite in the sandbox (default 120)")
     parser.add_argument("--repair-frac", type=float, default=0.5,
                         help="code_repair: share of traces that fix a wrong first version (default 0.5)")
 
@@ -49,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.n_train < 0 or args.n_eval < 0:
         raise UserError("--n-train and --n-eval must be >= 0")
+    if args.env == "swe":
+        return _make_swe(args)
     if args.env == "calculator":
         from posttrain.envs.calculator import write_calculator_data
 
@@ -76,4 +88,26 @@ def run(args: argparse.Namespace) -> int:
                                          seed=args.seed, repair_frac=args.repair_frac)
     for name, path in written.items():
         print(f"{name}: {path}")
+    return 0
+
+
+def _make_swe(args: argparse.Namespace) -> int:
+    import json
+
+    from posttrain.envs.swe_tasks import make_tasks
+    from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+    from posttrain.sandbox.worker import SandboxConfig
+
+    if not args.source:
+        raise UserError("swe: --from SDIST|FOLDER is required (the project to make tasks from)")
+    if args.max_tasks < 1 or args.per_function < 1 or args.timeout <= 0:
+        raise UserError("swe: --max-tasks and --per-function must be >= 1, --timeout > 0")
+    try:
+        pool = SandboxPool(SandboxConfig(workers=1, timeout_s=args.timeout, cpu_s=int(args.timeout) + 1, tmpfs_mb=64))
+    except SandboxUnavailable as e:
+        raise UserError(f"swe: the project's tests cannot run here: {e}") from None
+    with pool:
+        summary = make_tasks(args.source, Path(args.out_dir), pool, max_tasks=args.max_tasks,
+                             per_function=args.per_function, timeout_s=args.timeout)
+    print(json.dumps(summary))
     return 0

@@ -5,7 +5,8 @@ A task is one JSONL record in SWE-bench's format — ``instance_id``, ``repo``, 
 (pytest node ids; a list or SWE-bench's JSON string of one), ``problem_statement`` — plus
 ``repo_path``: a local git checkout (the tree is read at ``base_commit``) or a plain folder (read
 as it is; ``base_commit`` is then only a label). The episode's project is that tree; the test
-patch is held back. Files that are not UTF-8 text, dot-files and folders (``.git``, ``.github``)
+patch is held back (an empty one: the project's own tests are the hidden tests, visible to the
+agent but restored before the verdict, as in tasks made by `posttrain.envs.swe_tasks`). Files that are not UTF-8 text, dot-files and folders (``.git``, ``.github``)
 and caches are left out of the tree.
 
 **The verdict.** Submitting runs real pytest (the library) in the code sandbox on the agent's
@@ -213,7 +214,7 @@ def load_task(record: dict) -> dict:
     rec = check_record(record)
     files = tree_at(rec["repo_path"], rec["base_commit"])
     task = {"id": rec["instance_id"], "repo": rec["repo"], "files": files,
-            "hidden": apply_patch(files, rec["test_patch"], "test_patch"),
+            "hidden": apply_patch(files, rec["test_patch"], "test_patch") if rec["test_patch"].strip() else {},
             "fix": apply_patch(files, rec["patch"], "patch") if rec["patch"].strip() else None,
             "fail_to_pass": rec["FAIL_TO_PASS"], "pass_to_pass": rec["PASS_TO_PASS"],
             "problem": rec["problem_statement"]}

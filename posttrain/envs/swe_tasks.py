@@ -1,0 +1,373 @@
+"""SWE-bench-format tasks made from a real Python project and its own test suite (`posttrain
+make-env-data swe DIR --from SDIST|FOLDER`), in the manner of SWE-smith: inject a bug, keep it when
+the project's tests catch it.
+
+1. **Baseline**: the project's suite runs once in the code sandbox (real pytest, the project's own
+   configuration), each test's outcome noted and, with a profiler, the project's functions it
+   calls (file and first line).
+2. **Mutations** (`mutations`): in each function some passing test covers, one change at a time —
+   an arithmetic operator swapped, a comparison flipped, an integer off by one, a boolean
+   flipped, a statement dropped (``pass`` in its place), an ``and``/``or`` condition dropped,
+   the first two arguments of a call swapped. Each is a splice of the changed node's source, so
+   the rest of the file keeps its text.
+3. **Kept** when, with the mutation, some tests of the files whose tests cover the function fail
+   that passed before (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS).
+   A mutant that times out is dropped.
+4. **Problem statement**: what a user would see — the failing tests' names and their errors
+   (pytest's one-line crash message), never the diff.
+5. **Records**: the project goes into ``DIR/repos/NAME`` as a git repository whose first commit is
+   the original; each task is a commit on top of it holding the bug (``base_commit``), its
+   ``patch`` is the fix (the diff back to the original), its ``test_patch`` empty (the project's
+   tests, restored before each verdict, are the hidden tests), ``repo_path`` that repository.
+6. **Split by file**: a task's split is a hash of its project and mutated file, so no held-out
+   task shares a mutated function (or file) with training. ``DIR/tasks_train.jsonl`` and
+   ``DIR/tasks_eval.jsonl`` feed ``posttrain rl``/``eval`` with ``env.name=swe`` and
+   ``posttrain env-audit``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from posttrain.envs.base import EnvTaskError
+from posttrain.envs.swe import _WRITE_TREE, ROOT, import_roots, ini_file, is_test_path, tree_at
+from posttrain.errors import UserError
+
+HELD_OUT_FRAC = 0.2
+_SALT = "posttrain-swe-v1"
+# Node ids the verdict can name on pytest's command line as they are.
+_SAFE_ID = re.compile(r"^[\w./-]+\.py(::[\w.\[\]\-+,=]+)+$")
+_SWAP_OPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult, ast.Div: ast.Mult,
+             ast.Mod: ast.FloorDiv, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd, ast.LShift: ast.RShift,
+             ast.RShift: ast.LShift}
+
+
+# ------------------------------------------------------------------------------- the project
+def unpack(source: str | Path, into: Path) -> Path:
+    """The project's folder: ``source`` itself, or the one top folder of an sdist (.tar.gz, .zip)
+    unpacked under ``into`` (members that would land outside it are refused)."""
+    source = Path(source)
+    if source.is_dir():
+        return source
+    if not source.is_file():
+        raise UserError(f"--from {source}: no such file or folder")
+    into.mkdir(parents=True, exist_ok=True)
+    if source.name.endswith((".tar.gz", ".tgz", ".tar")):
+        with tarfile.open(source) as tar:
+            tar.extractall(into, filter="data")
+    elif source.suffix == ".zip":
+        with zipfile.ZipFile(source) as z:
+            for name in z.namelist():
+                if name.startswith("/") or ".." in Path(name).parts:
+                    raise UserError(f"--from {source}: member {name!r} points outside the archive")
+            z.extractall(into)
+    else:
+        raise UserError(f"--from {source}: not a folder, .tar.gz or .zip")
+    tops = [p for p in into.iterdir() if p.is_dir()]
+    if len(tops) != 1:
+        raise UserError(f"--from {source}: expected one top folder in the archive, found {len(tops)}")
+    return tops[0]
+
+
+_SUITE = _WRITE_TREE + '''
+
+def _suite(files, targets, ini, roots, profile):
+    import json, os, sys
+    sys.path.append("/sandbox/lib")
+    import pytest
+    out = os.dup(1)
+    null = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(null, 1), os.dup2(null, 2)
+    _write_tree(files, ROOT)
+    if not ini:
+        ini = "/tmp/.suite.ini"
+        with open(ini, "w") as f:
+            f.write("[pytest]\\n")
+    else:
+        ini = ROOT + "/" + ini
+    os.chdir(ROOT)
+    sys.path[:0] = roots
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    results, cover, prefix = {}, {}, ROOT + "/"
+
+    class Probe:
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_call(self, item):
+            seen = set()
+
+            def note(frame, event, arg):
+                if event == "call" and frame.f_code.co_filename.startswith(prefix):
+                    seen.add((frame.f_code.co_filename[len(prefix):], frame.f_code.co_firstlineno))
+            if profile:
+                sys.setprofile(note)
+            try:
+                return (yield)
+            finally:
+                sys.setprofile(None)
+                cover[item.nodeid] = sorted(seen)
+
+        def pytest_runtest_logreport(self, report):
+            if report.failed:
+                crash = getattr(report.longrepr, "reprcrash", None)
+                results[report.nodeid] = ["failed", str(getattr(crash, "message", "") or "")[:400]]
+            elif report.when == "call" or report.skipped:
+                results.setdefault(report.nodeid, [report.outcome, ""])
+
+    pytest.main(["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", ROOT, "--basetemp", "/tmp/.pytest-base",
+                 *targets], plugins=[Probe()])
+    os.write(out, json.dumps({"results": results, "cover": cover}).encode())
+    os._exit(0)
+'''
+
+
+def suite_program(files: dict[str, str], targets: list[str], profile: bool) -> str:
+    return (f"ROOT = {ROOT!r}\n" + _SUITE
+            + f"\n_suite({files!r}, {targets!r}, {ini_file(files)!r}, {import_roots(files)!r}, {profile!r})\n")
+
+
+def run_suite(pool, files: dict[str, str], targets: list[str], profile: bool, timeout_s: float) -> dict | None:
+    """``{"results": {node id: [outcome, crash message]}, "cover": {node id: [[path, line], ...]}}``,
+    or None when the run did not finish (a timeout, a crash)."""
+    from posttrain.outcome import OutcomeClass
+    from posttrain.sandbox.pool import Job
+
+    outcome = pool.run([Job(suite_program(files, targets, profile), io=(("", ""),), timeout_s=timeout_s,
+                            capture=True)])[0]
+    if outcome.cls is not OutcomeClass.PASS:
+        return None
+    try:
+        return json.loads(outcome.detail)
+    except json.JSONDecodeError:
+        return None
+
+
+# ------------------------------------------------------------------------------- mutations
+def functions(text: str) -> list[ast.FunctionDef]:
+    """Every function and method of a module (nested ones too)."""
+    return [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def first_line(fn) -> int:
+    """The line the function's code object starts at (its first decorator's, if any)."""
+    return min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+
+
+_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%",
+            ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<", ast.RShift: ">>"}
+# A comparison's operator as it is written (a pattern that matches no longer operator) -> its flip.
+_CMP_TEXT = {ast.Lt: (r"<(?!=)", "<="), ast.LtE: (r"<=", "<"), ast.Gt: (r">(?!=)", ">="), ast.GtE: (r">=", ">"),
+             ast.Eq: (r"==", "!="), ast.NotEq: (r"!=", "=="), ast.In: (r"(?<!not )\bin\b", "not in"),
+             ast.NotIn: (r"\bnot\s+in\b", "in"), ast.Is: (r"\bis\b(?!\s+not\b)", "is not"),
+             ast.IsNot: (r"\bis\s+not\b", "is")}
+
+
+class _Source:
+    """A module's text with ast positions (1-based line, UTF-8 byte column) turned into offsets."""
+
+    def __init__(self, text: str):
+        self.text, self.starts = text, [0]
+        for line in text.splitlines(keepends=True):
+            self.starts.append(self.starts[-1] + len(line))
+        self.lines = text.splitlines(keepends=True)
+
+    def at(self, line: int, col: int) -> int:
+        return self.starts[line - 1] + len(self.lines[line - 1].encode()[:col].decode(errors="ignore"))
+
+    def span(self, node) -> tuple[int, int]:
+        return self.at(node.lineno, node.col_offset), self.at(node.end_lineno, node.end_col_offset)
+
+
+def _edits(src: _Source, node) -> list[tuple[str, list[tuple[int, int, str]]]]:
+    """(kind, [(start, end, new text)]) for each mutation of one node; text outside the edits is kept."""
+    if not hasattr(node, "end_col_offset"):  # contexts and operators have no position
+        return []
+    text, (start, end) = src.text, src.span(node)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OP_TEXT:
+        a, b = src.span(node.left)[1], src.span(node.right)[0]
+        old, new = _OP_TEXT[type(node.op)], _OP_TEXT[_SWAP_OPS[type(node.op)]]
+        gap = text[a:b]
+        return [("operator", [(a, b, gap.replace(old, new, 1))])] if gap.count(old) == 1 else []
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMP_TEXT:
+        a, b = src.span(node.left)[1], src.span(node.comparators[0])[0]
+        pattern, new = _CMP_TEXT[type(node.ops[0])]
+        gap, n = re.subn(pattern, new, text[a:b], count=1)
+        return [("comparison", [(a, b, gap)])] if n else []
+    if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
+        return [("constant" if type(node.value) is bool else "off_by_one",
+                 [(start, end, repr(not node.value if type(node.value) is bool else node.value + 1))])]
+    if isinstance(node, ast.BoolOp) and len(node.values) == 2:
+        first = src.span(node.values[0])
+        kept = text[first[0]:first[1]]
+        loose = isinstance(node.values[0], (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr))
+        return [("condition", [(start, end, f"({kept})" if loose else kept)])]
+    if isinstance(node, ast.Call) and len(node.args) >= 2 and not any(isinstance(x, ast.Starred) for x in node.args[:2]):
+        (a0, a1), (b0, b1) = src.span(node.args[0]), src.span(node.args[1])
+        return [("arguments", [(a0, a1, text[b0:b1]), (b0, b1, text[a0:a1])])]
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr)):
+        return [("statement", [(start, end, "pass")])]
+    return []
+
+
+def mutations(text: str, fn) -> list[tuple[str, str]]:
+    """``(kind, mutated module text)`` for each mutation site of ``fn`` in the module ``text``
+    (see the module docstring): only the changed tokens differ, so the mutant keeps the project's
+    own formatting; only mutants that parse and differ."""
+    src, out = _Source(text), []
+    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(
+        getattr(fn.body[0], "value", None), ast.Constant) else fn.body  # not the docstring
+    # f-string parts carry no usable source positions: nothing inside one is mutated
+    in_fstring = {id(n) for stmt in body for j in ast.walk(stmt) if isinstance(j, ast.JoinedStr) for n in ast.walk(j)}
+    for node in (n for stmt in body for n in ast.walk(stmt) if id(n) not in in_fstring):
+        for kind, edits in _edits(src, node):
+            mutant = text
+            for start, end, new in sorted(edits, reverse=True):
+                mutant = mutant[:start] + new + mutant[end:]
+            if mutant == text:
+                continue
+            try:
+                ast.parse(mutant)
+            except SyntaxError:
+                continue
+            out.append((kind, mutant))
+    return out
+
+
+# ------------------------------------------------------------------------------- the tasks
+def split_of(project: str, path: str) -> str:
+    digest = hashlib.sha256(f"{_SALT}:{project}:{path}".encode()).digest()
+    return "eval" if int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_FRAC else "train"
+
+
+def problem_statement(failing: dict[str, str]) -> str:
+    """What a user running the tests sees: the failing tests and their errors."""
+    lines = [f"Running the project's tests, {len(failing)} test(s) that used to pass now fail:"]
+    for nodeid, message in list(failing.items())[:5]:
+        lines.append(f"- {nodeid}: {message.strip().splitlines()[0] if message.strip() else 'fails'}")
+    return "\n".join(lines) + "\nFind the cause in the code and fix it (the tests are right)."
+
+
+class TaskRepo:
+    """The git repository holding the original project and one commit per task (written with git's
+    plumbing on a private index: the work tree is never touched)."""
+
+    def __init__(self, folder: Path, files: dict[str, str]):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._git("init", "-q")
+        for path, text in files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text)
+        self._git("add", "-A")
+        self.original = self._commit(self._git("write-tree").strip(), [], "original")
+
+    def _git(self, *args: str, data: str | None = None, index: str | None = None) -> str:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.folder),
+               "GIT_AUTHOR_NAME": "posttrain", "GIT_AUTHOR_EMAIL": "posttrain@localhost",
+               "GIT_COMMITTER_NAME": "posttrain", "GIT_COMMITTER_EMAIL": "posttrain@localhost",
+               "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
+        if index:
+            env["GIT_INDEX_FILE"] = index
+        proc = subprocess.run(["git", "-C", str(self.folder), *args], input=data, capture_output=True, text=True,
+                              env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"git {args[0]}: {proc.stderr.strip()[:300]}")
+        return proc.stdout
+
+    def _commit(self, tree: str, parents: list[str], message: str) -> str:
+        return self._git("commit-tree", tree, *[a for p in parents for a in ("-p", p)], "-m", message).strip()
+
+    def commit_change(self, path: str, text: str, message: str) -> tuple[str, str]:
+        """(the commit with ``path`` changed to ``text``, the diff that takes it back to the original)."""
+        blob = self._git("hash-object", "-w", "--stdin", data=text).strip()
+        with tempfile.TemporaryDirectory() as tmp:
+            index = os.path.join(tmp, "index")
+            self._git("read-tree", self.original, index=index)
+            self._git("update-index", "--cacheinfo", f"100644,{blob},{path}", index=index)
+            tree = self._git("write-tree", index=index).strip()
+        commit = self._commit(tree, [self.original], message)
+        return commit, self._git("diff", commit, self.original)
+
+
+def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, per_function: int = 2,
+               timeout_s: float = 120.0, log=print) -> dict:
+    """Tasks from one project (see the module docstring); returns counts and times."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="swe-src-") as tmp:
+        folder = unpack(source, Path(tmp))
+        name = re.sub(r"[^\w.-]", "_", folder.name)
+        try:
+            files = tree_at(str(folder), "")
+        except EnvTaskError as e:
+            raise UserError(f"--from {source}: {e}") from None
+    baseline = run_suite(pool, files, [], True, timeout_s)
+    if baseline is None or not baseline["results"]:
+        raise UserError(f"--from {source}: the project's test suite did not run in the sandbox (no tests found, "
+                        "a missing dependency, or over the time limit)")
+    passed = {k for k, (o, _) in baseline["results"].items() if o == "passed"}
+    log(f"{name}: {len(files)} files, {len(baseline['results'])} tests, {len(passed)} pass "
+        f"({time.monotonic() - t0:.1f} s)")
+    covering: dict[tuple[str, int], set[str]] = {}
+    for nodeid, seen in baseline["cover"].items():
+        if nodeid in passed:
+            for path, line in seen:
+                covering.setdefault((path, line), set()).add(nodeid)
+    repo = TaskRepo(out_dir / "repos" / name, files)
+    records, tried = {"train": [], "eval": []}, 0
+    for path in sorted(p for p in files if p.endswith(".py") and not is_test_path(p) and not p.endswith("setup.py")):
+        try:
+            fns = functions(files[path])
+        except SyntaxError:
+            continue
+        for fn in fns:
+            tests = covering.get((path, first_line(fn)))
+            if not tests or sum(map(len, records.values())) >= max_tasks:
+                continue
+            kept, candidates = 0, mutations(files[path], fn)
+            random.Random(f"{_SALT}:{name}:{path}:{fn.lineno}").shuffle(candidates)  # a mix of kinds
+            for kind, mutant in candidates:
+                if kept >= per_function:
+                    break
+                tried += 1
+                record = _try(pool, repo, name, files, path, fn, kind, mutant, tests, passed, timeout_s)
+                if record is not None:
+                    records[split_of(name, path)].append(record)
+                    kept += 1
+    from posttrain.data.records import write_jsonl
+
+    for split, rows in records.items():
+        write_jsonl(out_dir / f"tasks_{split}.jsonl", rows)
+    seconds = time.monotonic() - t0
+    log(f"{name}: {tried} mutants tried, {sum(map(len, records.values()))} tasks kept "
+        f"({len(records['train'])} train, {len(records['eval'])} eval) in {seconds:.0f} s")
+    return {"project": name, "tests": len(baseline["results"]), "passing": len(passed), "tried": tried,
+            "train": len(records["train"]), "eval": len(records["eval"]), "seconds": round(seconds, 1)}
+
+
+def _try(pool, repo: TaskRepo, name: str, files: dict, path: str, fn, kind: str, mutant: str, tests: set[str],
+         passed: set[str], timeout_s: float) -> dict | None:
+    """The task of one mutant, or None when the tests do not catch it (or it hangs)."""
+    targets = sorted({t.split("::")[0] for t in tests})
+    run = run_suite(pool, {**files, path: mutant}, targets, False, timeout_s)
+    if run is None:
+        return None
+    results = run["results"]
+    f2p = sorted(t for t in results if t in passed and results[t][0] != "passed" and _SAFE_ID.match(t))
+    p2p = sorted(t for t in results if t in passed and results[t][0] == "passed" and _SAFE_ID.match(t))
+    if not f2p or not p2p:
+        return None
+    commit, fix = repo.commit_change(path, mutant, f"{kind} in {path}:{fn.name}")
+    return {"instance_id": f"{name}__{path}:{fn.name}:{kind}:{commit[:8]}", "repo": name, "base_commit": commit,
+            "patch": fix, "test_patch": "", "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p,
+            "problem_statement": problem_statement({t: results[t][1] for t in f2p}),
+            "repo_path": str(repo.folder.resolve()), "mutation": {"path": path, "function": fn.name, "kind": kind}}

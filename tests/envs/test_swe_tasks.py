@@ -1,0 +1,130 @@
+"""`posttrain make-env-data swe`: mutations worked out by hand, and tasks made from a small project
+built here (its own suite run in the sandbox): each kept mutant is caught by its FAIL_TO_PASS tests,
+its statement names tests and errors but never the code, the split is by file, and the tasks'
+gold patch passes while submitting the bug unchanged does not."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.envs.audit import swe_policies
+from posttrain.envs.swe import SweEnv, load_task
+from posttrain.envs.swe_tasks import functions, mutations, split_of
+from posttrain.envs.tools import format_call
+from posttrain.outcome import OutcomeClass
+from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+from posttrain.sandbox.worker import SandboxConfig
+
+SOURCE = '''def f(xs, k=2):
+    """Doc: 1 + 1 is not mutated."""
+    out = 0  # kept comment
+    for x in xs:
+        if x > k and x != 3:
+            out += x * 2
+    g(xs, k)
+    return out is not None
+'''
+
+
+def test_each_mutation_changes_only_its_tokens():
+    (fn,) = functions(SOURCE)
+    got = {}
+    for kind, text in mutations(SOURCE, fn):
+        changed = [(a, b) for a, b in zip(SOURCE.splitlines(), text.splitlines()) if a != b]
+        assert len(changed) == 1 and len(text.splitlines()) == len(SOURCE.splitlines()), (kind, text)
+        got.setdefault(kind, []).append(changed[0][1].strip())
+    assert got == {
+        "statement": ["pass  # kept comment", "pass", "pass"],
+        "off_by_one": ["out = 1  # kept comment", "if x > k and x != 4:", "out += x * 3"],
+        "condition": ["if x > k:"],
+        "comparison": ["if x >= k and x != 3:", "if x > k and x == 3:", "return out is None"],
+        "operator": ["out += x // 2"],
+        "arguments": ["g(k, xs)"],
+    }
+
+
+PROJECT = {
+    "shapes/__init__.py": "",
+    "shapes/geometry.py": ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
+                           "def is_square(w, h):\n    return w == h and w > 0\n"),
+    "shapes/words.py": ("def shout(s):\n    return s.upper() + '!'\n\n\n"
+                        "def vowels(s):\n    return sum(1 for c in s if c in 'aeiou')\n"),
+    "tests/test_geometry.py": ("from shapes.geometry import area, is_square, perimeter\n\n\n"
+                               "def test_area():\n    assert area(2, 3) == 6\n\n\n"
+                               "def test_perimeter():\n    assert perimeter(2, 3) == 10\n\n\n"
+                               "def test_square():\n    assert is_square(2, 2) and not is_square(2, 3)"
+                               " and not is_square(0, 0)\n"),
+    "tests/test_words.py": ("from shapes.words import shout, vowels\n\n\n"
+                            "def test_shout():\n    assert shout('hi') == 'HI!'\n\n\n"
+                            "def test_vowels():\n    assert vowels('banana') == 3\n"),
+    "setup.cfg": "[tool:pytest]\ntestpaths = tests\n",
+}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    folder = root / "shapes-1.0"
+    for path, text in PROJECT.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    sdist = root / "shapes-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(folder, arcname="shapes-1.0")
+    out = root / "data"
+    code = main(["make-env-data", "swe", str(out), "--from", str(sdist), "--max-tasks", "6", "--per-function", "1",
+                 "--timeout", "30"])
+    if code == 2:
+        pytest.skip("no sandbox here")
+    tasks = {split: [json.loads(line) for line in (out / f"tasks_{split}.jsonl").read_text().splitlines()]
+             for split in ("train", "eval")}
+    return out, tasks
+
+
+def test_tasks_are_made_caught_by_their_tests_and_split_by_file(made):
+    _, tasks = made
+    rows = tasks["train"] + tasks["eval"]
+    assert len(rows) == 5  # one per function: shout's mutants are caught too, vowels' and the rest
+    for split, items in tasks.items():
+        for r in items:
+            assert split_of(r["repo"], r["mutation"]["path"]) == split
+            assert r["FAIL_TO_PASS"] and r["PASS_TO_PASS"] and not set(r["FAIL_TO_PASS"]) & set(r["PASS_TO_PASS"])
+            assert all(t.startswith("tests/test_") for t in r["FAIL_TO_PASS"] + r["PASS_TO_PASS"])
+            assert all(t in r["problem_statement"] for t in r["FAIL_TO_PASS"])
+            removed = [line[1:].strip() for line in r["patch"].splitlines()
+                       if line.startswith("-") and not line.startswith("---")]
+            assert removed and not any(line in r["problem_statement"] for line in removed), r["problem_statement"]
+    functions_of = {s: {(r["mutation"]["path"], r["mutation"]["function"]) for r in tasks[s]} for s in tasks}
+    assert not functions_of["train"] & functions_of["eval"]
+
+
+def test_made_tasks_oracle_passes_and_null_fails(made):
+    _, tasks = made
+    try:
+        pool = SandboxPool(SandboxConfig(workers=1, timeout_s=30.0))
+    except SandboxUnavailable as e:
+        pytest.skip(str(e))
+    with pool:
+        for record in (tasks["train"] + tasks["eval"])[:2]:
+            task = load_task(record)
+            assert task["hidden"] == {} and task["files"] != {}
+            env = SweEnv(pool=pool)
+            env.reset(record)
+            null = env.step(format_call("submit", {}))
+            assert null.outcome.cls is OutcomeClass.MODEL_FAIL and null.info["fail_to_pass"] == 0.0
+            env = SweEnv(pool=pool)
+            env.reset(record)
+            for turn in swe_policies(task)["oracle"]:
+                result = env.step(turn)
+            assert result.outcome.cls is OutcomeClass.PASS, result.outcome
+
+
+def test_make_env_data_swe_needs_a_project(tmp_path, capsys):
+    assert main(["make-env-data", "swe", str(tmp_path / "o")]) == 2
+    assert "--from SDIST|FOLDER is required" in capsys.readouterr().err
+    assert main(["make-env-data", "swe", str(tmp_path / "o"), "--from", str(tmp_path / "missing.tar.gz")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
