@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import math
+import os
 import time
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from posttrain.config import ConfigValueError
+from posttrain.errors import UserError
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -117,13 +120,65 @@ class StageTimer:
         return out
 
 
+PROGRESS_EVERY_ENV = "POSTTRAIN_PROGRESS_EVERY_S"
+"""Seconds between the plain progress lines printed off a terminal (default 30)."""
+
+
 def progress_bar(enabled: bool = True) -> Progress:
-    """A rich progress bar with steps, ETA and a free-form ``info`` field (loss, tokens/s...)."""
-    return Progress(
+    """A rich progress bar with steps, ETA and a free-form ``info`` field (loss, tokens/s...). Off a
+    terminal it prints a plain line instead (`PlainLines`)."""
+    return PlainLines(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-        disable=not enabled, transient=False,
+        disable=not enabled, transient=False, every_s=progress_every_s(),
     )
+
+
+def progress_every_s() -> float:
+    raw = os.environ.get(PROGRESS_EVERY_ENV, "30")
+    try:
+        every = float(raw)
+    except ValueError:
+        every = -1.0
+    if not every > 0:
+        raise UserError(f"${PROGRESS_EVERY_ENV}: expected seconds > 0, got {raw!r}")
+    return every
+
+
+class PlainLines(Progress):
+    """rich's `Progress`, and off a terminal (output to a file: nohup, a cluster's log), where rich
+    draws nothing until the bar stops, one plain line per running task at most every ``every_s``
+    seconds, when the bar is updated: ``rl 12/40 0:01:23 eta 0:03:10 reward 0.120``."""
+
+    def __init__(self, *columns, every_s: float = 30.0, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self.every_s = every_s
+        self._said = time.monotonic()
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._say()
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._say()
+
+    def _say(self) -> None:
+        if self.disable or self.console.is_terminal or time.monotonic() - self._said < self.every_s:
+            return
+        self._said = time.monotonic()
+        for task in self.tasks:
+            if task.visible and not task.finished:
+                self.console.print(plain_line(task), markup=False, highlight=False, soft_wrap=True)
+
+
+def plain_line(task) -> str:
+    """One rich task as text: description, done/total, elapsed, eta, info."""
+    clock = lambda s: "-:--:--" if s is None else str(datetime.timedelta(seconds=int(s)))  # noqa: E731
+    done = f"{task.completed:g}/{task.total:g}" if task.total is not None else f"{task.completed:g}"
+    eta = f" eta {clock(task.time_remaining)}" if task.total is not None else ""
+    info = task.fields.get("info", "")
+    return f"{task.description} {done} {clock(task.elapsed)}{eta}{' ' + info if info else ''}"
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from posttrain.errors import UserError
@@ -72,8 +71,8 @@ def run(args) -> int:
         pool = SandboxPool(SandboxConfig(workers=args.workers))
     except SandboxUnavailable as e:
         raise UserError(f"{args.tasks}: cannot run the tasks here: {e}") from None
-    with pool, progress_bar(sys.stderr.isatty()) as bar:
-        job = bar.add_task("audit", total=None, info="")
+    with pool, progress_bar() as bar:  # off a terminal: a plain line every 30 s
+        job = bar.add_task("audit", total=len(tasks), info="")
         rows = audit_tasks(tasks, lambda: env_class(timeout_s=args.timeout, pool=pool),
                            workers=2 * pool.cfg.n_workers, progress=lambda: bar.advance(job),
                            policies_of=(lambda rec: swe_policies(load_task(rec))) if swe else repo_policies)

@@ -43,6 +43,7 @@ from posttrain.envs.config import EnvConfig
 from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
 from posttrain.sandbox.worker import SandboxConfig
+from posttrain.tracking import progress_bar
 
 PUBLISHED_KINDS = ("kodcode", "mbpp", "evalplus", "livecodebench")  # read as published (posttrain.data.formats)
 KINDS = ("arithmetic", "math", "code", "humaneval", "env", *PUBLISHED_KINDS)
@@ -411,8 +412,8 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
     out = Path(cfg.out_dir)
     results: list[EvalResult] = []
     total = sum(len(problems) for _, problems, _ in benches) * len(cfg.profiles)
-    with _progress(show_progress) as progress:
-        task = progress.add_task("eval", total=total)
+    with progress_bar(show_progress) as progress:
+        task = progress.add_task("eval", total=total, info="")
         for bench, problems, verifier in benches:
             for profile in cfg.profiles:
                 path = out / "samples" / f"{bench.name}.{profile.name}.jsonl"
@@ -465,10 +466,3 @@ def _load_engine(model_path: str, cfg: EvalConfig):
         engine = TorchEngine(model_path, tokenizer=tokenizer, device=resolve_device(cfg.device),
                              dtype=getattr(torch, cfg.dtype))
     return engine, tokenizer
-
-
-def _progress(show: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    disable=not show, transient=False)
