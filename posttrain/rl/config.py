@@ -467,6 +467,9 @@ class RLConfig:
         if self.data.thinking is not None and not self.data.use_chat_template:
             raise ConfigValueError("data.thinking", "needs data.use_chat_template=true (enable_thinking is a "
                                    "chat template switch)")
+        if self.data.thinking is not None and self.env.name:
+            raise ConfigValueError("data.thinking", "has no effect with env.name: an environment renders its "
+                                   "own turns (leave data.thinking null)")
         if self.env.name and not self.data.use_chat_template:
             raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
                                    "turns are rendered by the model's chat template (roles, tool replies)")

@@ -118,3 +118,14 @@ def test_the_direct_recipe_runs_two_steps_against_a_launched_vllm_server(vllm_mo
         assert r["mismatch/logprob_abs_diff_max"] < 1e-3  # the server sampled with the trainer's weights
     assert sorted(p.name for p in (tmp_path / "run" / "rollout_weights" / "v2").iterdir()) == \
         ["adapter_config.json", "adapter_model.safetensors"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"data.use_chat_template": "false"}, "needs data.use_chat_template=true"),
+    ({"env.name": "calculator"}, "has no effect with env.name"),
+])
+def test_thinking_is_refused_where_it_would_do_nothing(overrides, message):
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match=f"data.thinking.*{message}"):
+        _config("reasoning", overrides)
