@@ -15,6 +15,14 @@ Then the per-episode overhead of a whole scripted good episode (run the visible 
 line, submit: two sandbox runs in the warm shared pool), to put the reset in proportion.
 
     .venv/bin/python bench/env_reset.py [--pad 0] [--pad-kb 4] [--seconds 2]
+
+With ``--project DIR`` (a real project's folder, its tests included; ``--pad-mb`` pads it with
+extra modules up to that many MiB) the same for the SWE environment (`posttrain.envs.swe`):
+``overlay`` is a fresh `SweEnv` and ``reset`` on the project (the tree read once, then shared),
+``copy`` a copy of its folder per episode; then one verdict run of the project's test files in
+the warm sandbox, its wall time against the time pytest itself spent inside it.
+
+    .venv/bin/python bench/env_reset.py --project runs/swe-data/src/six-1.17.0 [--pad-mb 10]
 """
 
 from __future__ import annotations
@@ -50,7 +58,11 @@ def main() -> None:
     ap.add_argument("--pad-kb", type=int, default=4, help="KiB per extra module (default 4)")
     ap.add_argument("--seconds", type=float, default=2.0, help="time per side (default 2)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is printed (default 3)")
+    ap.add_argument("--project", default="", help="a real project's folder: measure the SWE environment on it")
+    ap.add_argument("--pad-mb", type=float, default=0.0, help="--project: pad the tree to this many MiB")
     args = ap.parse_args()
+    if args.project:
+        return project_bench(args)
 
     from posttrain.envs.repo import RepoEnv
     from posttrain.envs.tools import format_call
@@ -123,6 +135,62 @@ def main() -> None:
         r = statistics.median(per_second(episode, args.seconds) for _ in range(args.rounds))
     print(f"a whole good episode (2 sandbox runs, warm pool): {1000 / r:.1f} ms; the overlay reset is "
           f"{100 * r / base:.3f}% of it")
+
+
+def project_bench(args) -> None:
+    """Reset and verdict overhead of the SWE environment on a real project (see the docstring)."""
+    from posttrain.envs.swe import SweEnv, is_test_path, tree_at
+    from posttrain.envs.tools import format_call
+    from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+    from posttrain.sandbox.worker import SandboxConfig
+
+    source = Path(args.project)
+    folder = Path(tempfile.mkdtemp(prefix="env-reset-project-")) / source.name
+    shutil.copytree(source, folder)
+    size = sum(map(len, tree_at(str(folder), "").values()))
+    body = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(256 * 1024 // 32))
+    k = 0
+    while size < args.pad_mb * 1024 * 1024:  # 256 KiB modules, never imported by the tests
+        (folder / f"pad_{k}.py").write_text(body)
+        size, k = size + len(body), k + 1
+    files = tree_at(str(folder), "")
+    tests = sorted(p for p in files if is_test_path(p) and p.rsplit("/", 1)[-1].startswith("test") and p.endswith(".py"))
+    record = {"instance_id": source.name, "repo": source.name, "base_commit": "", "patch": "", "test_patch": "",
+              "FAIL_TO_PASS": tests, "PASS_TO_PASS": [], "problem_statement": "bench", "repo_path": str(folder)}
+    t0 = time.perf_counter()
+    SweEnv().reset(record)
+    first = time.perf_counter() - t0
+    template, scratch = folder, Path(tempfile.mkdtemp(prefix="env-reset-episodes-"))
+
+    def copy():
+        where = Path(tempfile.mkdtemp(dir=scratch))
+        shutil.copytree(template, where / "work")
+        shutil.rmtree(where)
+
+    sides = {"overlay": lambda: SweEnv().reset(record), "copy": copy}
+    rates = {name: statistics.median(per_second(fn, args.seconds) for _ in range(args.rounds))
+             for name, fn in sides.items()}
+    print(f"project {source.name}: {len(files)} files, {size / 2**20:.2f} MiB; reading the tree once: "
+          f"{first * 1000:.0f} ms; median of {args.rounds} rounds")
+    for name, r in rates.items():
+        print(f"{name:>13}: {r:12,.0f} resets/s  {1000 / r:9.3f} ms each  overlay is {rates['overlay'] / r:8.1f}x faster")
+    try:
+        pool = SandboxPool(SandboxConfig(workers=1, timeout_s=120, cpu_s=121, tmpfs_mb=96, file_mb=64))
+    except SandboxUnavailable as e:
+        print(f"verdict: skipped ({e})")
+        return
+    with pool:
+        walls, inside = [], []
+        for _ in range(args.rounds + 1):
+            env = SweEnv(pool=pool, timeout_s=120)
+            env.reset(record)
+            t0 = time.perf_counter()
+            result = env.step(format_call("submit", {}))
+            walls.append(time.perf_counter() - t0)
+            inside.append(result.info.get("pytest_s", float("nan")))
+        wall, own = statistics.median(walls[1:]), statistics.median(inside[1:])
+    print(f"verdict of {len(tests)} test files: {wall * 1000:.0f} ms wall, pytest's own session {own * 1000:.0f} ms, "
+          f"overhead {(wall - own) * 1000:.0f} ms ({wall / own:.2f}x pytest alone)")
 
 
 if __name__ == "__main__":

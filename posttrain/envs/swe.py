@@ -279,7 +279,7 @@ def _write_tree(files, root):
 _VERDICT = _WRITE_TREE + '''
 
 def _verdict(files, ids, ini, roots):
-    import json, os, sys
+    import json, os, sys, time
     nonce = sys.stdin.readline().strip()
     sys.stdin.close()
     os.close(0)
@@ -309,13 +309,16 @@ def _verdict(files, ids, ini, roots):
     sys.path[:0] = roots
     args = pj.pytest_args(ids, rootdir=ROOT, ini=ini, basetemp="/tmp/.pytest-base", conftest=True,
                           stop_first=False, lean=False, import_mode="prepend")
+    clock = time.perf_counter
+    t0 = clock()
     try:
         run = pj.run_pytest(args, lambda excinfo: "failed", plugins=(guard,))
         outcomes, code = dict(run.outcomes), run.exit_code
     except BaseException as e:
         outcomes, code = {}, "session broke: " + type(e).__name__
+    seconds = clock() - t0
     guard.check("at the end")
-    line = dumps({"outcomes": outcomes, "exit_code": code, "tampered": guard.changes})
+    line = dumps({"outcomes": outcomes, "exit_code": code, "tampered": guard.changes, "pytest_s": seconds})
     write(out, (nonce + " " + line + "\\n").encode())
     leave(0)
 '''
@@ -335,7 +338,8 @@ def read_verdict(stdout: str, nonce: str, f2p: list[str], p2p: list[str]) -> tup
     outcomes = report["outcomes"]
     passed = {k: outcomes.get(k) == "passed" for k in f2p + p2p}
     fractions = {"fail_to_pass": sum(passed[k] for k in f2p) / len(f2p),
-                 "pass_to_pass": sum(passed[k] for k in p2p) / len(p2p) if p2p else 1.0}
+                 "pass_to_pass": sum(passed[k] for k in p2p) / len(p2p) if p2p else 1.0,
+                 "pytest_s": float(report.get("pytest_s") or 0.0)}
     if report["tampered"]:
         return Outcome.model_fail("forbidden", detail="the test runner was changed: "
                                   + "; ".join(report["tampered"])), fractions
