@@ -106,10 +106,10 @@ def test_a_fix_that_breaks_a_passing_test_fails_on_pass_to_pass(pool, record):
 # The forgeries that pass the same tree under plain pytest on the host (exit 0): without the
 # verdict's defences each would score.
 FORGING_ON_PLAIN_PYTEST = ("conftest_planted", "conftest_edited", "addopts", "startup_files", "patch_pytest",
-                           "os_exit", "forged_report")
+                           "patch_guard", "os_exit", "forged_report")
 EXPECTED = {"null": "wrong_answer", "conftest_planted": "wrong_answer", "conftest_edited": "wrong_answer",
             "addopts": "wrong_answer", "startup_files": "wrong_answer", "patch_pytest": "forbidden",
-            "patch_builtins": "forbidden", "os_exit": "no_verdict", "delete_tests": "wrong_answer",
+            "patch_builtins": "forbidden", "patch_guard": "forbidden", "os_exit": "no_verdict", "delete_tests": "wrong_answer",
             "forged_report": "no_verdict"}
 
 
