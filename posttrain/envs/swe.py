@@ -21,7 +21,9 @@ computed where the candidate's code runs; what it trusts, and what closes each k
 
 - configuration and tests: restored as above (a planted or edited ``conftest.py``, ``addopts``
   in an ini file, deleted or edited tests change nothing); ``PYTEST_*``/``PYTHON*`` variables
-  are cleared and plugin autoloading is off;
+  are cleared and plugin autoloading is off; a ``conftest.py`` written while the session runs
+  (the package, imported by an early conftest, plants one for a folder not yet collected) or an
+  original one changed on disk is seen by the guard (MODEL_FAIL forbidden);
 - start-up hooks: the sandbox's interpreter runs with ``-I -S``, so ``site`` never runs and no
   ``sitecustomize``, ``usercustomize`` or ``.pth`` file is read;
 - the runner itself: pytest and its plugins are imported *before* the tree is on ``sys.path``,
@@ -305,7 +307,7 @@ def _verdict(files, ids, ini, roots):
     else:
         ini = ROOT + "/" + ini
     os.chdir(ROOT)
-    guard = pj.RunnerGuard()
+    guard = pj.RunnerGuard({ROOT + "/" + p: t for p, t in files.items() if p.rsplit("/", 1)[-1] == "conftest.py"})
     # The final check trusts only what is held here: the guard's own functions and the builtins,
     # compared by identity with plain syntax and dict methods (which no module can replace).
     import builtins
@@ -328,6 +330,7 @@ def _verdict(files, ids, ini, roots):
     if tampered:
         tampered = ["the runner's guard or builtins: " + ", ".join(tampered[:5])]
     else:
+        guard.check("at the end")
         tampered = guard.changes or held["runner_changes"](guard.before)[:5]
     line = dumps({"outcomes": outcomes, "exit_code": code, "tampered": tampered, "pytest_s": seconds})
     write(out, (nonce + " " + line + "\\n").encode())

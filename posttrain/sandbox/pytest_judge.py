@@ -516,15 +516,42 @@ def runner_changes(before: dict[str, object]) -> list[str]:
 
 class RunnerGuard:
     """A pytest plugin that notes when the runner's objects change (`runner_state`): after the
-    test modules are imported and after each test. The caller checks once more at the end."""
+    test modules are imported and after each test. The caller checks once more at the end.
 
-    def __init__(self):
+    ``conftests`` (absolute path -> text): the only ``conftest.py`` files the session may load, with
+    their text; one loaded from elsewhere (written while the session ran) or changed on disk is a
+    change too."""
+
+    def __init__(self, conftests: dict[str, str] | None = None):
         self.before = runner_state()
         self.changes: list[str] = []
+        self.conftests, self.config = conftests, None
 
     def check(self, when: str) -> None:
         if not self.changes:
-            self.changes = [f"{name} (seen {when})" for name in runner_changes(self.before)[:5]]
+            changed = runner_changes(self.before) + self._conftest_changes()
+            self.changes = [f"{name} (seen {when})" for name in changed[:5]]
+
+    def _conftest_changes(self) -> list[str]:
+        if self.conftests is None or self.config is None:
+            return []
+        out = []
+        for plugin in self.config.pluginmanager.get_plugins():
+            path = getattr(plugin, "__file__", None) or ""
+            if os.path.basename(path) == "conftest.py" and os.path.abspath(path) not in self.conftests:
+                out.append(f"a conftest.py loaded from {path}")
+        for path, text in self.conftests.items():
+            try:
+                with open(path) as f:
+                    same = f.read() == text
+            except OSError:
+                same = False
+            if not same:
+                out.append(f"{path} changed")
+        return out
+
+    def pytest_configure(self, config) -> None:
+        self.config = config
 
     def pytest_collection_finish(self, session) -> None:
         self.check("after collection")

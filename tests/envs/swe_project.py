@@ -1,7 +1,7 @@
 """A SWE-bench-format task built from a small git repository made on the spot (no download).
 
-The project ``calc`` (a src layout, pytest configured in pyproject.toml, a conftest with a
-fixture) has a bug in ``add``; the gold patch fixes it, the test patch adds the test that
+The project ``calc`` (a src layout, pytest configured in pyproject.toml, a conftest that imports
+the package and has a fixture) has a bug in ``add``; the gold patch fixes it, the test patch adds the test that
 catches it (FAIL_TO_PASS) next to the suite that already passes (PASS_TO_PASS)."""
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ FILES = {
     "src/calc/__init__.py": "from calc.ops import add, mul, total\n",
     "src/calc/ops.py": ("def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
                         "def total(xs):\n    out = 0\n    for x in xs:\n        out = add(out, x)\n    return out\n"),
-    "tests/conftest.py": "import pytest\n\n\n@pytest.fixture\ndef pair():\n    return (2, 3)\n",
+    "tests/conftest.py": "import calc  # noqa: F401  (loaded with the fixtures)\nimport pytest\n\n\n"
+                         "@pytest.fixture\ndef pair():\n    return (2, 3)\n",
     "tests/test_mul.py": ("from calc import mul\n\n\ndef test_mul(pair):\n    assert mul(*pair) == 6\n\n\n"
                           "def test_mul_zero():\n    assert mul(0, 5) == 0\n"),
 }
 FIX = {"src/calc/ops.py": FILES["src/calc/ops.py"].replace("return a - b", "return a + b")}
-HIDDEN = {"tests/test_add.py": ("from calc import add, total\n\n\ndef test_add(pair):\n    assert add(*pair) == 5\n\n\n"
+HIDDEN = {"tests/hidden/test_add.py": ("from calc import add, total\n\n\ndef test_add(pair):\n    assert add(*pair) == 5\n\n\n"
                                 "def test_total():\n    assert total([1, 2, 3]) == 6\n")}
-F2P = ["tests/test_add.py::test_add", "tests/test_add.py::test_total"]
+F2P = ["tests/hidden/test_add.py::test_add", "tests/hidden/test_add.py::test_total"]
 P2P = ["tests/test_mul.py::test_mul", "tests/test_mul.py::test_mul_zero"]
 
 

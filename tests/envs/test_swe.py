@@ -62,8 +62,8 @@ def play(env, turns):
 def test_the_task_is_the_tree_at_the_base_commit_with_the_test_patch_held_back(record):
     task = load_task(record)
     assert set(task["files"]) == set(FILES)  # LATER.md is a later commit's; .git is never in the tree
-    assert set(task["hidden"]) == {"tests/test_add.py"} and "tests/test_add.py" not in task["files"]
-    assert "def test_total" in task["hidden"]["tests/test_add.py"]
+    assert set(task["hidden"]) == {"tests/hidden/test_add.py"} and "tests/hidden/test_add.py" not in task["files"]
+    assert "def test_total" in task["hidden"]["tests/hidden/test_add.py"]
     assert task["fix"]["src/calc/ops.py"].count("return a + b") == 1
     assert task["fail_to_pass"] == F2P and task["pass_to_pass"] == P2P
     assert load_task(dict(record)) is task  # made once: a reset afterwards is a lookup
@@ -79,7 +79,7 @@ def test_the_verdict_tree_takes_tests_and_configuration_from_the_original(record
     assert tree["tests/test_mul.py"] == FILES["tests/test_mul.py"]
     assert tree["tests/conftest.py"] == FILES["tests/conftest.py"]
     assert tree["pyproject.toml"] == FILES["pyproject.toml"]
-    assert tree["tests/test_add.py"] == task["hidden"]["tests/test_add.py"]
+    assert tree["tests/hidden/test_add.py"] == task["hidden"]["tests/hidden/test_add.py"]
     assert not {"conftest.py", "pytest.ini", "src/sitecustomize.py", "a.pth"} & set(tree)
     assert tree["src/calc/new.py"] == "y = 1\n"  # the agent's code stays
 
@@ -106,10 +106,10 @@ def test_a_fix_that_breaks_a_passing_test_fails_on_pass_to_pass(pool, record):
 # The forgeries that pass the same tree under plain pytest on the host (exit 0): without the
 # verdict's defences each would score.
 FORGING_ON_PLAIN_PYTEST = ("conftest_planted", "conftest_edited", "addopts", "startup_files", "patch_pytest",
-                           "patch_guard", "os_exit", "forged_report")
+                           "patch_guard", "conftest_at_run", "os_exit", "forged_report")
 EXPECTED = {"null": "wrong_answer", "conftest_planted": "wrong_answer", "conftest_edited": "wrong_answer",
             "addopts": "wrong_answer", "startup_files": "wrong_answer", "patch_pytest": "forbidden",
-            "patch_builtins": "forbidden", "patch_guard": "forbidden", "os_exit": "no_verdict", "delete_tests": "wrong_answer",
+            "patch_builtins": "forbidden", "patch_guard": "forbidden", "conftest_at_run": "forbidden", "os_exit": "no_verdict", "delete_tests": "wrong_answer",
             "forged_report": "no_verdict"}
 
 
