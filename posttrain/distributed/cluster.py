@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
@@ -44,6 +45,8 @@ def connect(address: str = "", num_cpus: int | None = None, namespace: str = "po
     if ray.is_initialized():
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local clusters: no token file to manage
+    if not sys.stdout.isatty():  # the driver prints actors' lines behind a colour-coded prefix
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     kwargs = dict(include_dashboard=False, log_to_driver=True, namespace=namespace, ignore_reinit_error=True)
     if address:
         ray.init(address=address, **kwargs)

@@ -73,6 +73,9 @@ class EngineReplica:
     """The body of one engine actor: a `TorchEngine`, and the seconds it waited for work."""
 
     def __init__(self, spec: ReplicaSpec):
+        from posttrain.models.hf import quiet_transformers
+
+        quiet_transformers()  # Ray forwards an actor's output to the driver: no loading bar there
         torch.set_num_threads(max(1, int(spec.cpus)))
         device = "cuda" if spec.gpus > 0 else "cpu"
         self.engine = TorchEngine(spec.path, dtype=getattr(torch, spec.dtype), device=device)
