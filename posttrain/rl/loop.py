@@ -40,6 +40,7 @@ from posttrain.verifiers.evaluate import eval_metrics, evaluate, score
 from posttrain.rl.losses import make_loss_fn, off_policy_correction, reference_kl
 from posttrain.rl.policy import Policy
 from posttrain.rl.precision import PrecisionFallback, follow_the_gap
+from posttrain.rl.drift import BehaviourWeights, score_stale_rows, split_mismatch
 from posttrain.rl.state import RLRun
 from posttrain.rl.curriculum import CurriculumSource
 from posttrain.rollout.http import check_servers
@@ -236,6 +237,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         with timer("logprobs"):
             train_rows, with_ref = rows_to_train(cfg, batch, outcomes, first), reference_due(cfg, step)
             batch.score_weight_B = None if with_ref else score_weights(batch, train_rows)
+            if run.behaviour is not None:  # async: stale rows under their own version, before score keeps a graph
+                run.behaviour.record(run.version, run.policy.model)
+                stale = score_stale_rows(run.policy, batch, run.version, run.behaviour)
             batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=with_ref, train_rows=train_rows)
             metrics |= m
         if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
@@ -244,8 +248,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         else:
             with timer("adv"):
                 batch.adv_B, m = advantages(cfg, batch, world)
+        split = split_mismatch(batch, run.version, *stale) if run.behaviour is not None else {}
         batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
-        metrics |= m | world.mean_metrics(correction, float(batch.scored_mask_BT.sum()))
+        metrics |= m | world.mean_metrics(correction | split, float(batch.scored_mask_BT.sum()))
         metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
         metrics["tokens/generated"] = sum(ro.model_tokens())
         if info.get("dynamic_sampling/starved"):
@@ -440,7 +445,8 @@ def setup(cfg: RLConfig) -> RLRun:
                 verifier=verifier, loss_fn=make_loss_fn(cfg), run_dir=Path(cfg.out_dir), world=world, env=env,
                 colocated=colocates(cfg, world),
                 precision=PrecisionFallback(cfg.rollout.precision_fallback, cfg.rollout.engine_dtype)
-                if cfg.rollout.precision_fallback.kl_threshold > 0 else None)
+                if cfg.rollout.precision_fallback.kl_threshold > 0 else None,
+                behaviour=BehaviourWeights(cfg.max_staleness) if cfg.mode == "async" and cfg.max_staleness > 0 else None)
     send_starting_weights(run)
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo

@@ -35,3 +35,4 @@ class RLRun:
     env: object = None  # env.name set: episodes in a multi-turn environment (posttrain.envs.session.EnvSession)
     colocated: bool = False  # under torchrun every rank has an engine and generates its own groups
     precision: object = None  # rollout.precision_fallback on: the engine's dtype (posttrain.rl.precision.PrecisionFallback)
+    behaviour: object = None  # async with staleness: the trainer's weights per version (posttrain.rl.drift.BehaviourWeights)
