@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import httpx
 
-from posttrain.rollout.http.transport import one_line
+from posttrain.rollout.http.transport import answer, one_line
 from posttrain.rollout.vllm import parse_version, post_json, while_paused
 
 ORIGINAL_LOGPROB_HINT = ("the server reports log-probs before temperature; start it without "
@@ -71,10 +71,10 @@ class SGLangDialect:
         """Health, token ids and log-prob kind of one server; its weight version (0 when unset)."""
         r = client.get(f"{url}/health")
         if r.status_code != 200:
-            raise RuntimeError(f"GET /health answered {r.status_code} {one_line(r.text)}")
+            raise RuntimeError(f"GET /health answered {answer(r)}")
         info = client.get(f"{url}/model_info")
         if info.status_code != 200:
-            raise RuntimeError(f"GET /model_info answered {info.status_code} {one_line(info.text)}: not an "
+            raise RuntimeError(f"GET /model_info answered {answer(info)}: not an "
                                f"SGLang server?")
         self._check_scaled_logprobs(client, url, probe_prompt)
         return parse_version(info.json().get("weight_version"))

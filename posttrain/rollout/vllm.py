@@ -49,6 +49,8 @@ from typing import Callable
 
 import httpx
 
+from posttrain.rollout.http.transport import answer
+
 RAW_MODE_HINT = ("the server reports log-probs before temperature; start it with "
                  "--logprobs-mode processed_logprobs")
 
@@ -82,7 +84,7 @@ class VLLMDialect:
         """Health, dev routes and log-prob mode of one server; its weight version (0 when unset)."""
         r = client.get(f"{url}/health")
         if r.status_code != 200:
-            raise RuntimeError(f"GET /health answered {r.status_code} {r.text[:200]}")
+            raise RuntimeError(f"GET /health answered {answer(r)}")
         info = client.get(f"{url}/weight_info")
         if info.status_code == 404:
             raise RuntimeError("GET /weight_info is 404: start the server with VLLM_SERVER_DEV_MODE=1 "
@@ -225,7 +227,7 @@ def _brief(e: BaseException) -> str:
 def post_json(client: httpx.Client, url: str, body: dict | None = None, params: dict | None = None) -> dict:
     r = client.post(url, json=body, params=params)
     if r.status_code != 200:
-        raise RuntimeError(f"POST {url.rsplit('/', 1)[-1]} answered {r.status_code} {' '.join(r.text.split())[:200]}")
+        raise RuntimeError(f"POST {url.rsplit('/', 1)[-1]} answered {answer(r)}")
     try:
         return r.json() if r.content else {}
     except ValueError:  # some routes answer plain text ("Success: LoRA adapter ... added")

@@ -302,6 +302,46 @@ def test_an_unreachable_server_is_a_one_line_error_and_exit_1(nano_model_dir, ar
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("status,kw,said", [
+    (500, {"json": {"error": {"message": "EngineCore encountered an issue.", "code": 500}}},
+     "500 Internal Server Error: EngineCore encountered an issue."),
+    (422, {"json": {"detail": "field required"}}, "422 Unprocessable Entity: field required"),
+    (503, {"text": "Service  Unavailable\n try later"}, "503 Service Unavailable: Service Unavailable try later"),
+    (404, {"html": "<html><body>Not Found</body></html>"}, "404 Not Found"),
+    (404, {"content": b""}, "404 Not Found")])
+def test_an_answer_is_one_line_with_the_servers_reason_and_no_page(status, kw, said):
+    import httpx
+
+    from posttrain.rollout.http.transport import answer
+
+    assert answer(httpx.Response(status, **kw)) == said
+
+
+@pytest.mark.parametrize("backend", ["openai", "vllm"])
+def test_a_url_that_answers_an_html_404_is_one_line_with_the_status_and_url(nano_model_dir, arith_data_dir, tmp_path,
+                                                                            capsys, backend):
+    """Another program on the port (a web server, a proxy): its page stays out of the message."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+
+    page = "<!DOCTYPE html>\n<html><head><title>404</title></head>\n<body><h1>Not Found</h1></body></html>"
+    app = Starlette()
+    app.add_route("/{path:path}", lambda request: HTMLResponse(page, status_code=404), methods=["GET", "POST"])
+    other = InThread(app)
+    try:
+        from posttrain.cli import main
+
+        code = main(["rl", f"model.path={nano_model_dir}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
+                     f"rollout.backend={backend}", f"rollout.urls=['{other.url}']", f"out_dir={tmp_path / 'run'}",
+                     "logging.progress=false"])
+    finally:
+        other.stop()
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert other.url in err and "GET /health answered 404 Not Found" in err, err
+    assert "<" not in err and "html" not in err.lower(), err
+
+
 def test_the_posttrain_serve_app_meets_the_contract(nano_model_dir, tmp_path, tokenizer, prompts, local):
     servers = [real_server(nano_model_dir) for _ in range(2)]
     try:

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from posttrain.rollout.http import ServersDown
 from posttrain.rollout.http.pool import ServerPool
@@ -70,3 +71,27 @@ def test_a_relaunch_that_fails_wakes_the_waiting_requests_with_servers_down():
     waiter.join(timeout=10)
     assert not waiter.is_alive() and len(got) == 1
     assert any("could not relaunch" in n for n in notes), notes
+
+
+def test_a_push_while_the_only_server_is_relaunched_stands_and_the_server_rejoins_with_it(tmp_path):
+    """Not `ServersDown`: the relaunched server takes the newest version when it is back."""
+    from posttrain.rollout.http.gate import RequestGate
+    from posttrain.rollout.http.weight_sync import WeightSync
+
+    url = f"http://127.0.0.1:{free_port()}"
+    pushed: list[tuple[str, int]] = []
+
+    class Dialect:
+        def push(self, client, to, folder, version, checksum, probe):
+            pushed.append((to, version))
+            return ""
+
+    notes: list[str] = []
+    pool = ServerPool([url], httpx.Client(), servers=Launched(1.0), max_relaunches=1, printer=notes.append)
+    sync = WeightSync(pool, RequestGate(), Dialect(), httpx.Client(), version=0, weights_dir=str(tmp_path))
+    pool.rejoin = sync.rejoin
+    assert pool.check_alive(url) is False and pool.relaunching == 1
+    sync.load([{"w": torch.ones(2)}], 1, None, None)  # nobody to push to; a relaunch is under way
+    assert sync.version == 1 and pushed == []
+    assert pool.acquire([]) == url  # waits for the relaunch, which rejoined with version 1
+    assert pushed == [(url, 1)] and any("version 1" in n for n in notes), notes

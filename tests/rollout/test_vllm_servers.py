@@ -83,3 +83,19 @@ def test_max_model_len_defaults_to_the_models_own_and_a_longer_one_is_one_line_e
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"rollout.vllm.max_model_len: {positions + 1} is past the {positions} positions" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("given,blamed", [([], "command line: rollout.backend"),
+                                          (["rollout.urls=[http://127.0.0.1:9]", "rollout.vllm.launch=1"],
+                                           "command line: rollout.urls")])
+def test_neither_or_both_of_urls_and_launch_names_the_key_the_user_set(tmp_path, capsys, given, blamed):
+    """backend=vllm given on the command line, the YAML silent on servers: the line blames the
+    command line's key, not the YAML file."""
+    from posttrain.cli import main
+
+    yaml = tmp_path / "rl.yaml"
+    yaml.write_text("model:\n  path: /models/tiny\ndata:\n  path: /data/prompts.jsonl\n")
+    assert main(["rl", str(yaml), "rollout.backend=vllm", *given, f"out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"posttrain rl: error: {blamed}: backend=vllm: set exactly one of rollout.urls (running servers) "
+                   f"or rollout.vllm.launch=N (servers the run starts)"), err

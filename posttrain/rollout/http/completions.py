@@ -28,7 +28,7 @@ import httpx
 
 from posttrain.rollout.http.gate import RequestGate
 from posttrain.rollout.http.pool import ServerPool
-from posttrain.rollout.http.transport import one_line
+from posttrain.rollout.http.transport import answer, one_line
 from posttrain.rollout.types import Rollouts, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class Completions:
         except httpx.HTTPError as e:
             raise _RequestFailed(one_line(e) or type(e).__name__) from None
         if r.status_code != 200:
-            raise _RequestFailed(f"HTTP {r.status_code}: {one_line(r.text)}")
+            raise _RequestFailed(f"HTTP {answer(r)}")
         try:
             data = r.json()
             choices = sorted(data["choices"], key=lambda c: c["index"])

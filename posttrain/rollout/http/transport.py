@@ -28,7 +28,7 @@ class PosttrainDialect:
         r = client.get(f"{url}/health")
         body = r.json() if r.status_code == 200 else None
         if not isinstance(body, dict) or body.get("status") != "ok":
-            raise RuntimeError(f"GET /health answered {r.status_code} {one_line(r.text)}")
+            raise RuntimeError(f"GET /health answered {answer(r)}")
         return int(body.get("version", 0))
 
     def body(self, body: dict) -> dict:
@@ -89,6 +89,23 @@ def check_servers(urls: list[str], timeout_s: float | None = None, dialect=None,
             except RuntimeError as e:
                 raise ServerUnreachable(f"rollout server {url} is not ready: {one_line(e)}") from None
     return versions
+
+
+def answer(r: httpx.Response) -> str:
+    """An HTTP answer in one line: the status and, when the server said why, its message; never
+    the body of an HTML page (a proxy's or another program's 404 page)."""
+    status = f"{r.status_code} {r.reason_phrase}".strip()
+    try:
+        body = r.json()
+    except ValueError:
+        text = r.text.lstrip()
+        return status if not text or text.startswith("<") else f"{status}: {one_line(text)[:200]}"
+    if isinstance(body, dict):
+        error = body.get("error")
+        said = error.get("message") if isinstance(error, dict) else error or body.get("detail") or body.get("message")
+        if said:
+            return f"{status}: {one_line(said)[:200]}"
+    return f"{status}: {one_line(body)[:200]}"
 
 
 def one_line(x) -> str:

@@ -71,8 +71,9 @@ class WeightSync:
             if refused:
                 raise WeightSyncError(f"version {version} (checksum {checksum[:12]}) was not confirmed by "
                                       f"{len(refused)} of {len(live)} rollout servers: " + "; ".join(refused))
-            if not self.pool.live:
+            if not self.pool.live and not self.pool.relaunching:
                 raise self.pool.down()
+            # with a relaunch under way the version stands: the relaunched server rejoins with it
             self.version, self._last = version, push
         self._prune(folder)
 
