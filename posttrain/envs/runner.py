@@ -273,6 +273,8 @@ class EpisodeRunner:
         ep.tool_calls += int(res.info.get("tool_calls", 0))
         ep.tool_errors += int(res.info.get("tool_errors", 0))
         if res.done:
+            scores = res.info.get("scores") or {}
+            ep.scores = {str(k): float(v) for k, v in scores.items() if type(v) in (int, float) and v == v}
             return lv.finish(res.outcome or default_outcome(float(res.reward)))
         if ep.turns >= self._max_turns(lv):
             return lv.finish(lv.env.on_limit("max_turns"))

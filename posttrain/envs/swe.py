@@ -514,5 +514,5 @@ class SweEnv(RepoEnv):
     def step(self, text: str) -> StepResult:
         result = super().step(text)
         if result.done and self.fractions:
-            result.info.update(self.fractions)
+            result.info["scores"] = dict(self.fractions)  # env/<key>_mean in rl and eval
         return result

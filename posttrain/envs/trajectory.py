@@ -61,6 +61,9 @@ class Episode:
     policy_version: int = 0
     reset_s: float = 0.0
     """Seconds to make the episode's environment and reset it (its start-up overhead)."""
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Numbers the environment reported with its last step (``info["scores"]``), e.g. a SWE task's
+    ``fail_to_pass`` and ``pass_to_pass`` fractions."""
 
     @property
     def turns(self) -> int:
@@ -120,4 +123,12 @@ def episode_metrics(episodes: list[Episode], prefix: str = "env") -> dict:
         f"{prefix}/pass_frac": sum(e.outcome is not None and e.outcome.cls is OutcomeClass.PASS
                                    for e in episodes) / n,
         "time/env_reset_ms_mean": 1000 * sum(e.reset_s for e in episodes) / n,
+        **score_means(episodes, prefix),
     }
+
+
+def score_means(episodes, prefix: str = "env") -> dict[str, float]:
+    """``{prefix}/{key}_mean`` of each score, over the episodes that reported it."""
+    keys = sorted({k for e in episodes for k in e.scores})
+    return {f"{prefix}/{k}_mean": sum(e.scores[k] for e in episodes if k in e.scores)
+            / sum(k in e.scores for e in episodes) for k in keys}

@@ -52,6 +52,9 @@ class SampleRecord:
     """Environment benchmarks: tool calls the model made (malformed ones included)."""
     tool_errors: int = 0
     """Environment benchmarks: tool calls that were malformed or whose tool raised."""
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Environment benchmarks: the numbers the environment reported when the episode ended
+    (e.g. ``fail_to_pass``, ``pass_to_pass`` of a SWE task)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,9 +134,12 @@ def env_summary(samples: Sequence[SampleRecord]) -> dict[str, float]:
     if not any(s.turns for s in samples):
         return {}
     calls = sum(s.tool_calls for s in samples)
+    keys = sorted({k for s in samples for k in s.scores})
+    scores = {f"env/{k}_mean": sum(s.scores[k] for s in samples if k in s.scores)
+              / sum(k in s.scores for s in samples) for k in keys}
     return {"env/turns_mean": sum(s.turns for s in samples) / len(samples),
             "env/tool_calls_mean": calls / len(samples),
-            "env/tool_error_frac": sum(s.tool_errors for s in samples) / calls if calls else 0.0}
+            "env/tool_error_frac": sum(s.tool_errors for s in samples) / calls if calls else 0.0, **scores}
 
 
 def write_eval_json(path: str | Path, results: Sequence[EvalResult]) -> None:

@@ -383,7 +383,7 @@ def run_env_chunk(engine, tokenizer, env_cfg: EnvConfig, problems: list[dict], p
                                     completion="\n<turn>\n".join(ep.turn_texts), outcome=o.cls.value,
                                     reason=o.reason, reward=o.reward, completion_tokens=ep.model_tokens,
                                     finish_reason=ep.finish_reason, turns=ep.turns, tool_calls=ep.tool_calls,
-                                    tool_errors=ep.tool_errors))
+                                    tool_errors=ep.tool_errors, scores=dict(ep.scores)))
     return records
 
 

@@ -87,10 +87,10 @@ def test_the_verdict_tree_takes_tests_and_configuration_from_the_original(record
 def test_oracle_passes_and_null_fails_with_the_fractions(pool, record):
     null = play(episode(pool, record), [format_call("submit", {})])
     assert (null.outcome.cls, null.outcome.reason) == (OutcomeClass.MODEL_FAIL, "wrong_answer")
-    assert (null.info["fail_to_pass"], null.info["pass_to_pass"]) == (0.0, 1.0)
+    assert (null.info["scores"]["fail_to_pass"], null.info["scores"]["pass_to_pass"]) == (0.0, 1.0)
     oracle = play(episode(pool, record), swe_policies(load_task(record))["oracle"])
     assert oracle.outcome.cls is OutcomeClass.PASS and oracle.reward == 1.0, oracle.outcome
-    assert (oracle.info["fail_to_pass"], oracle.info["pass_to_pass"]) == (1.0, 1.0)
+    assert (oracle.info["scores"]["fail_to_pass"], oracle.info["scores"]["pass_to_pass"]) == (1.0, 1.0)
 
 
 def test_a_fix_that_breaks_a_passing_test_fails_on_pass_to_pass(pool, record):
@@ -98,8 +98,8 @@ def test_a_fix_that_breaks_a_passing_test_fails_on_pass_to_pass(pool, record):
     tool(env, "replace", path="src/calc/ops.py", old="return a - b", new="return a + b")
     tool(env, "replace", path="src/calc/ops.py", old="return a * b", new="return a * b + 1")
     result = env.step(format_call("submit", {}))
-    assert result.outcome.reason == "wrong_answer" and result.info["pass_to_pass"] == 0.0
-    assert result.info["fail_to_pass"] == 1.0
+    assert result.outcome.reason == "wrong_answer" and result.info["scores"]["pass_to_pass"] == 0.0
+    assert result.info["scores"]["fail_to_pass"] == 1.0
 
 
 # ------------------------------------------------------------------------------ forgeries

@@ -41,6 +41,7 @@ def test_a_few_rl_steps_on_swe_tasks(nano_model_dir, swe_data, tmp_path, mode):
     assert len(rows) == 2
     assert all(r["outcomes/INFRA_FAIL_frac"] == 0.0 and r["outcomes/TASK_FAIL_frac"] == 0.0 for r in rows), rows
     assert all(r["env/turns_mean"] >= 1 for r in rows)
+    assert all(r["env/fail_to_pass_mean"] == 0.0 and r["env/pass_to_pass_mean"] == 1.0 for r in rows)
     assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report.html")]) == 0
     assert "<h3>Episodes</h3>" in (tmp_path / "report.html").read_text()
 
@@ -55,5 +56,6 @@ def test_eval_on_swe_tasks(nano_model_dir, swe_data, tmp_path):
     (result,) = json.loads((out / "eval.json").read_text())["results"]
     assert result["n"] == 2 and result["num_problems"] == 2
     assert 1.0 <= result["env"]["env/turns_mean"] <= 2.0
+    assert result["env"]["env/fail_to_pass_mean"] == 0.0 and result["env"]["env/pass_to_pass_mean"] == 1.0
     samples = [json.loads(line) for line in (out / "samples" / "swe.sampled.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all(s["outcome"] in ("PASS", "MODEL_FAIL") for s in samples), samples

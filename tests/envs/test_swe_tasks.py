@@ -115,7 +115,7 @@ def test_made_tasks_oracle_passes_and_null_fails(made):
             env = SweEnv(pool=pool)
             env.reset(record)
             null = env.step(format_call("submit", {}))
-            assert null.outcome.cls is OutcomeClass.MODEL_FAIL and null.info["fail_to_pass"] == 0.0
+            assert null.outcome.cls is OutcomeClass.MODEL_FAIL and null.info["scores"]["fail_to_pass"] == 0.0
             env = SweEnv(pool=pool)
             env.reset(record)
             for turn in swe_policies(task)["oracle"]:
