@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    parser.add_argument("--task", choices=("arithmetic", "code"), default="arithmetic",
+                        help="arithmetic (GRPO on two-digit sums) or code (the seed experiment in miniature: "
+                             "mid-training on Python source, SFT, GRPO and Dr. GRPO, the seed's table; docs/seed.md)")
     parser.add_argument("--profile", choices=list(PROFILES), default="full",
                         help="full (the real demo) or quick (a smoke run in seconds)")
     parser.add_argument("--seed", type=int, default=0)
@@ -61,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
+    if args.task == "code":
+        from posttrain.demo_code import run as run_code
+
+        return run_code(args)
     p = PROFILES[args.profile] | {"progress": not args.no_progress}
     out = Path(args.out)
     t0 = time.perf_counter()

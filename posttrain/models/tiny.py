@@ -174,8 +174,10 @@ def _corpus(seed: int = 0, n: int = 4000) -> list[str]:
     return lines
 
 
-def build_tokenizer(seed: int = 0, template: str = "chatml"):
-    """Train the byte-level BPE tokenizer and wrap it for transformers, with the chat ``template``."""
+def build_tokenizer(seed: int = 0, template: str = "chatml", corpus: list[str] | None = None,
+                    vocab_size: int = VOCAB_SIZE):
+    """Train the byte-level BPE tokenizer of ``vocab_size`` on ``corpus`` (None: the synthetic one) and
+    wrap it for transformers, with the chat ``template``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -185,10 +187,10 @@ def build_tokenizer(seed: int = 0, template: str = "chatml"):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed) if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>",
                                    additional_special_tokens=SPECIAL_TOKENS[1:])
@@ -201,9 +203,10 @@ def build_tokenizer(seed: int = 0, template: str = "chatml"):
 
 
 def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0, arch: str = "llama",
-               template: str | None = None) -> Path:
+               template: str | None = None, corpus: list[str] | None = None, vocab_size: int = VOCAB_SIZE) -> Path:
     """Build and save a randomly initialised ``arch`` model of `size` with the embedded tokenizer and
-    the chat ``template`` (None: the family's, `DEFAULT_TEMPLATE`)."""
+    the chat ``template`` (None: the family's, `DEFAULT_TEMPLATE`); ``corpus`` and ``vocab_size`` are
+    the tokenizer's (`build_tokenizer`), e.g. Python source for a model that will learn code."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     template = template or DEFAULT_TEMPLATE.get(arch, "chatml")
@@ -212,7 +215,7 @@ def build_tiny(out_dir: str | Path, size: str = "tiny", seed: int = 0, arch: str
     if size not in SIZES or arch not in ARCHS:  # before the tokenizer's training, not after
         tiny_config(arch, size, vocab_size=VOCAB_SIZE, eos_ids=None, pad_id=None)
     out = Path(out_dir)
-    tokenizer = build_tokenizer(seed, template)
+    tokenizer = build_tokenizer(seed, template, corpus, vocab_size)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", TEMPLATES[template][2])]
     config = tiny_config(arch, size, vocab_size=len(tokenizer), eos_ids=eos_ids, pad_id=eos_ids[0])
     torch.manual_seed(seed)
