@@ -195,3 +195,27 @@ def test_a_bf16_server_against_the_float32_trainer(rl_overrides, reward_plugin, 
     for m in rows:
         assert 1e-4 <= m["mismatch/logprob_abs_diff_mean"] < 2e-2 and m["mismatch/kl"] < 1e-3
         assert m["grad_norm"] > 0
+
+
+def test_fallback_switches_a_posttrain_server(rl_overrides, reward_plugin, nano_model_dir, tmp_path):
+    """backend=openai against `posttrain serve --dtype bfloat16`: each reload carries the dtype, the
+    server casts itself, and the float32 steps have the trainer's own numbers."""
+    import json
+
+    app = pytest.importorskip("posttrain.serve.app")
+    from tests.rollout.test_http_engine import InThread
+
+    engine, tokenizer, checksum = app.load_engine(nano_model_dir, dtype="bfloat16")
+    server = InThread(app.create_app(engine, tokenizer, served_model_name="nano", model_path=nano_model_dir,
+                                     checksum=checksum, access=app.Access(weights_root=tmp_path)))
+    try:
+        rows = _run(rl_overrides, reward_plugin, **{
+            "rollout.backend": "openai", "rollout.urls": json.dumps([server.url]),
+            "rollout.weights_dir": tmp_path / "weights", "rollout.engine_dtype": "bfloat16",
+            "rollout.precision_fallback.kl_threshold": 1e-9, "rollout.precision_fallback.quiet_steps": 1,
+            "num_steps": 3})
+    finally:
+        server.stop()
+    assert [m["rollout/precision"] for m in rows] == [16, 32, 16]
+    assert rows[1]["mismatch/logprob_abs_diff_max"] < 1e-5 < rows[0]["mismatch/logprob_abs_diff_mean"]
+    assert next(engine.model.parameters()).dtype == torch.float32  # step 3's gap raised it again
