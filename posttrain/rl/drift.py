@@ -14,7 +14,8 @@ figures that each mean one thing (`split_mismatch`):
 
 Same metric forms in both (`posttrain.algos.correction.mismatch_metrics`). The importance weights
 are untouched: they correct for the whole gap, as they must. Rows whose version the trainer no
-longer holds (sampled before a resume) are left out of both. Costs one forward without autograd
+longer holds (sampled before a resume) are left out of both. A multi-turn episode carries one
+version, its oldest turn's: turns a newer version sampled count that drift as mismatch. Costs one forward without autograd
 of the stale rows, per stale version, and ``max_staleness`` copies of the trainable weights.
 """
 
