@@ -1,0 +1,229 @@
+"""The docs' commands are tests: every ```bash block in README.md and docs/*.md runs, as written.
+
+Each block is one test (``pytest -m docs``), run with ``bash -e`` in a workspace of its page: a
+fresh folder with the checkout's ``examples/``, ``scripts/``, ``bench/`` and virtual environments
+linked in, and the outputs of the README's "A first session by hand" (``runs/tiny-model``,
+``runs/arith-data``, ``runs/sft-arith``) copied in, since every page assumes a reader who did it.
+The blocks of a page run in order in the same workspace, so a block may use what an earlier one
+wrote. A failing command, a moved flag or a missing file fails the block.
+
+Sizes. With ``POSTTRAIN_DOCS_SMALL=1`` (what the ``docs`` lane sets unless told otherwise) every
+``posttrain`` and ``torchrun`` a block calls goes through :func:`small_argv`, which appends
+overrides that make it cheap without changing what it means: the nano model, a few hundred
+problems, tiny batches and generations; step counts stay, so checkpoint paths the docs name
+(``checkpoints/step-300``) exist. ``POSTTRAIN_DOCS_SMALL=0`` runs the documented sizes.
+
+A block that cannot run here says why in the doc, on the line before it::
+
+    <!-- docs-test: skip (needs a GPU) -->
+
+Command transcripts (a command and what it printed) are ```text blocks; an unlabelled block that
+starts with a command is an error, so a new page cannot slip past the harness.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINKED = ["examples", "scripts", "bench", "tests", "posttrain", "pyproject.toml", "constraints.txt",
+          ".venv", ".venv-vllm", ".venv-verifiers"]
+SKIP = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
+FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
+COMMAND = re.compile(r"^\s*(\$ )?(posttrain [a-z-]+( |$)|torchrun |\.venv/bin/|bash scripts/|python )")
+BLOCK_TIMEOUT_S = 540  # under pytest's own 600
+
+# Appended to a subcommand's own arguments (later overrides win); "{max_len}" is the block's
+# data.max_len, so packing still fits one sample.
+SMALL = {
+    "make-tiny": ["--size", "nano"],
+    "make-data": ["--n-train", "200", "--n-eval", "16"],
+    "make-env-data": ["--n-train", "40", "--n-eval", "8"],
+    "sft": ["data.tokens_per_batch={max_len}"],
+    "rl": ["prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "data.eval_max_prompts=4",
+           "dynamic_sampling.max_rounds=1"],
+    "distill": ["prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+                "data.eval_max_prompts=4"],
+    "dpo": ["batch_pairs=4"],
+    "rm": ["batch_pairs=4"],
+    "demo": ["--profile", "quick"],
+    "study": ["--profile", "smoke"],
+    "sweep": [],
+}
+QUIET = {"sft", "rl", "distill", "dpo", "rm"}  # no progress bars in a captured log
+# Capped only where a block sets them (setting one where it is not set can be an error).
+CAPPED = {"eval_generate": "4"}
+
+
+def small_argv(argv: list[str]) -> list[str]:
+    """``argv`` (``posttrain CMD ...`` or ``torchrun ... -m posttrain CMD ...``) made cheap."""
+    head = argv.index("posttrain") + 1 if argv[0] == "torchrun" and "posttrain" in argv else 1
+    if head >= len(argv) or argv[head] not in SMALL:
+        return argv
+    cmd, args = argv[head], list(argv[head + 1:])
+    if cmd == "sweep":  # the swept command's overrides go right after its config; one seed
+        inner = args[args.index("--command") + 1] if "--command" in args else "rl"
+        return argv[:head + 2] + small_argv(["posttrain", inner])[2:] + args[1:] + ["--seeds", "1"]
+    max_len = max([256] + [int(a.split("=", 1)[1]) for a in args if a.startswith("data.max_len=")])
+    extra = [a.format(max_len=max_len) for a in SMALL[cmd]]
+    extra += [f"{key}={v}" for key, v in CAPPED.items() if any(a.startswith(key + "=") for a in args)]
+    if cmd in QUIET:
+        extra.append("logging.progress=false")
+    return argv[:head + 1] + args + extra
+
+
+def shim_main(argv: list[str]) -> None:
+    """Entry of the shell functions ``posttrain`` and ``torchrun`` a block sees."""
+    if os.environ.get("POSTTRAIN_DOCS_SMALL", "1") != "0":
+        argv = small_argv(argv)
+    real = str(ROOT / ".venv" / "bin" / argv[0])
+    os.execv(real, [real, *argv[1:]])
+
+
+def blocks() -> list[tuple[Path, int, str, str]]:
+    """(page, line, body, why skipped or "") for every ```bash block, in page order."""
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in FENCE.finditer(text):
+            if m.group("lang") not in ("bash", "sh", "shell"):
+                continue
+            line = text.count("\n", 0, m.start()) + 1
+            before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+            skip = SKIP.match(before)
+            out.append((page, line, m.group("body"), skip.group("why") if skip else ""))
+    return out
+
+
+def test_command_blocks_are_labelled():
+    """An unlabelled block that starts with a command would not be run: label it bash (run, or
+    skipped with a reason) or text (a transcript)."""
+    unlabelled = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in FENCE.finditer(text):
+            first = next((x for x in m.group("body").splitlines() if x.strip()), "")
+            if m.group("lang") == "" and COMMAND.match(first):
+                unlabelled.append(f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}")
+    assert unlabelled == [], "unlabelled command blocks: " + ", ".join(unlabelled)
+
+
+def test_skip_markers_give_a_reason_and_precede_a_block():
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if "docs-test:" in line:
+                assert SKIP.match(line.strip()), f"{page.name}:{i + 1}: malformed marker {line!r}"
+                assert i + 1 < len(lines) and lines[i + 1].startswith("```bash"), \
+                    f"{page.name}:{i + 1}: a docs-test marker must sit on the line before a ```bash block"
+
+
+def test_small_argv_appends_overrides_that_win_and_keeps_step_counts():
+    assert small_argv(["posttrain", "make-tiny", "runs/m", "--size", "tiny"]) == \
+        ["posttrain", "make-tiny", "runs/m", "--size", "tiny", "--size", "nano"]
+    sft = small_argv(["posttrain", "sft", "x.yaml", "num_steps=150", "data.max_len=768"])
+    assert sft[:5] == ["posttrain", "sft", "x.yaml", "num_steps=150", "data.max_len=768"]
+    assert "data.tokens_per_batch=768" in sft and "logging.progress=false" in sft and "eval_generate=4" not in sft
+    assert small_argv(["posttrain", "sft", "x.yaml", "eval_generate=100"])[-2] == "eval_generate=4"
+    ranks = small_argv(["torchrun", "--nproc-per-node", "2", "-m", "posttrain", "rl", "x.yaml"])
+    assert ranks[:7] == ["torchrun", "--nproc-per-node", "2", "-m", "posttrain", "rl", "x.yaml"]
+    assert "rollout.group_size=2" in ranks
+    assert small_argv(["posttrain", "report", "runs/a"]) == ["posttrain", "report", "runs/a"]
+    sweep = small_argv(["posttrain", "sweep", "s.yaml", "num_steps=30", "--command", "sft", "--seeds", "3"])
+    assert sweep[:3] == ["posttrain", "sweep", "s.yaml"] and sweep[3].startswith("data.tokens_per_batch=")
+    assert sweep[-7:] == ["num_steps=30", "--command", "sft", "--seeds", "3", "--seeds", "1"]
+
+
+def _run(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", script], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n[docs-test] timed out after {BLOCK_TIMEOUT_S} s"
+    finally:  # a block's background servers end with it
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+
+
+def _preamble() -> str:
+    py, me = ROOT / ".venv" / "bin" / "python", Path(__file__).resolve()
+    return (f'export PATH="{ROOT}/.venv/bin:$PATH" OMP_NUM_THREADS=1\n'
+            f'posttrain() {{ "{py}" "{me}" posttrain "$@"; }}\n'
+            f'torchrun() {{ "{py}" "{me}" torchrun "$@"; }}\n'
+            "export -f posttrain torchrun\n")
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("POSTTRAIN_DOCS_SMALL", "1")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _workspace(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in LINKED:
+        if (ROOT / name).exists() and not (root / name).exists():
+            (root / name).symlink_to(ROOT / name)
+    return root
+
+
+def first_session_sft() -> str:
+    """The README's "A first session by hand" up to its SFT (what the other pages build on)."""
+    body = next(body for page, _, body, _ in blocks() if page.name == "README.md" and "posttrain sft" in body)
+    return "".join(line + "\n" for line in body.splitlines() if line.startswith(("posttrain make-", "posttrain sft")))
+
+
+@pytest.fixture(scope="session")
+def first_session(tmp_path_factory) -> Path:
+    """The README's first session (its SFT part), once: what every page assumes was done."""
+    ws = _workspace(tmp_path_factory.mktemp("docs-first-session"))
+    r = _run(_preamble() + first_session_sft(), ws, _env())
+    assert r.returncode == 0, r.stdout[-3000:]
+    return ws / "runs"
+
+
+@pytest.fixture(scope="session")
+def workspaces(tmp_path_factory, first_session) -> dict:
+    made: dict[Path, Path] = {}
+
+    def get(page: Path) -> Path:
+        if page not in made:
+            ws = _workspace(tmp_path_factory.mktemp(f"docs-{page.stem}"))
+            if page.name != "README.md":  # the README is where the first session is done
+                shutil.copytree(first_session, ws / "runs", symlinks=True)
+            made[page] = ws
+        return made[page]
+    return get
+
+
+ALL = blocks()
+
+
+@pytest.mark.docs
+@pytest.mark.parametrize("page,line,body,why", ALL, ids=[f"{p.relative_to(ROOT)}:{n}" for p, n, _, _ in ALL])
+def test_documented_block_runs(page, line, body, why, workspaces):
+    if why:
+        pytest.skip(why)
+    script = _preamble() + body.replace(".venv/bin/posttrain", "posttrain")
+    r = _run(script, workspaces(page), _env())
+    assert r.returncode == 0, f"{page.relative_to(ROOT)}:{line} exited {r.returncode}:\n{r.stdout[-4000:]}"
+
+
+if __name__ == "__main__":
+    shim_main(sys.argv[1:])
