@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+import warnings
 
 from posttrain.errors import UserError
 
@@ -65,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                                          formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
+    quiet_other_ranks()
     try:
         return int(module.run(args) or 0)
     except UserError as e:
-        print(f"posttrain {name}: error: {e}", file=sys.stderr)
+        if says_bad_input():
+            print(f"posttrain {name}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"posttrain {name}: interrupted", file=sys.stderr)
@@ -80,6 +85,24 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"posttrain {name}: error: {e}", file=sys.stderr)
         return 1
+
+
+def quiet_other_ranks() -> None:
+    """Under torchrun only process 0 prints (docs/distributed.md): the other ranks' output (a
+    progress line, a self-test line, ``rl done``) and their warnings would repeat process 0's, glued
+    into its progress bar. Their stderr stays open: a crash's traceback is theirs alone."""
+    if os.environ.get("RANK", "0") == "0":
+        return
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+
+
+def says_bad_input() -> bool:
+    """Whether this process prints a bad-input line: process 0, and the first process of each other
+    machine (a file missing there is that machine's to report); every rank of a machine reads the
+    same config and files, so the others would only repeat it."""
+    return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def entry() -> None:

@@ -31,7 +31,8 @@ ADAM = {"optim.eps": 1e-5}
 
 def _run_both(torchrun, args, tmp_path):
     assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
-    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
+    r = torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
+    assert r.stdout.count("rl done") == 1, r.stdout  # only process 0 prints
     one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [m["step"] for m in one] == [m["step"] for m in two]
     return one, two
@@ -147,6 +148,7 @@ def test_dynamic_sampling_two_ranks_equal_one_process(rl_overrides, plugin_on_pa
 def test_fewer_prompts_than_ranks_is_one_line(rl_overrides, tmp_path, torchrun):
     r = torchrun(2, "rl", *rl_overrides(prompts_per_step=1), check=False)
     assert r.returncode != 0 and "prompts_per_step=1: fewer than the 2 processes" in r.stderr
+    assert r.stderr.count("posttrain rl: error:") == 1, r.stderr  # process 0 says it, not every rank
     assert not (tmp_path / "run").exists()
 
 
