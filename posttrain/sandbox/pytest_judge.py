@@ -454,35 +454,18 @@ def run_pytest(args: list[str], classify, open_dir: str | None = None, plugins: 
 # verdict is written with.
 RUNNER_MODULES = ("_pytest", "pytest", "pluggy", "posttrain_pytest_judge", "builtins", "os", "posix", "json",
                   "marshal", "types")
-# What pytest itself sets during a session and resets at its end (assertion rewriting's hooks,
-# the debugger's config, legacypath's patch of Config): prefixes of names not compared.
+# What pytest itself sets during a session (assertion rewriting's hooks, the debugger's config,
+# the legacypath plugin's py.path properties, a class's inheritance-warning mark): prefixes of
+# names not compared. None of them decides an outcome.
 RUNNER_SCRATCH = ("_pytest.assertion.util._reprcompare", "_pytest.assertion.util._assertion_pass",
                   "_pytest.assertion.util._config", "_pytest.debugging.pytestPDB._",
-                  "_pytest.config.Config._getini_unknown_type")
-
-
-def runner_state() -> dict[str, object]:
-    """Every object the runner's modules hold, by dotted name: each module, its attributes, each
-    function's code, and the entries of the classes it defines. The objects themselves are kept
-    (compared by identity), so a replaced one cannot hide behind a reused id."""
-    state: dict[str, object] = {"<origins>": _origins()}
-    for name, module in list(sys.modules.items()):
-        if module is None or name.partition(".")[0] not in RUNNER_MODULES:
-            continue
-        state[name] = module
-        for key, value in list(vars(module).items()):
-            _note(state, f"{name}.{key}", value)
-            if isinstance(value, type) and value.__module__ == name:
-                for attr, member in list(vars(value).items()):
-                    _note(state, f"{name}.{key}.{attr}", member)
-    return state
-
-
-def _note(state: dict, key: str, value) -> None:
-    state[key] = value
-    if isinstance(value, types.FunctionType):
-        state[key + ".__code__"] = value.__code__
-        state[key + ".__defaults__"] = value.__defaults__
+                  "_pytest.config.Config._getini_unknown_type", "_pytest.config.Config.invocation_dir ",
+                  "_pytest.config.Config.rootdir ", "_pytest.config.Config.inifile ",
+                  "_pytest.cacheprovider.Cache.makedir ", "_pytest.fixtures.FixtureRequest.fspath ",
+                  "_pytest.fixtures.TopRequest.fspath ", "_pytest.main.Session.startdir ",
+                  "_pytest.terminal.TerminalReporter.startdir ",
+                  "_pytest.nodes.Node.fspath ", "_pytest.python.Function._pytest_diamond_inheritance_warning_shown ",
+                  "_pytest.python.FunctionDefinition._pytest_diamond_inheritance_warning_shown ")
 
 
 # The runner's own packages: a module of theirs imported later must come from where they were
@@ -499,37 +482,85 @@ def _origins() -> dict[str, str]:
     return out
 
 
+# Where an outcome is decided (running a test, making its report, calling the hooks, this
+# module's recorder): checked before each test's report is made, the rest after collection and at
+# the end. A check there costs a few ms at most.
+HOT_MODULES = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.main", "_pytest.nodes",
+               "_pytest.outcomes", "_pytest.skipping", "_pytest.unittest", "_pytest.fixtures", "pluggy",
+               "pluggy._hooks", "pluggy._callers", "pluggy._manager", "pluggy._result", "posttrain_pytest_judge",
+               "builtins")
+
+
+def runner_state(hot: bool = False) -> dict[str, object]:
+    """Every object the runner's modules hold (``hot``: only `HOT_MODULES`): each module, its
+    attributes, each function's code and defaults, and the entries of the classes it defines. The
+    objects themselves are kept (compared by identity), so a replaced one cannot hide behind a
+    reused id; each entry keeps the live namespace it came from, so a check is one lookup each."""
+    modules, namespaces, entries, code = {}, [], [], []
+    for name, module in list(sys.modules.items()):
+        if module is None or name.partition(".")[0] not in RUNNER_MODULES or (hot and name not in HOT_MODULES):
+            continue
+        modules[name] = module
+        _note(namespaces, entries, code, name, vars(module), False)
+        for key, value in list(vars(module).items()):
+            if isinstance(value, type) and value.__module__ == name:
+                _note(namespaces, entries, code, f"{name}.{key}", vars(value), True)
+    return {"<origins>": _origins(), "<modules>": modules, "<namespaces>": namespaces, "<entries>": entries,
+            "<code>": code}
+
+
+def _note(namespaces: list, entries: list, code: list, prefix: str, namespace, is_class: bool) -> None:
+    namespaces.append((prefix, namespace, frozenset(namespace), is_class))
+    for key, value in list(namespace.items()):
+        entries.append((prefix, namespace, key, value))
+        if isinstance(value, types.FunctionType):
+            code.append((prefix, key, value, value.__code__, value.__defaults__))
+
+
+_GONE = object()
+
+
 def runner_changes(before: dict[str, object]) -> list[str]:
-    """Names in ``before`` whose object is now another one (or gone), and modules of the runner's
-    packages loaded from outside the folder their package came from."""
-    now = runner_state()
-    changed = [k for k, v in before.items()
-               if k != "<origins>" and not k.startswith(RUNNER_SCRATCH) and now.get(k, now) is not v]
-    origins = before.get("<origins>") or {}
+    """Names in ``before`` whose object is now another one (or gone), names added to a class (an
+    override of an inherited method) or to a module (other than a submodule imported since), and
+    modules of the runner's packages loaded from outside the folder their package came from."""
+    changed = [name for name, module in before["<modules>"].items() if sys.modules.get(name) is not module]
+    for prefix, namespace, keys, is_class in before["<namespaces>"]:
+        if len(namespace) != len(keys):
+            changed += [f"{prefix}.{k} (added)" for k in list(namespace) if k not in keys
+                        and (is_class or not isinstance(namespace[k], types.ModuleType))]
+    for prefix, namespace, key, value in before["<entries>"]:
+        if namespace.get(key, _GONE) is not value:
+            changed.append(f"{prefix}.{key}")
+    for prefix, key, fn, fn_code, defaults in before["<code>"]:
+        if fn.__code__ is not fn_code or fn.__defaults__ is not defaults:
+            changed.append(f"{prefix}.{key}.__code__")
+    origins = before["<origins>"]
     for name, module in list(sys.modules.items()):
         root = name.partition(".")[0]
         path = getattr(module, "__file__", None) or ""
         if root in origins and not os.path.abspath(path).startswith(origins[root]):
             changed.append(f"{name} (from {path or 'no file'})")
-    return sorted(changed)
+    return sorted(c for c in changed if not c.startswith(RUNNER_SCRATCH))
 
 
 class RunnerGuard:
-    """A pytest plugin that notes when the runner's objects change (`runner_state`): after the
-    test modules are imported and after each test. The caller checks once more at the end.
+    """A pytest plugin that notes when the runner's objects change (`runner_state`): all of them
+    after the test modules are imported, the `HOT_MODULES` before each test's report is made. The
+    caller checks all once more at the end.
 
     ``conftests`` (absolute path -> text): the only ``conftest.py`` files the session may load, with
     their text; one loaded from elsewhere (written while the session ran) or changed on disk is a
     change too."""
 
     def __init__(self, conftests: dict[str, str] | None = None):
-        self.before = runner_state()
+        self.before, self.before_hot = runner_state(), runner_state(hot=True)
         self.changes: list[str] = []
         self.conftests, self.config = conftests, None
 
-    def check(self, when: str) -> None:
+    def check(self, when: str, hot: bool = False) -> None:
         if not self.changes:
-            changed = runner_changes(self.before) + self._conftest_changes()
+            changed = runner_changes(self.before_hot if hot else self.before) + self._conftest_changes()
             self.changes = [f"{name} (seen {when})" for name in changed[:5]]
 
     def _conftest_changes(self) -> list[str]:
@@ -556,8 +587,14 @@ class RunnerGuard:
     def pytest_collection_finish(self, session) -> None:
         self.check("after collection")
 
-    def pytest_runtest_logfinish(self, nodeid, location) -> None:
-        self.check(f"after {nodeid}")
+    def pytest_runtest_makereport(self, item, call) -> None:
+        # Before the report is made (tryfirst, below): a patch the test's call installed is seen
+        # even if it would undo itself once used.
+        if call.when == "call":
+            self.check(f"before the report of {item.nodeid}", hot=True)
+
+    pytest_runtest_makereport.pytest_impl = {"wrapper": False, "hookwrapper": False, "optionalhook": False,
+                                             "tryfirst": True, "trylast": False, "specname": None}
 
 
 def _from_a_file_of(module, args: list[str]) -> bool:
