@@ -313,7 +313,7 @@ def _verdict(files, ids, ini, roots):
     import builtins
     held = {name: pj.__dict__[name] for name in ("runner_state", "runner_changes", "_note", "_origins")}
     codes = {name: f.__code__ for name, f in held.items()}
-    names = dict(builtins.__dict__)
+    names, mutable = dict(builtins.__dict__), pj.MUTABLE_BUILTINS
     sys.path[:0] = roots
     args = pj.pytest_args(ids, rootdir=ROOT, ini=ini, basetemp="/tmp/.pytest-base", conftest=True,
                           stop_first=False, lean=False, import_mode="prepend")
@@ -326,7 +326,7 @@ def _verdict(files, ids, ini, roots):
         outcomes, code = {}, "session broke: " + type(e).__name__
     seconds = clock() - t0
     tampered = [n for n, f in held.items() if pj.__dict__.get(n) is not f or f.__code__ is not codes[n]]
-    tampered += [n for n, v in names.items() if builtins.__dict__.get(n) is not v]
+    tampered += [n for n, v in names.items() if builtins.__dict__.get(n) is not v and n not in mutable]
     if tampered:
         tampered = ["the runner's guard or builtins: " + ", ".join(tampered[:5])]
     else:

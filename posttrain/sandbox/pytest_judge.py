@@ -518,6 +518,9 @@ def _note(namespaces: list, entries: list, code: list, prefix: str, namespace, i
 
 
 _GONE = object()
+# Names of the builtins module that imports and the interactive hook rebind (``_`` after a doctest's
+# expression): none is called to decide an outcome.
+MUTABLE_BUILTINS = frozenset({"__spec__", "__loader__", "__package__", "__doc__", "_"})
 
 
 def runner_changes(before: dict[str, object]) -> list[str]:
@@ -528,9 +531,10 @@ def runner_changes(before: dict[str, object]) -> list[str]:
     for prefix, namespace, keys, is_class in before["<namespaces>"]:
         if len(namespace) != len(keys):
             changed += [f"{prefix}.{k} (added)" for k in list(namespace) if k not in keys
-                        and (is_class or not isinstance(namespace[k], types.ModuleType))]
+                        and (is_class or not isinstance(namespace[k], types.ModuleType))
+                        and not (prefix == "builtins" and k in MUTABLE_BUILTINS)]
     for prefix, namespace, key, value in before["<entries>"]:
-        if namespace.get(key, _GONE) is not value:
+        if namespace.get(key, _GONE) is not value and not (prefix == "builtins" and key in MUTABLE_BUILTINS):
             changed.append(f"{prefix}.{key}")
     for prefix, key, fn, fn_code, defaults in before["<code>"]:
         if fn.__code__ is not fn_code or fn.__defaults__ is not defaults:
