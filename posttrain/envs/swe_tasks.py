@@ -336,7 +336,7 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
             kept, candidates = 0, mutations(files[path], fn)
             random.Random(f"{_SALT}:{name}:{path}:{fn.lineno}").shuffle(candidates)  # a mix of kinds
             for kind, mutant in candidates:
-                if kept >= per_function:
+                if kept >= per_function or sum(map(len, records.values())) >= max_tasks:
                     break
                 tried += 1
                 record = _try(pool, repo, name, files, path, fn, kind, mutant, tests, passed, timeout_s)
