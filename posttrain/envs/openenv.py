@@ -183,7 +183,25 @@ class OpenEnvEnv(Environment):
     def close(self) -> None:
         if self.client is not None:
             try:
+                self.client._run(_close_session(self.client._async, self.timeout_s))
                 self.client.close()
             except Exception:  # the session is gone either way
                 pass
             self.client = None
+
+
+async def _close_session(client, timeout_s: float) -> None:
+    """Say ``close`` and wait for the server to close the connection from its side. OpenEnv's own
+    ``close`` (0.3) sends the message and drops the connection at once; the server then closes a
+    connection that is already gone and uvicorn logs a 50-line traceback
+    (``ClientDisconnected`` / ``WebSocketDisconnect``) for every episode."""
+    import asyncio
+
+    ws = getattr(client, "_ws", None)
+    if ws is None:
+        return
+    await ws.send(json.dumps({"type": "close"}))
+    try:
+        await asyncio.wait_for(ws.wait_closed(), timeout_s)
+    except asyncio.TimeoutError:
+        pass  # `close` then drops it

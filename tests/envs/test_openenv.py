@@ -127,6 +127,33 @@ def test_actions_the_model_writes_as_json_are_its_fault_when_malformed(nano_toke
     assert ep.outcome.cls is OutcomeClass.TASK_FAIL
 
 
+def test_an_episode_closes_its_session_cleanly_so_the_server_logs_nothing(nano_tokenizer, scripted, guess_module,
+                                                                         tmp_path):
+    """OpenEnv's client dropped the connection before the server closed it: uvicorn logged a
+    ClientDisconnected / WebSocketDisconnect traceback per episode (2,523 lines for 2 RL steps)."""
+    import time
+
+    from posttrain.envs.openenv import _free_port, _healthy
+
+    port, log = _free_port(), tmp_path / "server.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", guess_module, "--host", "127.0.0.1", "--port",
+                                 str(port), "--log-level", "warning"], stderr=err, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        eps = episodes(nano_tokenizer, scripted, url, ["3", "0", "7"], [{"seed": s} for s in range(6)])
+        assert [e.outcome.cls for e in eps] == [OutcomeClass.PASS] * 3 + [OutcomeClass.MODEL_FAIL] * 3
+        time.sleep(0.5)  # what the server would log after the last close
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    assert "Traceback" not in log.read_text(), log.read_text()[:3000]
+
+
 def test_a_dead_server_is_infra_fail_never_a_wrong_answer(nano_tokenizer, scripted, guess_module):
     port = __import__("posttrain.envs.openenv", fromlist=["_free_port"])._free_port()
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", guess_module, "--host", "127.0.0.1", "--port", str(port),
