@@ -219,3 +219,27 @@ def test_fallback_switches_a_posttrain_server(rl_overrides, reward_plugin, nano_
     assert [m["rollout/precision"] for m in rows] == [16, 32, 16]
     assert rows[1]["mismatch/logprob_abs_diff_max"] < 1e-5 < rows[0]["mismatch/logprob_abs_diff_mean"]
     assert next(engine.model.parameters()).dtype == torch.float32  # step 3's gap raised it again
+
+
+@pytest.mark.slow
+def test_fallback_at_two_colocated_ranks_equals_one_process(rl_overrides, reward_plugin, tmp_path, torchrun,
+                                                            monkeypatch):
+    """Every rank's engine takes the dtype with the streamed weights: two ranks sample in the same
+    precision as one process, step by step, and the same tokens."""
+    import json
+
+    from posttrain.cli import main
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the ranks import the reward module too
+    args = [a for a in rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=3, **{
+        "rollout.engine_dtype": "bfloat16", "rollout.precision_fallback.kl_threshold": 1e-9,
+        "rollout.precision_fallback.quiet_steps": 1, "optim.eps": 1e-5}) if not a.startswith("out_dir=")]
+    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
+    one, two = ([m for m in map(json.loads, (tmp_path / d / "metrics.jsonl").read_text().splitlines())
+                 if m.get("step", 0) > 0] for d in ("one", "two"))
+    assert [m["rollout/precision"] for m in two] == [m["rollout/precision"] for m in one] == [16, 32, 16]
+    assert {m["rollout/generating_ranks"] for m in two} == {2}
+    for a, b in zip(one, two):
+        assert b["reward/mean"] == a["reward/mean"]  # the same tokens, in the same precision
+        assert (b["mismatch/logprob_abs_diff_max"] < 1e-5) == (b["rollout/precision"] == 32)
