@@ -30,6 +30,7 @@ import json
 import time
 from pathlib import Path
 
+from posttrain.demo.stages import timed
 from posttrain.errors import UserError
 
 # Sizes. The held-out files have ~110 problems (28 HumanEval, 41 MBPP, 44 LiveCodeBench), fixed by
@@ -38,8 +39,8 @@ from posttrain.errors import UserError
 # RL lr: the recipes' 1e-5 is for a 7B model's LoRA; the tiny model's LoRA needs far more to move
 # in tens of steps (the arithmetic demo's full fine-tune settled on 1e-4; LoRA takes ~10x that).
 PROFILES = {
-    "full": dict(size="tiny", vocab=2048, midtrain_chars=4_000_000, midtrain_steps=200, midtrain_lr=3e-3,
-                 sft_steps=200, sft_lr=1.5e-3, rl_steps=24, prompts_per_step=8, group_size=8, rl_lr=1e-3,
+    "full": dict(size="tiny", vocab=2048, midtrain_chars=4_000_000, midtrain_steps=100, midtrain_lr=3e-3,
+                 sft_steps=150, sft_lr=1.5e-3, rl_steps=24, prompts_per_step=8, group_size=8, rl_lr=1e-3,
                  direct_tokens=96, reasoning_tokens=160, eval_samples=4),
     "quick": dict(size="nano", vocab=1024, midtrain_chars=200_000, midtrain_steps=4, midtrain_lr=3e-3,
                   sft_steps=4, sft_lr=3e-3, rl_steps=1, prompts_per_step=2, group_size=2, rl_lr=1e-3,
@@ -63,15 +64,13 @@ BENCHMARKS = [
 
 def recipe_path(arm: str) -> Path:
     """The seed's recipe for ``arm``, from the examples/ folder next to the package (a source checkout)."""
-    path = Path(__file__).resolve().parents[1] / "examples" / RECIPES[arm]
+    path = Path(__file__).resolve().parents[2] / "examples" / RECIPES[arm]
     if not path.is_file():
         raise UserError(f"{path}: the seed's recipe is missing (demo --task code runs from a source checkout)")
     return path
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.demo import timed
-
     p = PROFILES[args.profile] | {"progress": not args.no_progress}
     out = Path(args.out)
     for arm in RECIPES:

@@ -20,6 +20,8 @@ import json
 import time
 from pathlib import Path
 
+from posttrain.demo.stages import timed
+
 # Sizes: the full demo (2 CPU cores, ~5 minutes) and a smoke version for tests.
 # Two-digit addition with a digit-by-digit trace: ~55 tokens per completion (up to 66), so
 # generation gets 80 new tokens. Many small SFT batches learn faster per token than a few large.
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_transformers()
     if args.task == "code":
-        from posttrain.demo_code import run as run_code
+        from posttrain.demo.code import run as run_code
 
         return run_code(args)
     p = PROFILES[args.profile] | {"progress": not args.no_progress}
@@ -85,16 +87,6 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"[demo] {note}")  # again under the table of zeros it explains
     return 0
-
-
-def timed(stages: dict, name: str, fn, *args):
-    """Run one stage, recording its wall and CPU seconds (CPU: all of this process's threads, so a
-    busy machine's share of the cores can be told from the work itself)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = fn(*args)
-    stages[name] = {"wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1)}
-    print(f"[demo] {name}: {stages[name]['wall_s']:.0f} s wall, {stages[name]['cpu_s']:.0f} s CPU")
-    return result
 
 
 def prepare(out: Path, p: dict, seed: int) -> dict:

@@ -1,0 +1,47 @@
+"""`posttrain demo --task code --profile quick`: the seed's miniature end to end (slow lane)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.eval.results import read_eval_json
+from posttrain.eval.seed_table import SEED_ROWS
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_code_demo_runs_every_stage_and_tables_its_eval_files(tmp_path):
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "posttrain.cli", "demo", "--task", "code", "--profile", "quick",
+                        "--out", str(out), "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["stages"]) == ["prepare", "midtrain", "sft_direct", "rl_direct", "eval_direct",
+                                       "sft_reasoning", "rl_reasoning", "eval_reasoning"]
+    assert summary["columns"] == ["direct · greedy", "reasoning · t0.6"]
+    assert list(summary["table"]) == [title for title, _ in SEED_ROWS]
+    # each arm ran its own recipe: GRPO with the sandbox reward; Dr. GRPO with the format reward too
+    direct = (out / "direct" / "config.yaml").read_text()
+    reasoning = (out / "reasoning" / "config.yaml").read_text()
+    assert "algorithm: grpo" in direct and "format_weight: 0.0" in direct
+    assert "algorithm: dr_grpo" in reasoning and "format_reward: code_format" in reasoning
+    for arm in ("direct", "reasoning"):
+        steps = [json.loads(line) for line in (out / arm / "metrics.jsonl").read_text().splitlines()]
+        assert any("outcomes/MODEL_FAIL_frac" in s for s in steps)
+    # the table's numbers are the eval files' (pass@1 in percent), row by row
+    names = dict(SEED_ROWS)
+    for col, arm in enumerate(("direct", "reasoning")):
+        evals = {label: {r.benchmark: r for r in read_eval_json(out / arm / "evals" / label / "eval.json")}
+                 for label in ("before", "after")}
+        for title, cells in summary["table"].items():
+            for label, key in (("before", "before"), ("after", "after")):
+                mean = next(x.mean for x in evals[label][names[title]].pass_at_k if x.k == 1)
+                assert cells[col][key] == pytest.approx(100 * mean)
+    # the held-out problems were read in their published formats
+    config = (out / "direct" / "evals" / "after" / "config.yaml").read_text()
+    assert all(f"kind: {kind}" in config for kind in ("evalplus", "mbpp", "livecodebench"))
+    assert "| HumanEval+ |" in r.stdout and "| LiveCodeBench Hard |" in r.stdout
+    assert (out / "report.md").read_text().startswith("| benchmark |")
+    assert r.stdout.count("not expected to learn") == 2
