@@ -57,10 +57,14 @@ if ! { [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; }; then
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+  # setuptools announces every editable install of this layout with a 10-line notice ("Editable
+  # installation. ... folders with the same name as your package may take precedence"), which pip
+  # shows as a warning; the filter matches that message only, other build warnings still show.
+  editable=(.venv/bin/python -W "ignore:Editable installation.:Warning" -m pip install -q -c constraints.txt -e)
   if [ -n "$EXTRAS" ]; then
-    .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
+    "${editable[@]}" ".[$EXTRAS]"
   else
-    .venv/bin/python -m pip install -q -c constraints.txt -e .
+    "${editable[@]}" .
   fi
   echo "$want" >> "$stamp"
   echo "[setup] ready: .venv/bin/posttrain"
