@@ -16,7 +16,8 @@ Same metric forms in both (`posttrain.algos.correction.mismatch_metrics`). The i
 are untouched: they correct for the whole gap, as they must. Rows whose version the trainer no
 longer holds (sampled before a resume) are left out of both. A multi-turn episode carries one
 version, its oldest turn's: turns a newer version sampled count that drift as mismatch. Costs one forward without autograd
-of the stale rows, per stale version, and ``max_staleness`` copies of the trainable weights.
+of the stale rows, per stale version, and ``max_staleness`` copies of the trainable weights, kept in
+host memory (``asynchrony.mismatch_by_version=false`` turns it off).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class BehaviourWeights:
         """Keep ``model``'s trainable weights as ``version`` (the weights the engine was last sent),
         and forget the versions no admitted sample can come from any more."""
         if version not in self.saved:
-            self.saved[version] = [p.detach().clone() for p in _trainable(model)]
+            # host memory: K copies of a full model's weights would not fit beside it on an accelerator
+            self.saved[version] = [p.detach().to("cpu", copy=True) for p in _trainable(model)]
         for old in [v for v in self.saved if v < version - self.max_staleness]:
             del self.saved[old]
 
@@ -52,7 +54,7 @@ class BehaviourWeights:
     def holding(self, version: int, model):
         """``model`` with the weights of ``version`` inside the block, its own again after it."""
         params = _trainable(model)
-        now = [p.detach().clone() for p in params]
+        now = [p.detach().to("cpu", copy=True) for p in params]
         with torch.no_grad():
             for p, then in zip(params, self.saved[version]):
                 p.copy_(then)

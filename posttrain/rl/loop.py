@@ -446,7 +446,8 @@ def setup(cfg: RLConfig) -> RLRun:
                 colocated=colocates(cfg, world),
                 precision=PrecisionFallback(cfg.rollout.precision_fallback, cfg.rollout.engine_dtype)
                 if cfg.rollout.precision_fallback.kl_threshold > 0 else None,
-                behaviour=BehaviourWeights(cfg.max_staleness) if cfg.mode == "async" and cfg.max_staleness > 0 else None)
+                behaviour=BehaviourWeights(cfg.max_staleness) if cfg.mode == "async" and cfg.max_staleness > 0 and cfg.asynchrony.mismatch_by_version
+                else None)
     send_starting_weights(run)
     if cfg.algorithm == "ppo":
         from posttrain.rl.ppo import setup_ppo

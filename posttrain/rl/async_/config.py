@@ -29,6 +29,12 @@ class AsyncConfig:
     never binds and nothing bounds how far a stale sample pushes: on the demo's task at K=1 it
     ended 6.7 points of held-out accuracy under sync (3 seeds), clipping around the sampler 0.8
     (5 seeds; docs/async.md). Decoupled PPO pays with several optimizer steps per batch and large K."""
+    mismatch_by_version: bool = True
+    """Score each stale row under the trainer's weights at the version that sampled it, so
+    ``mismatch/*`` is the engine's error alone and ``staleness/drift_*`` the policy's own drift.
+    Costs ``max_staleness`` copies of the trainable weights in host memory (never accelerator
+    memory) and one forward without autograd per stale version. false: ``mismatch/*`` compares the
+    sampler with the trainer now and holds both, and no ``staleness/drift_*`` is logged."""
     self_test: bool = True
     """At start-up, check that a weight sync reaches the engine and that sampler and trainer agree."""
     self_test_max_kl: float = 1e-3
