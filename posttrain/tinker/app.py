@@ -61,6 +61,10 @@ class Limits:
     max_sessions: int = 256
     max_pending: int = 1024
     kept_results: int = 4096
+    max_snapshots: int = 8
+    """Sampling sessions holding weights in memory (a merged copy of the model each); the oldest
+    goes first, and a later request to it is a 404 naming it."""
+    max_samplers: int = 1024
 
 
 @dataclass
@@ -88,6 +92,17 @@ class State:
         request_id = f"req-{next(self.ids)}-{uuid.uuid4().hex[:8]}"
         self.futures[request_id] = self.worker.submit(fn, *args)
         return JSON({"request_id": request_id, **(extra or {})})
+
+    def add_sampler(self, sampler: Sampler) -> str:
+        """Register a sampling session, dropping the oldest beyond the bounds; its id."""
+        sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
+        self.samplers[sampler_id] = sampler
+        held = [k for k, v in self.samplers.items() if v.weights is not None]
+        for old in held[:max(0, len(held) - self.limits.max_snapshots)]:
+            del self.samplers[old]
+        for old in list(self.samplers)[:max(0, len(self.samplers) - self.limits.max_samplers)]:
+            del self.samplers[old]
+        return sampler_id
 
     def base_of(self, model_id) -> Base:
         if not isinstance(model_id, str) or model_id not in self.models:
@@ -408,17 +423,16 @@ def _sampling_routes(state: State) -> list[Route]:
             from posttrain.tinker.checkpoints import read_sampler
 
             base_name, weights = await asyncio.to_thread(read_sampler, state, folder)
-            sampler = Sampler(base=base_name, label=body["model_path"], weights=weights, model_path=body["model_path"])
+            sampler = Sampler(base=base_name, label=f"{body['model_path']}#{uuid.uuid4().hex}", weights=weights, model_path=body["model_path"])
         else:
             _check_base(state, body.get("base_model"))
             sampler = Sampler(base=body["base_model"], label="base", weights=None, model_path=None)
-        sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
-        state.samplers[sampler_id] = sampler
-        return JSON({"type": "create_sampling_session", "sampling_session_id": sampler_id})
+        return JSON({"type": "create_sampling_session", "sampling_session_id": state.add_sampler(sampler)})
 
     def sampler_of(sampler_id) -> Sampler:
         if sampler_id not in state.samplers:
-            raise APIError(404, f"sampling_session_id {sampler_id!r}: no such sampler", code="not_found")
+            raise APIError(404, f"sampling_session_id {sampler_id!r}: no such sampler (or dropped: at most "
+                                f"{state.limits.max_snapshots} weight snapshots are kept)", code="not_found")
         return state.samplers[sampler_id]
 
     async def join(request: Request) -> Response:

@@ -62,10 +62,9 @@ def save_for_sampler(state, model_id: str, name: str | None) -> dict:
     base = state.bases[state.models[model_id]]
     adapter = base.adapter_state(model_id)
     if name is None:
-        sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
-        state.samplers[sampler_id] = Sampler(base=base.name, label=sampler_id,
-                                             weights=merge_adapter(base.base_weights, adapter), model_path=None)
-        return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
+        sampler = Sampler(base=base.name, label=f"snapshot-{uuid.uuid4().hex}",
+                          weights=merge_adapter(base.base_weights, adapter), model_path=None)
+        return {"type": "save_weights_for_sampler", "sampling_session_id": state.add_sampler(sampler)}
     _write(state.root / model_id / "sampler_weights" / name, adapter, _meta(state, model_id), None, overwrite=True)
     return {"type": "save_weights_for_sampler", "path": f"tinker://{model_id}/sampler_weights/{name}"}
 

@@ -26,7 +26,7 @@ KEY = "tml-test-key"
 def server(nano_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("tinker-root")
     app = create_app({"nano": load_base("nano", nano_model_dir, None)}, root, api_key=KEY,
-                     limits=Limits(max_models=3, max_samples=4, max_new_tokens=16))
+                     limits=Limits(max_models=3, max_samples=4, max_new_tokens=16, max_snapshots=2))
     with RunningServer(app) as s:
         yield s
 
@@ -148,6 +148,11 @@ def test_sampling_bounds(http, model_id):
                                            "sampling_params": {"max_tokens": 4, "seed": 1}})
     out = wire.fields(result(http, r))
     assert len(out[1]) == 2 and len(r.json()["sample_sequence_ids"]) == 2
+    for _ in range(2):  # two more snapshots: the first is dropped (at most two kept)
+        result(http, http.post("/api/v1/save_weights_for_sampler", json={"model_id": model_id}))
+    r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "prompt": prompt,
+                                           "sampling_params": {"max_tokens": 4}})
+    assert r.status_code == 404 and "at most 2 weight snapshots" in r.json()["error"]["message"]
 
 
 def test_forward_backward_matches_the_model(http, model_id, nano_model_dir):
