@@ -25,6 +25,7 @@ import concurrent.futures
 import itertools
 import logging
 import re
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -78,6 +79,8 @@ class State:
     samplers: dict[str, Sampler] = field(default_factory=dict)
     futures: OrderedDict = field(default_factory=OrderedDict)
     ids: itertools.count = field(default_factory=itertools.count)
+    sampler_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Samplers are added by handlers and by the worker (save_weights_for_sampler)."""
 
     def submit(self, fn, *args, extra: dict | None = None) -> JSON:
         """Queue ``fn(*args)`` on the worker; the future's handle as the SDK expects it."""
@@ -96,12 +99,13 @@ class State:
     def add_sampler(self, sampler: Sampler) -> str:
         """Register a sampling session, dropping the oldest beyond the bounds; its id."""
         sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
-        self.samplers[sampler_id] = sampler
-        held = [k for k, v in self.samplers.items() if v.weights is not None]
-        for old in held[:max(0, len(held) - self.limits.max_snapshots)]:
-            del self.samplers[old]
-        for old in list(self.samplers)[:max(0, len(self.samplers) - self.limits.max_samplers)]:
-            del self.samplers[old]
+        with self.sampler_lock:
+            self.samplers[sampler_id] = sampler
+            held = [k for k, v in self.samplers.items() if v.weights is not None]
+            for old in held[:max(0, len(held) - self.limits.max_snapshots)]:
+                del self.samplers[old]
+            for old in list(self.samplers)[:max(0, len(self.samplers) - self.limits.max_samplers)]:
+                del self.samplers[old]
         return sampler_id
 
     def base_of(self, model_id) -> Base:
