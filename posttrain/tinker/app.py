@@ -66,6 +66,9 @@ class Limits:
     """Sampling sessions holding weights in memory (a merged copy of the model each); the oldest
     goes first, and a later request to it is a 404 naming it."""
     max_samplers: int = 1024
+    session_timeout_s: float = 300.0
+    """A session not heard from for this long (the SDK beats every 10 s) is over: when the training
+    clients are at their bound, those of such sessions are unloaded to make room."""
 
 
 @dataclass
@@ -171,8 +174,9 @@ def _session_routes(state: State) -> list[Route]:
 
     async def heartbeat(request: Request) -> Response:
         body = await read_json(request)
-        if body.get("session_id") not in state.sessions:
-            raise APIError(404, f"session_id {body.get('session_id')!r}: no such session", code="not_found")
+        if body.get("session_id") not in state.sessions:  # 410: the SDK then stops beating
+            raise APIError(410, f"session_id {body.get('session_id')!r}: no such session (or it timed out)",
+                           code="session_over")
         state.sessions[body["session_id"]] = time.time()
         return JSON({"type": "session_heartbeat"})
 
@@ -222,8 +226,22 @@ def new_model_id(state: State, body: dict) -> str:
     if model_id in state.models:
         raise APIError(409, f"model {model_id} exists already", code="conflict")
     if len(state.models) >= state.limits.max_models:
+        _reap(state)
+    if len(state.models) >= state.limits.max_models:
         raise APIError(429, f"{len(state.models)} training clients already; unload one first", code="too_many_models")
     return model_id
+
+
+def _reap(state: State) -> None:
+    """Unload the training clients of sessions that stopped beating (a crashed or closed client)."""
+    now = time.time()
+    dead = {s for s, t in state.sessions.items() if now - t > state.limits.session_timeout_s}
+    for model_id, base_name in list(state.models.items()):
+        if base_name is not None and model_id.split(":train:")[0] in dead:
+            del state.models[model_id]
+            state.worker.submit(state.bases[base_name].remove_adapter, model_id)
+    for session in dead:
+        del state.sessions[session]
 
 
 def _model_routes(state: State) -> list[Route]:

@@ -34,6 +34,7 @@ def server(nano_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def http(server):
     with httpx.Client(base_url=server.url, headers={"X-API-Key": KEY}, timeout=60) as c:
+        c.app_state = server.app.state.tinker
         yield c
 
 
@@ -130,9 +131,14 @@ def test_rank_and_model_count_bounds(http, model_id):
         if r.status_code == 200:
             result(http, r)
     assert codes.count(429) >= 1 and codes[0] == 200  # three clients at most (one is model_id's)
-    for seq, code in enumerate(codes):
-        if code == 200:
-            result(http, http.post("/api/v1/unload_model", json={"model_id": f"{session}:train:{seq}"}))
+    # a session that stopped beating gives its clients up when room is needed
+    other = http.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
+    http.app_state.sessions[session] = 0.0
+    body = {"session_id": other, "model_seq_id": 0, "base_model": "nano", "lora_config": {"rank": 2}}
+    result(http, http.post("/api/v1/create_model", json=body))
+    assert http.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code == 410
+    assert not any(m.startswith(session) for m in http.app_state.models)
+    result(http, http.post("/api/v1/unload_model", json={"model_id": f"{other}:train:0"}))
 
 
 def test_sampling_bounds(http, model_id):
