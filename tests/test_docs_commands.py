@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -190,21 +191,28 @@ def first_session_sft() -> str:
 
 
 @pytest.fixture(scope="session")
-def first_session(tmp_path_factory) -> Path:
+def docs_root():
+    """Workspaces outside pytest's numbered temp folders, which a concurrent pytest run may prune."""
+    with tempfile.TemporaryDirectory(prefix="posttrain-docs-") as root:
+        yield Path(root)
+
+
+@pytest.fixture(scope="session")
+def first_session(docs_root) -> Path:
     """The README's first session (its SFT part), once: what every page assumes was done."""
-    ws = _workspace(tmp_path_factory.mktemp("docs-first-session"))
+    ws = _workspace(docs_root / "first-session")
     r = _run(_preamble() + first_session_sft(), ws, _env())
     assert r.returncode == 0, r.stdout[-3000:]
     return ws / "runs"
 
 
 @pytest.fixture(scope="session")
-def workspaces(tmp_path_factory, first_session) -> dict:
+def workspaces(docs_root, first_session) -> dict:
     made: dict[Path, Path] = {}
 
     def get(page: Path) -> Path:
         if page not in made:
-            ws = _workspace(tmp_path_factory.mktemp(f"docs-{page.stem}"))
+            ws = _workspace(docs_root / page.stem)
             if page.name != "README.md":  # the README is where the first session is done
                 shutil.copytree(first_session, ws / "runs", symlinks=True)
             made[page] = ws
