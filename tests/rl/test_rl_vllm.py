@@ -150,6 +150,30 @@ def test_async_k1_against_vllm_keeps_the_bound_and_trains_every_prompt_once(base
     assert httpx.get(f"{vllm_server.urls[0]}/weight_info").json()["weight_version"] == str(steps)
 
 
+def test_async_lora_with_seeded_steps_past_one_prefill_budget_keeps_the_engine_alive(vllm_lora_server, vllm_model_dir,
+                                                                                       arith_data_dir, reward_plugin,
+                                                                                       tmp_path):
+    """Async + LoRA, the layout that lost its engine 1 run in 3: RL seeds every request, and 32
+    prompts x 8 samples put more prompt tokens in flight than one engine step prefills, while each
+    sync preempts and recomputes the requests. On a CPU build a seeded request whose prefill is split
+    killed the engine (`CPU Generator does not use offset`); the client now sends CPU builds no seeds."""
+    from posttrain.rl.run import run_rl
+
+    steps = 3
+    cfg = load_config(RLConfig, None, _overrides(vllm_model_dir, arith_data_dir, tmp_path / "run", reward_plugin,
+                                                 **{"rollout.urls": json.dumps(vllm_lora_server.urls), "mode": "async",
+                                                    "max_staleness": 1, "num_steps": steps, "prompts_per_step": 32,
+                                                    "rollout.group_size": 8, "rollout.max_new_tokens": 16,
+                                                    "model.lora.enabled": "true", "model.lora.r": 8,
+                                                    "optim.lr": 1e-2}))
+    run_rl(cfg, printer=lambda *_: None)
+    rows = [m for m in _metrics(tmp_path / "run") if m["step"] > 0]
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    assert all(m["outcomes/INFRA_FAIL_frac"] == 0 and m["async/lost_requests"] == 0 for m in rows), rows
+    assert rows[-1]["async/engine_restarts"] == 0
+    assert httpx.get(f"{vllm_lora_server.urls[0]}/health").status_code == 200
+
+
 def test_a_trainer_killed_with_sigkill_resumes_against_the_same_server(base_restored, vllm_model_dir, arith_data_dir,
                                                                        reward_plugin, tmp_path):
     """``kill -9`` of ``posttrain rl`` after its step-2 checkpoint; the re-run resumes there, hands
