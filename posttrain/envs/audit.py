@@ -21,6 +21,7 @@ the file to train on.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import json
 import re
@@ -212,7 +213,8 @@ def repo_policies(task: dict) -> dict[str, list[str]]:
 def audit_tasks(tasks: list[dict], make_env, workers: int = 4, progress=None,
                 policies_of=repo_policies) -> list[dict]:
     """One row per task: ``{"id", "flags", "runs": {policy: "CLASS/reason"}}``; ``policies_of(task)``
-    gives each policy's turns (or raises `EnvTaskError`: the task is broken)."""
+    gives each policy's turns (or raises `EnvTaskError`: the task is broken). ``progress()`` is
+    called once per task, when its last policy has played."""
     rows, plan = [], []
     for i, task in enumerate(tasks):
         rows.append({"id": task.get("id", task.get("instance_id", i)), "flags": [], "runs": {}})
@@ -221,15 +223,19 @@ def audit_tasks(tasks: list[dict], make_env, workers: int = 4, progress=None,
         except EnvTaskError as e:
             rows[-1]["runs"]["task"] = f"TASK_FAIL/{e}"
             rows[-1]["flags"].append("false_negative")
+            if progress is not None:
+                progress()
             continue
         plan += [(i, name, turns) for name, turns in turns_of.items()]
+    left = collections.Counter(i for i, _, _ in plan)  # policies still to play, per task
     with cf.ThreadPoolExecutor(max(1, workers)) as ex:
         futures = {ex.submit(play, make_env, tasks[i], turns): (i, name) for i, name, turns in plan}
         for fut in cf.as_completed(futures):
             i, name = futures[fut]
             outcome = fut.result()
             rows[i]["runs"][name] = f"{outcome.cls.value}/{outcome.reason}".rstrip("/")
-            if progress is not None:
+            left[i] -= 1
+            if progress is not None and not left[i]:
                 progress()
     for row in rows:
         _flag(row)

@@ -46,7 +46,9 @@ def tool(env, name, **args):
 
 # ------------------------------------------------------------------------------- embedded tasks
 def test_embedded_tasks_pass_the_audit_oracle_everywhere_noop_and_hacks_nowhere(pool, tasks):
-    rows = audit_tasks(tasks, lambda: RepoEnv(pool=pool), workers=2)
+    played: list[int] = []
+    rows = audit_tasks(tasks, lambda: RepoEnv(pool=pool), workers=2, progress=lambda: played.append(1))
+    assert len(played) == len(tasks)  # the progress bar counts tasks, not their 8 policies
     rates = pass_rates(rows)
     assert rates.pop("oracle") == 1.0
     assert set(rates) == {"null", "delete_tests", "edit_tests", "sys_exit", "os_exit", "monkeypatch", "always_equal"}
@@ -210,7 +212,7 @@ def test_the_probe_sees_what_a_single_program_plants(pool, tasks):
 
 
 # ------------------------------------------------------------------------------------ the audit
-def test_the_audit_flags_weak_hidden_tests_and_a_broken_fix(pool, tasks, tmp_path):
+def test_the_audit_flags_weak_hidden_tests_and_a_broken_fix(pool, tasks, tmp_path, capsys):
     weak = dict(tasks[0], id="weak", hidden_tests="def check(call):\n    assert call('pkg.ops.zero') == 0\n",
                 fix={"pkg/ops.py": "def zero():\n    return 0\n"}, files={"pkg/ops.py": "def zero():\n    return 0\n"})
     broken = dict(tasks[1], id="broken", fix={"pkg/ops.py": tasks[1]["files"]["pkg/ops.py"]})
@@ -220,6 +222,7 @@ def test_the_audit_flags_weak_hidden_tests_and_a_broken_fix(pool, tasks, tmp_pat
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in (tasks[4], weak, broken, gameable)))
     assert main(["env-audit", str(path), "--out", str(tmp_path / "audit"), "--workers", "1"]) == 1
+    assert any(line.startswith("audit ") and " 4/4 " in line for line in capsys.readouterr().out.splitlines())
     rows = {r["id"]: r for r in map(json.loads, (tmp_path / "audit" / "audit.jsonl").read_text().splitlines())}
     assert rows[tasks[4]["id"]]["flags"] == []
     assert "false_positive" in rows["weak"]["flags"] and rows["weak"]["runs"]["null"] == "PASS"
