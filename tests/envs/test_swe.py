@@ -1,6 +1,6 @@
 """SWE-bench-format tasks: a task from a local git repository made here, its verdict by real pytest
-in the sandbox (oracle passes, null fails, every known forgery fails — and each forgery is shown
-to pass plain pytest on the same tree, so the test would catch the defence going missing), the
+in the sandbox (oracle passes, null fails, every known forgery fails — and, in the slow lane, each
+forgery is shown to pass plain pytest on the same tree, so the defences are each needed), the
 repository-scale tools, and bad records."""
 
 from __future__ import annotations
@@ -124,14 +124,20 @@ def _plain_pytest(env: SweEnv, tmp: Path) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_no_forgery_passes_the_verdict(pool, record, name, tmp_path):
-    turns = swe_policies(load_task(record))[name]
-    env = episode(pool, record)
-    result = play(env, turns)
+def test_no_forgery_passes_the_verdict(pool, record, name):
+    result = play(episode(pool, record), swe_policies(load_task(record))[name])
     assert result.outcome.cls is OutcomeClass.MODEL_FAIL, result.outcome
     assert result.outcome.reason == EXPECTED[name], result.outcome
-    if name in FORGING_ON_PLAIN_PYTEST:
-        assert _plain_pytest(env, tmp_path) == 0, f"{name} does not even fool plain pytest: it tests nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FORGING_ON_PLAIN_PYTEST)
+def test_each_forgery_fools_plain_pytest(pool, record, name, tmp_path):
+    """The other half of the test above: each forgery would score without the verdict's defences."""
+    env = episode(pool, record)
+    for turn in swe_policies(load_task(record))[name][:-1]:  # all but the submit
+        env.step(turn)
+    assert _plain_pytest(env, tmp_path) == 0, f"{name} does not even fool plain pytest: it tests nothing"
 
 
 SELF_RESTORING = """def add(a, b):
@@ -155,14 +161,21 @@ OVERRIDE = """def add(a, b):
 
 
 @pytest.mark.parametrize("body", [SELF_RESTORING, OVERRIDE], ids=["self_restoring_patch", "inherited_override"])
-def test_patching_the_runner_from_a_test_call_is_seen(pool, record, body, tmp_path):
+def test_patching_the_runner_from_a_test_call_is_seen(pool, record, body):
     """Not at import: the code under test patches pytest's report when a test calls it — a patch
     that undoes itself once used, or an attribute added to a class over an inherited one."""
     env = episode(pool, record)
     tool(env, "replace", path="src/calc/ops.py", old="def add(a, b):\n    return a - b\n", new=body)
-    assert _plain_pytest(env, tmp_path) == 0  # it fools plain pytest
     result = env.step(format_call("submit", {}))
     assert (result.outcome.cls, result.outcome.reason) == (OutcomeClass.MODEL_FAIL, "forbidden"), result.outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body", [SELF_RESTORING, OVERRIDE], ids=["self_restoring_patch", "inherited_override"])
+def test_patching_the_runner_from_a_test_call_fools_plain_pytest(pool, record, body, tmp_path):
+    env = episode(pool, record)
+    tool(env, "replace", path="src/calc/ops.py", old="def add(a, b):\n    return a - b\n", new=body)
+    assert _plain_pytest(env, tmp_path) == 0
 
 
 def test_env_audit_on_the_fixture_task(pool, record):
