@@ -11,8 +11,9 @@ the project's tests catch it.
    the first two arguments of a call swapped. Each is a splice of the changed node's source, so
    the rest of the file keeps its text.
 3. **Kept** when, with the mutation, some tests of the files whose tests cover the function fail
-   that passed before (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS).
-   A mutant that times out is dropped.
+   that passed before (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS);
+   then both trees run exactly those ids, as the verdict will, and only ids that agree stay (a
+   test whose outcome depends on what ran before it is dropped). A mutant that hangs is dropped.
 4. **Problem statement**: what a user would see — the failing tests' names and their errors
    (pytest's one-line crash message), never the diff.
 5. **Records**: the project goes into ``DIR/repos/NAME`` as a git repository whose first commit is
@@ -364,6 +365,18 @@ def _try(pool, repo: TaskRepo, name: str, files: dict, path: str, fn, kind: str,
     results = run["results"]
     f2p = sorted(t for t in results if t in passed and results[t][0] != "passed" and _SAFE_ID.match(t))
     p2p = sorted(t for t in results if t in passed and results[t][0] == "passed" and _SAFE_ID.match(t))
+    if not f2p or not p2p:
+        return None
+    # The verdict runs exactly these ids: a test whose outcome depends on what ran before it (six's
+    # test_lazy) may differ there, so both trees are run that way and only agreeing ids are kept.
+    gold = run_suite(pool, files, f2p + p2p, False, timeout_s)
+    bug = run_suite(pool, {**files, path: mutant}, f2p + p2p, False, timeout_s)
+    if gold is None or bug is None:
+        return None
+    ok = {t for t, (o, _) in gold["results"].items() if o == "passed"}
+    still = {t for t, (o, _) in bug["results"].items() if o == "passed"}
+    f2p = [t for t in f2p if t in ok and t not in still]
+    p2p = [t for t in p2p if t in ok and t in still]
     if not f2p or not p2p:
         return None
     commit, fix = repo.commit_change(path, mutant, f"{kind} in {path}:{fn.name}")
