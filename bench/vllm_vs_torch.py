@@ -63,11 +63,13 @@ def main() -> None:
     ap.add_argument("--lora-rank", type=int, default=8)
     args = ap.parse_args()
 
+    from posttrain.models.hf import quiet_transformers
     from posttrain.models.tiny import build_tiny
     from posttrain.rollout import HTTPEngine, SamplingParams, TorchEngine, weights_checksum
     from posttrain.rollout.vllm import VLLMDialect, prompt_logprobs
     from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
 
+    quiet_transformers()
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     model_dir = args.model or str(build_tiny(work / "model", "tiny", seed=0))
     if args.engine_threads:
@@ -113,7 +115,7 @@ def main() -> None:
         lora_probe = expected(peft_model.eval())
         t_lora = timed(lambda: lora.load_weights(adapter, next(version), weights_checksum(adapter), probe=lora_probe),
                        args.repeats)
-        assert prompt_logprobs(theirs._client, urls[0], probe, model="policy")  # the adapter is served
+        assert prompt_logprobs(theirs.weights.client, urls[0], probe, model="policy")  # the adapter is served
 
     size = lambda w: sum(t.numel() * t.element_size() for t in w.values())  # noqa: E731
     print(f"{args.prompts} prompts x {args.n} samples x {args.new} new tokens, temperature 1, {model_dir}")
