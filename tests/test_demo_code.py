@@ -45,3 +45,9 @@ def test_quick_code_demo_runs_every_stage_and_tables_its_eval_files(tmp_path):
     assert "| HumanEval+ |" in r.stdout and "| LiveCodeBench Hard |" in r.stdout
     assert (out / "report.md").read_text().startswith("| benchmark |")
     assert r.stdout.count("not expected to learn") == 2
+    # the reasoning trace's markers survive decoding, so code_format and the program after </think> see them
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out / "reasoning" / "checkpoints" / "step-1")
+    ids = tok("<think>plan</think>\n```python\nx = 1\n```")["input_ids"]
+    assert tok.decode(ids, skip_special_tokens=True).startswith("<think>plan</think>")
