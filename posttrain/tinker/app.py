@@ -71,6 +71,78 @@ class Limits:
     clients are at their bound, those of such sessions are unloaded to make room."""
 
 
+MAX_BATCH_ROWS = 1024
+"""Most samples one engine call of batched ``asample`` requests makes."""
+
+
+@dataclass(eq=False)
+class _SampleRequest:
+    sampler: Sampler
+    prompt: list[int]
+    n: int
+    params: dict
+    want_prompt: bool
+    answer: tuple | None = None  # (sequences, prompt log-probs) once its batch ran
+    error: Exception | None = None
+
+    def key(self) -> tuple:
+        """Requests with equal keys can share one engine call: the same snapshot, number of
+        samples and sampling parameters. A seeded request is alone (its seed fixes its samples)."""
+        if self.params["seed"] is not None:
+            return (id(self),)
+        return (self.sampler.base, self.sampler.label, self.n, self.want_prompt, repr(sorted(self.params.items())))
+
+
+class SampleQueue:
+    """``asample`` requests waiting for the worker. The first of them the worker runs takes along
+    every waiting request with its key (`_SampleRequest.key`), whichever client or sampling
+    session sent it, and they share one engine call; the others' turns then only hand back their
+    answer. Running a later request early is safe: a snapshot's weights never change."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.waiting: list[_SampleRequest] = []
+        self.engine_calls = 0
+
+    def add(self, request: _SampleRequest) -> None:
+        with self.lock:
+            self.waiting.append(request)
+
+    def drop(self, request: _SampleRequest) -> None:
+        with self.lock:
+            self.waiting = [r for r in self.waiting if r is not request]
+
+    def run(self, base: Base, request: _SampleRequest) -> tuple:
+        with self.lock:
+            if request.answer is None and request.error is None:
+                batch, rows = [], 0
+                for r in self.waiting:
+                    if r.key() == request.key() and (r is request or rows + r.n <= MAX_BATCH_ROWS):
+                        batch.append(r)
+                        rows += r.n
+                self.waiting = [r for r in self.waiting if r not in batch]
+            else:
+                batch = []
+        if batch:
+            self._generate(base, batch)
+        if request.error is not None:
+            raise request.error
+        return request.answer
+
+    def _generate(self, base: Base, batch: list[_SampleRequest]) -> None:
+        first = batch[0]
+        try:
+            base.use_snapshot(first.sampler.label, first.sampler.weights)
+            answers = base.sample_batch([r.prompt for r in batch], first.n, first.params, first.want_prompt)
+            self.engine_calls += 1
+        except Exception as e:  # noqa: BLE001 - every request of the batch fails with it
+            for r in batch:
+                r.error = e
+            return
+        for r, answer in zip(batch, answers):
+            r.answer = answer
+
+
 @dataclass
 class State:
     bases: dict[str, Base]
@@ -84,6 +156,7 @@ class State:
     ids: itertools.count = field(default_factory=itertools.count)
     sampler_lock: threading.Lock = field(default_factory=threading.Lock)
     """Samplers are added by handlers and by the worker (save_weights_for_sampler)."""
+    samples: SampleQueue = field(default_factory=SampleQueue)
 
     def submit(self, fn, *args, extra: dict | None = None) -> JSON:
         """Queue ``fn(*args)`` on the worker; the future's handle as the SDK expects it."""
@@ -486,13 +559,19 @@ def _sampling_routes(state: State) -> list[Route]:
             raise bad("target_prompt_logprobs / prompt_logprobs_last_n: not served here", code="unsupported")
         want_prompt = bool(body.get("prompt_logprobs"))
 
+        waiting = _SampleRequest(sampler, prompt, n, params, want_prompt)
+        state.samples.add(waiting)
+
         def run():
-            base.use_snapshot(sampler.label, sampler.weights)
-            sequences, prompt_lp = base.sample(prompt, n, params, want_prompt)
+            sequences, prompt_lp = state.samples.run(base, waiting)
             return wire.encode_sample_response(sequences, prompt_lp)
 
         ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
-        return state.submit(run, extra={"sample_sequence_ids": ids})
+        try:
+            return state.submit(run, extra={"sample_sequence_ids": ids})
+        except APIError:
+            state.samples.drop(waiting)  # refused: it must not ride along in another's batch
+            raise
 
     return [Route("/api/v1/create_sampling_session", endpoint(create_sampling_session), methods=["POST"]),
             Route("/api/v1/join_sampling_session", endpoint(join), methods=["POST"]),

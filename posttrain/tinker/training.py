@@ -222,22 +222,31 @@ class Base:
         self.engine_holds = label
 
     def sample(self, prompt: list[int], n: int, params: dict, want_prompt_logprobs: bool):
+        return self.sample_batch([prompt], n, params, want_prompt_logprobs)[0]
+
+    def sample_batch(self, prompts: list[list[int]], n: int, params: dict, want_prompt_logprobs: bool) -> list:
+        """``n`` samples of each prompt in one engine call (one set of sampling parameters): per
+        prompt, its sequences (finish reason, tokens, log-probs) and its prompt log-probs or None."""
         from posttrain.rollout.types import SamplingParams
 
         stop = params["stop"]
         sampling = SamplingParams(temperature=params["temperature"], top_p=params["top_p"],
                                   top_k=max(params["top_k"], 0), max_new_tokens=params["max_tokens"],
                                   stop=[s for s in stop if isinstance(s, str)], seed=params["seed"])
-        out = self.engine.generate([prompt], n, sampling)
+        out = self.engine.generate(prompts, n, sampling)
         stop_ids = {s for s in stop if isinstance(s, int)}
-        sequences = [_cut(out.completion_ids[i], out.logprobs[i], out.finish_reason[i], stop_ids) for i in range(n)]
-        prompt_lp = None
-        if want_prompt_logprobs:
-            from posttrain.serve.app import prompt_logprobs
+        results = []
+        for p, prompt in enumerate(prompts):
+            rows = range(p * n, (p + 1) * n)  # the engine's order: prompt-major
+            sequences = [_cut(out.completion_ids[i], out.logprobs[i], out.finish_reason[i], stop_ids) for i in rows]
+            prompt_lp = None
+            if want_prompt_logprobs:
+                from posttrain.serve.app import prompt_logprobs
 
-            with torch.no_grad():
-                prompt_lp = [math.nan] + prompt_logprobs(self.engine, prompt)
-        return sequences, prompt_lp
+                with torch.no_grad():
+                    prompt_lp = [math.nan] + prompt_logprobs(self.engine, prompt)
+            results.append((sequences, prompt_lp))
+        return results
 
 
 def merge_adapter(base_weights: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

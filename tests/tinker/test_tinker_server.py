@@ -226,3 +226,45 @@ def test_wire_round_trip_and_truncation():
     out = wire.fields(wire.encode_sample_response([("length", [5, 6], [-0.5, -1.5])], [math.nan, -2.0]))
     seq = wire.fields(out[1][0])
     assert seq[1] == [1] and np.frombuffer(seq[3][0], dtype="<f4").tolist() == [-0.5, -1.5]
+
+
+def sequences_of(out: bytes) -> list[tuple[list[int], np.ndarray]]:
+    return [(np.frombuffer(wire.fields(s)[2][0], dtype="<i4").tolist(), np.frombuffer(wire.fields(s)[3][0], dtype="<f4"))
+            for s in wire.fields(out)[1]]
+
+
+def test_waiting_samples_of_one_snapshot_share_an_engine_call(http, model_id, nano_model_dir):
+    """Requests queued while the worker is busy: those of two sampling sessions on the base (and of
+    different prompt lengths) run as one engine call, a client snapshot's as another; every
+    sample's log-probs are still the model's own for its prompt (the batch's padding leaks nothing)."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    state = http.app_state
+    snapshot = result(http, http.post("/api/v1/save_weights_for_sampler", json={"model_id": model_id}))
+    bases = [http.post("/api/v1/create_sampling_session", json={"base_model": "nano"}).json()["sampling_session_id"]
+             for _ in range(2)]
+    prompts = [[3, 4, 5], [7, 8, 9, 10, 11, 12], [5]]
+    params = {"max_tokens": 6, "temperature": 1.0}
+    gate = threading.Event()
+    state.worker.submit(gate.wait, 30)  # the worker is busy: the requests below wait together
+    calls = state.samples.engine_calls
+    sent = [http.post("/api/v1/asample", json={"sampling_session_id": sid, "num_samples": 3, "sampling_params": params,
+                                               "prompt": {"chunks": [{"type": "encoded_text", "tokens": p}]}})
+            for sid, p in [(bases[0], prompts[0]), (bases[1], prompts[1]), (bases[0], prompts[2])]]
+    own = http.post("/api/v1/asample", json={"sampling_session_id": snapshot["sampling_session_id"], "num_samples": 2,
+                                             "sampling_params": params,
+                                             "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompts[0]}]}})
+    gate.set()
+    outs = [sequences_of(result(http, r)) for r in sent]
+    assert len(sequences_of(result(http, own))) == 2
+    assert state.samples.engine_calls - calls == 2 and not state.samples.waiting
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
+    for prompt, seqs in zip(prompts, outs):
+        assert len(seqs) == 3
+        for tokens, logprobs in seqs:
+            with torch.no_grad():
+                full = torch.tensor([prompt + tokens])
+                ref = model(full).logits[0, len(prompt) - 1:-1].log_softmax(-1)[torch.arange(len(tokens)), full[0, len(prompt):]]
+            np.testing.assert_allclose(logprobs, ref.numpy(), atol=1e-4)
