@@ -122,7 +122,7 @@ def test_skip_markers_give_a_reason_and_precede_a_block():
     for page in PAGES:
         lines = page.read_text().splitlines()
         for i, line in enumerate(lines):
-            if "docs-test:" in line:
+            if line.strip().startswith("<!-- docs-test"):  # a marker is a line of its own
                 assert SKIP.match(line.strip()), f"{page.name}:{i + 1}: malformed marker {line!r}"
                 assert i + 1 < len(lines) and lines[i + 1].startswith("```bash"), \
                     f"{page.name}:{i + 1}: a docs-test marker must sit on the line before a ```bash block"
