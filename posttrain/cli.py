@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -21,7 +22,7 @@ from posttrain.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("posttrain.models.tiny_cli", "build an embedded tiny model (Llama, Qwen3, Mistral, Phi-3, Gemma 2/3) and tokenizer"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
-    "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an embedded environment (calculator, code_repair, repo)"),
+    "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an environment (calculator, code_repair, repo; swe: tasks from a project's own tests)"),
     "env-audit": ("posttrain.envs.audit_cli", "audit repository tasks: the reference fix scores, no-ops and hacks do not"),
     "sft": ("posttrain.train.sft_cli", "supervised fine-tuning / mid-training"),
     "rl": ("posttrain.rl.cli", "reinforcement learning with verifiable rewards (GRPO family, PPO)"),
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     module.add_arguments(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
     quiet_other_ranks()
+    stop_on_sigterm()
     try:
         return int(module.run(args) or 0)
     except UserError as e:
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"posttrain {name}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"posttrain {name}: terminated", file=sys.stderr)
+        return 143
     except RuntimeError as e:  # rollout servers unreachable or gone: an outage, not bad input: one line, exit 1
         from posttrain.rollout.http import ServerUnreachable, ServersDown
 
@@ -85,6 +90,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"posttrain {name}: error: {e}", file=sys.stderr)
         return 1
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a scheduler's stop, torchrun's teardown, ``kill``). A BaseException, like
+    KeyboardInterrupt, so no ``except Exception`` on the way swallows it."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds the command like Ctrl-C: its ``finally`` blocks and ``atexit`` hooks run, so
+    the vLLM servers, sandboxes and engine processes it started are stopped, not left running (the
+    default action kills the interpreter with none of them). A handler someone else set is kept."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 def quiet_other_ranks() -> None:

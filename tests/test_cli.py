@@ -1,6 +1,7 @@
 """The `posttrain` command itself: commands that never train leave without importing torch."""
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -52,3 +53,33 @@ def test_sandbox_check_of_one_record_never_imports_torch(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.splitlines()[0])["outcome"] == "PASS"
     assert "TORCH False" in r.stderr, r.stderr[-2000:]
+
+
+SLEEPER = r"""
+import atexit, pathlib, sys, time, types
+import posttrain.cli as cli
+mod = types.ModuleType("sleeper")
+mod.add_arguments = lambda parser: parser.add_argument("marker")
+def run(args):
+    atexit.register(pathlib.Path(args.marker).write_text, "cleaned up")  # as a launched server's stop is
+    print("ready", flush=True)
+    time.sleep(60)
+mod.run = run
+sys.modules["sleeper"] = mod
+cli.COMMANDS["sleep"] = ("sleeper", "sleeps")
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_unwinds_a_command_so_its_cleanup_runs(tmp_path):
+    """A scheduler's SIGTERM must stop what a run started (vLLM servers, engine processes: their
+    atexit hooks), not kill the interpreter past them."""
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, "sleep", str(marker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert err.strip() == "posttrain sleep: terminated"
+    assert marker.read_text() == "cleaned up"
