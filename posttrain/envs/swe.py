@@ -62,6 +62,7 @@ from pathlib import Path
 from posttrain.envs.base import EnvTaskError, StepResult
 from posttrain.envs.repo import PathError, RepoEnv, check_path
 from posttrain.outcome import Outcome, OutcomeClass
+from posttrain.sandbox.zygote import SITE_DIR
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
           "problem_statement", "repo_path")
@@ -280,7 +281,7 @@ def _write_tree(files, root):
 # stdout kept aside and the runner imported before any file of the tree is importable.
 _VERDICT = _WRITE_TREE + '''
 
-def _verdict(files, ids, ini, roots):
+def _verdict(files, ids, ini, roots, site):
     import json, os, sys, time
     nonce = sys.stdin.readline().strip()
     sys.stdin.close()
@@ -315,6 +316,7 @@ def _verdict(files, ids, ini, roots):
     codes = {name: f.__code__ for name, f in held.items()}
     names, mutable = dict(builtins.__dict__), pj.MUTABLE_BUILTINS
     sys.path[:0] = roots
+    sys.path += site
     args = pj.pytest_args(ids, rootdir=ROOT, ini=ini, basetemp="/tmp/.pytest-base", conftest=True,
                           stop_first=False, lean=False, import_mode="prepend")
     clock = time.perf_counter
@@ -338,9 +340,10 @@ def _verdict(files, ids, ini, roots):
 '''
 
 
-def verdict_program(files: dict[str, str], ids: list[str]) -> str:
-    return (f"ROOT = {ROOT!r}\n" + _VERDICT
-            + f"\n_verdict({files!r}, {ids!r}, {ini_file(files)!r}, {import_roots(files)!r})\n")
+def verdict_program(files: dict[str, str], ids: list[str], site: bool = False) -> str:
+    """``site``: the venv's site-packages (`SITE_DIR`) goes on the path after the tree."""
+    return (f"ROOT = {ROOT!r}\n" + _VERDICT + f"\n_verdict({files!r}, {ids!r}, {ini_file(files)!r}, "
+            f"{import_roots(files)!r}, {[SITE_DIR] * site!r})\n")
 
 
 def read_verdict(stdout: str, nonce: str, f2p: list[str], p2p: list[str]) -> tuple[Outcome, dict]:
@@ -367,8 +370,10 @@ def read_verdict(stdout: str, nonce: str, f2p: list[str], p2p: list[str]) -> tup
 
 _RUN_TESTS = _WRITE_TREE + '''
 
-def _run_tests(files, targets, ini, roots):
+def _run_tests(files, targets, ini, roots, site):
     import os, sys
+    os.dup2(1, 2)  # pytest reports a conftest that fails to import on stderr: the agent sees it too
+    sys.stderr = sys.stdout
     sys.path.append("/sandbox/lib")
     import pytest
     _write_tree(files, ROOT)
@@ -380,6 +385,7 @@ def _run_tests(files, targets, ini, roots):
         ini = ROOT + "/" + ini
     os.chdir(ROOT)
     sys.path[:0] = roots
+    sys.path += site
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     pytest.main(["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", ROOT, "--basetemp", "/tmp/.pytest-base",
                  *targets])
@@ -387,10 +393,36 @@ def _run_tests(files, targets, ini, roots):
 '''
 
 
-def tests_program(files: dict[str, str], targets: list[str]) -> str:
+def tests_program(files: dict[str, str], targets: list[str], site: bool = False) -> str:
     """The program ``run_tests`` runs: pytest on the working copy as it is, its report printed."""
-    return (f"ROOT = {ROOT!r}\n" + _RUN_TESTS
-            + f"\n_run_tests({files!r}, {targets!r}, {ini_file(files)!r}, {import_roots(files)!r})\n")
+    return (f"ROOT = {ROOT!r}\n" + _RUN_TESTS + f"\n_run_tests({files!r}, {targets!r}, {ini_file(files)!r}, "
+            f"{import_roots(files)!r}, {[SITE_DIR] * site!r})\n")
+
+
+def venv_site(venv: str, python: str) -> str:
+    """The site-packages folder of the virtual environment ``venv``, for the sandbox's interpreter
+    ``python`` (ValueError naming ``env.options.venv`` when it is not a venv of that version)."""
+    root = Path(venv).expanduser()
+    if not (root / "pyvenv.cfg").is_file():
+        raise ValueError(f"env.options.venv: {venv} is not a virtual environment (no pyvenv.cfg)")
+    version = re.search(r"python(\d+\.\d+)$", Path(python).name)
+    found = sorted(root.glob("lib/python3*/site-packages"))
+    wanted = [d for d in found if version is None or d.parent.name == "python" + version.group(1)]
+    if len(wanted) != 1:
+        raise ValueError(f"env.options.venv: {venv} has no site-packages for the sandbox's {Path(python).name} "
+                         f"(found: {', '.join(d.parent.name for d in found) or 'none'})")
+    return str(wanted[0].resolve())
+
+
+class _VenvPool:
+    """The shared pool whose sandboxes bind the venv's site-packages, taken at first use (making
+    an environment starts no sandbox)."""
+
+    def __init__(self, site: str, shared_pool):
+        self.site, self.shared_pool = site, shared_pool
+
+    def run(self, jobs):
+        return self.shared_pool(self.site).run(jobs)
 
 
 class SweEnv(RepoEnv):
@@ -401,10 +433,20 @@ class SweEnv(RepoEnv):
     MAX_HITS = 50
 
     def __init__(self, *, tools_style: str = "compact", on_malformed: str = "continue", max_turns: int | None = 16,
-                 timeout_s: float = 60.0, max_output_chars: int = 2000, pool=None):
+                 timeout_s: float = 60.0, max_output_chars: int = 2000, pool=None, venv: str = ""):
         super().__init__(tools_style=tools_style, on_malformed=on_malformed, max_turns=max_turns,
                          timeout_s=timeout_s, max_output_chars=max_output_chars, pool=pool)
         self.fractions: dict[str, float] = {}
+        self.site = ""
+        if venv:
+            from posttrain.verifiers.code import sandbox_python, shared_pool
+
+            cfg = getattr(pool, "cfg", None)
+            self.site = venv_site(venv, cfg.python if cfg else sandbox_python())
+            if pool is None:
+                self._pool = _VenvPool(self.site, shared_pool)
+            elif cfg and cfg.site_packages != self.site:
+                raise ValueError(f"env.options.venv: the pool given does not bind {self.site}")
 
     def reset(self, example: dict) -> list[dict]:
         self.example, self.task, self.changes, self.fractions = example, load_task(example), {}, {}
@@ -491,7 +533,7 @@ class SweEnv(RepoEnv):
             if file_part not in files and not any(p.startswith(file_part + "/") for p in files):
                 raise PathError(f"no file or folder {file_part!r} to test")
             targets = [file_part + target.strip()[len(target.strip().split("::")[0]):]]
-        outcome = self._run(Job(tests_program(files, targets), io=(("", ""),), timeout_s=self.timeout_s, capture=True))
+        outcome = self._run(Job(tests_program(files, targets, bool(self.site)), io=(("", ""),), timeout_s=self.timeout_s, capture=True))
         if outcome.cls is OutcomeClass.PASS:
             return self._clip_end(outcome.detail.rstrip("\n"))
         return self._clip_end(f"the test run did not finish ({outcome.reason}): {outcome.detail}")
@@ -503,7 +545,7 @@ class SweEnv(RepoEnv):
 
         nonce = secrets.token_hex(16)
         ids = list(dict.fromkeys(self.task["fail_to_pass"] + self.task["pass_to_pass"]))
-        program = verdict_program(verdict_files(self.task, self.files()), ids)
+        program = verdict_program(verdict_files(self.task, self.files()), ids, bool(self.site))
         outcome = self._run(Job(program, io=((nonce + "\n", ""),), timeout_s=self.timeout_s, capture=True))
         if outcome.cls is not OutcomeClass.PASS:
             return outcome

@@ -117,6 +117,9 @@ class SandboxConfig:
     `posttrain.distributed.farm`); 0 = one pool in this process. Ignored with ``runtime: local``."""
     cpus: int = 2
     """Farm only: CPUs each actor reserves from Ray; it runs this many sandboxes."""
+    site_packages: str = ""
+    """A folder (a virtual environment's site-packages) bound read-only at `zygote.SITE_DIR` for
+    programs that put it on their import path themselves; empty = none."""
 
     def __post_init__(self):
         if self.workers < 0:
@@ -220,6 +223,7 @@ class Worker:
                 "--clearenv", *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
                 "--perms", "0711", "--dir", "/sandbox", "--ro-bind", str(ZYGOTE_PATH), "/sandbox/zygote.py",
                 "--ro-bind-data", str(code_fd), "/sandbox/zygote.code", *judge_lib_binds(),
+                *(("--ro-bind", self.cfg.site_packages, zygote.SITE_DIR) if self.cfg.site_packages else ()),
                 "--dir", zygote.JUDGE_DIR, "--chdir", "/", *caps,
                 self.cfg.python, "-I", "-S", "-B", "-c", BOOT.format(version=tuple(sys.version_info[:2])),
                 json.dumps(self._zygote_cfg())]

@@ -67,6 +67,7 @@ EXIT_MEMORY = 3  # the candidate's wrapper exits with this after a MemoryError
 PR_SET_PDEATHSIG, PR_GET_SECCOMP, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 21, 22, 2
 TMPFS = ("/tmp", "/dev/shm")
 JUDGE_LIB = "/sandbox/lib"  # read-only: the pytest library and `pytest_judge`, for the judge
+SITE_DIR = "/sandbox/site"  # read-only: a virtual environment's site-packages, when the pool names one
 JUDGE_DIR = "/judge"  # a tmpfs only the judge's uid can enter: where test modules are written
 # Imported by the zygote before it forks: tests and solutions import these often, and an import
 # in every fresh child would cost more than the whole program.

@@ -31,6 +31,7 @@ there is no weaker fallback.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -61,18 +62,28 @@ def configure(cfg: SandboxConfig, runtime: str = "local", ray: RayConfig | None 
     close()
 
 
-def shared_pool() -> SandboxPool | VerifierFarm:
+def sandbox_python() -> str:
+    """The interpreter the shared pool's sandboxes run."""
+    return _STATE["settings"][0].python
+
+
+def shared_pool(site_packages: str = "") -> SandboxPool | VerifierFarm:
+    """The process's pool; with ``site_packages``, the pool (same settings) whose sandboxes also
+    bind that folder read-only (`SandboxConfig.site_packages`), one per folder."""
+    key = "pool" if not site_packages else ("site", site_packages)
     with _LOCK:
-        if _STATE["pool"] is None:
+        if _STATE.get(key) is None:
             cfg, runtime, ray = _STATE["settings"]
+            if site_packages:
+                cfg = dataclasses.replace(cfg, site_packages=site_packages)
             if runtime == "ray" and cfg.replicas:
                 from posttrain.distributed.farm import VerifierFarm
 
                 ray = ray or RayConfig()
-                _STATE["pool"] = VerifierFarm(cfg, ray.address, ray.num_cpus)
+                _STATE[key] = VerifierFarm(cfg, ray.address, ray.num_cpus)
             else:
-                _STATE["pool"] = SandboxPool(cfg)
-        return _STATE["pool"]
+                _STATE[key] = SandboxPool(cfg)
+        return _STATE[key]
 
 
 def farm_metrics() -> dict:
@@ -86,9 +97,11 @@ def farm_metrics() -> dict:
 
 def close() -> None:
     with _LOCK:
-        pool, _STATE["pool"] = _STATE["pool"], None
-    if pool is not None:
-        pool.close()
+        pools = [_STATE.pop(k) for k in list(_STATE) if k == "pool" or type(k) is tuple]
+        _STATE["pool"] = None
+    for pool in pools:
+        if pool is not None:
+            pool.close()
 
 
 atexit.register(close)
