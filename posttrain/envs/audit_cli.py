@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("train", "eval"), default="train", help="embedded: split (default train)")
     parser.add_argument("--workers", type=int, default=0, help="parallel sandboxes (default: one per core)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per sandbox run (default 10)")
+    parser.add_argument("--venv", default="", help="SWE records: the virtual environment the projects' tests "
+                                                   "import their dependencies from (env.options.venv)")
 
 
 def read_tasks(args) -> list[dict]:
@@ -54,7 +56,7 @@ def read_tasks(args) -> list[dict]:
 def run(args) -> int:
     from posttrain.envs.audit import audit_tasks, pass_rates, repo_policies, swe_policies
     from posttrain.envs.repo import RepoEnv
-    from posttrain.envs.swe import SweEnv, is_swe_record, load_task
+    from posttrain.envs.swe import SweEnv, is_swe_record, load_task, venv_site
     from posttrain.sandbox.audit import write_audit
     from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
     from posttrain.sandbox.worker import SandboxConfig
@@ -67,13 +69,19 @@ def run(args) -> int:
     if any(is_swe_record(t) != swe for t in tasks):
         raise UserError(f"{args.tasks}: mixes SWE-bench-format records with repository tasks; audit them apart")
     env_class = SweEnv if swe else RepoEnv
+    if args.venv and not swe:
+        raise UserError(f"--venv: {args.tasks} holds repository tasks, not SWE-bench-format records")
+    options = {"venv": args.venv} if args.venv else {}
     try:
-        pool = SandboxPool(SandboxConfig(workers=args.workers))
+        site = venv_site(args.venv, SandboxConfig().python) if args.venv else ""
+        pool = SandboxPool(SandboxConfig(workers=args.workers, site_packages=site))
+    except ValueError as e:
+        raise UserError(f"--venv: {str(e).removeprefix('env.options.venv: ')}") from None
     except SandboxUnavailable as e:
         raise UserError(f"{args.tasks}: cannot run the tasks here: {e}") from None
     with pool, progress_bar() as bar:  # off a terminal: a plain line every 30 s
         job = bar.add_task("audit", total=len(tasks), info="")
-        rows = audit_tasks(tasks, lambda: env_class(timeout_s=args.timeout, pool=pool),
+        rows = audit_tasks(tasks, lambda: env_class(timeout_s=args.timeout, pool=pool, **options),
                            workers=2 * pool.cfg.n_workers, progress=lambda: bar.advance(job),
                            policies_of=(lambda rec: swe_policies(load_task(rec))) if swe else repo_policies)
     summary = write_audit(tasks, rows, Path(args.out))

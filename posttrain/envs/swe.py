@@ -9,6 +9,13 @@ patch is held back (an empty one: the project's own tests are the hidden tests, 
 agent but restored before the verdict, as in tasks made by `posttrain.envs.swe_tasks`). Files that are not UTF-8 text, dot-files and folders (``.git``, ``.github``)
 and caches are left out of the tree.
 
+**Dependencies.** ``venv`` (``env.options.venv``) names a virtual environment for the sandbox's
+interpreter; its site-packages is bound read-only in the sandbox (`SandboxConfig.site_packages`)
+and put on the import path after the project's tree, for the verdict and ``run_tests``. pytest
+and its plugins still come from posttrain's own environment, imported first. The interpreter
+keeps ``-I -S``: the venv's ``.pth`` files are never run (install dependencies non-editable;
+PEP 420 namespace packages work, ``-nspkg.pth`` ones do not).
+
 **The verdict.** Submitting runs real pytest (the library) in the code sandbox on the agent's
 tree after restoring, from the original with the test patch applied: every test file (under a
 ``tests``/``test``/``testing`` folder, ``test_*.py``, ``*_test.py``, every path the test patch

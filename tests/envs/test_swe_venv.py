@@ -4,12 +4,14 @@ and its .pth files are never run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from posttrain.cli import main
 from posttrain.envs.audit import swe_policies
 from posttrain.envs.config import EnvConfig, env_factory
 from posttrain.envs.swe import SweEnv, load_task, venv_site
@@ -139,3 +141,15 @@ def test_the_venv_is_checked_when_the_config_is_loaded(tmp_path, venv):
     with pytest.raises(ValueError, match="no site-packages for the sandbox's python3.9"):
         venv_site(str(venv), "/usr/bin/python3.9")
     assert env_factory(EnvConfig(name="swe", options={"venv": str(venv)}))().site.endswith("site-packages")
+
+
+def test_env_audit_with_the_venv(tmp_path, venv, record, capsys):
+    records = tmp_path / "swe.jsonl"
+    records.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "audit"
+    assert main(["env-audit", str(records), "--out", str(out), "--workers", "1", "--timeout", "30",
+                 "--venv", str(venv)]) == 0, capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pass_rate"].pop("oracle") == 1.0 and not any(summary["pass_rate"].values())
+    assert main(["env-audit", str(records), "--out", str(out), "--venv", str(tmp_path)]) == 2
+    assert f"--venv: {tmp_path} is not a virtual environment" in capsys.readouterr().err
