@@ -130,6 +130,8 @@ class SandboxConfig:
             raise ValueError("breaker_threshold must be in (0, 1]")
         if self.replicas < 0 or self.cpus < 1:
             raise ValueError("replicas must be >= 0 and cpus >= 1")
+        if self.site_packages and not os.path.isdir(self.site_packages):
+            raise ValueError(f"site_packages: {self.site_packages} is not a folder")
 
     @property
     def n_workers(self) -> int:

@@ -153,3 +153,8 @@ def test_env_audit_with_the_venv(tmp_path, venv, record, capsys):
     assert summary["pass_rate"].pop("oracle") == 1.0 and not any(summary["pass_rate"].values())
     assert main(["env-audit", str(records), "--out", str(out), "--venv", str(tmp_path)]) == 2
     assert f"--venv: {tmp_path} is not a virtual environment" in capsys.readouterr().err
+
+
+def test_a_site_packages_that_is_not_a_folder_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=f"site_packages: {tmp_path}/none is not a folder"):
+        SandboxConfig(site_packages=str(tmp_path / "none"))
