@@ -25,6 +25,7 @@ import torch
 
 from posttrain.core.dist import World, current_world
 from posttrain.core.fsdp import export_state_dict, full_state_dict, is_sharded
+from posttrain.errors import UserError
 
 
 def _state_dicts(trainables: dict) -> dict:
@@ -106,13 +107,20 @@ def _prune(root: Path, keep_last: int) -> None:
 def load_checkpoint(ckpt: str | Path, *, trainables: dict, world: World | None = None) -> dict:
     """Restore every trainable (re-sharded to this world size) and this rank's RNG; returns the run state."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     world, ckpt = world or current_world(), Path(ckpt)
     sd = _state_dicts(trainables)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(sd, checkpoint_id=str(ckpt / "dcp"))
+        try:
+            dcp.load(sd, checkpoint_id=str(ckpt / "dcp"))
+        except (Exception, CheckpointException) as e:  # dcp's own type is a BaseException; its text holds the cause
+            if "Missing key" not in str(e):
+                raise
+            raise UserError(f"{ckpt}: holds other weights than this run trains (written with other settings: LoRA "
+                            f"or full weights, another model or algorithm); use a new out_dir, or resume=false") from None
     for name, (model, optimizer) in trainables.items():
         set_state_dict(model, optimizer, model_state_dict=sd[name]["model"], optim_state_dict=sd[name]["optim"])
     rng = ckpt / "rng" / f"rank-{world.rank}.pt"

@@ -323,6 +323,8 @@ def _probe_on_rank0(accuracy, trainer: SFTTrainer, cfg: SFTConfig, tokenizer) ->
 def _train_loop(cfg, trainer, stream, eval_batches, logger, tokenizer, run_dir, start, accuracy=None) -> dict:
     world = trainer.world
     summary: dict = {"run_dir": str(run_dir)}
+    if start >= cfg.num_steps:  # a finished run run again: nothing to train, its last checkpoint stands
+        return summary | {"checkpoint": str(latest_checkpoint(run_dir)), "finished_before": start}
 
     def step(n: int, timer) -> dict:
         t0 = time.perf_counter()

@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_recipe(SFTConfig, args)
     summary = run_sft(cfg)
+    if "finished_before" in summary:
+        print(f"sft: {cfg.out_dir} already ran its {summary['finished_before']} steps, nothing to train "
+              f"(raise num_steps to go on); checkpoint {summary['checkpoint']}")
+        return 0
     parts = [f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)]
     print(f"sft done: {' '.join(parts)}; checkpoint {summary.get('checkpoint')}")
     return 0

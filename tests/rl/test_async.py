@@ -473,3 +473,13 @@ def test_a_refused_weight_acknowledgement_stops_with_a_checkpoint(rl_overrides, 
     assert {s: len(u) for s, u in led.trained_by_step().items()} == {s: 4 for s in range(1, 7)}
     assert sorted(u for us in led.trained_by_step().values() for u in us) == list(range(24))
     assert [r["step"] for r in _rows(run_dir)] == list(range(1, 7))
+
+
+def test_an_async_run_in_a_sync_runs_folder_is_one_line_exit_2(rl_overrides, capsys):
+    """Its checkpoint has no async state: a KeyError traceback before, the run's folder named now."""
+    assert main(["rl", *rl_overrides(num_steps=1, save_every=1)]) == 0
+    capsys.readouterr()
+    assert main(["rl", *rl_overrides(num_steps=2, save_every=1, mode="async")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "checkpoints/step-1: written by a sync run; an async run resumes only its own checkpoints "
+        "(use a new out_dir, or mode=sync)")

@@ -157,3 +157,28 @@ def test_latest_checkpoint_skips_a_save_killed_half_way(tmp_path):
         (tmp_path / "checkpoints" / name / "trainer_state.pt").write_bytes(b"x")
     (tmp_path / "checkpoints" / "step-11").mkdir()  # no trainer state: incomplete
     assert latest_checkpoint(tmp_path).name == "step-10"
+
+
+def test_resuming_another_kind_of_run_is_one_line_not_a_traceback(nano_model_dir, arith_data_dir, tmp_path):
+    """A LoRA run pointed at a full-weights run's folder: its checkpoint holds other weights."""
+    common = ["num_steps=2", "save_every=2", "eval_every=0"]
+    run = tmp_path / "run"
+    subprocess.run(_cli("sft", *sft_args(nano_model_dir, arith_data_dir, run, *common)), check=True,
+                   capture_output=True)
+    again = subprocess.run(_cli("sft", *sft_args(nano_model_dir, arith_data_dir, run, *common,
+                                                  "model.lora.enabled=true", "num_steps=4")),
+                           capture_output=True, text=True)
+    assert again.returncode == 2, again.stderr
+    assert "Traceback" not in again.stderr
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"posttrain sft: error: {run}/checkpoints/step-2: holds other weights than this run trains (written with "
+        "other settings: LoRA or full weights, another model or algorithm); use a new out_dir, or resume=false")
+
+
+def test_running_a_finished_run_again_says_so(nano_model_dir, arith_data_dir, tmp_path):
+    args = sft_args(nano_model_dir, arith_data_dir, tmp_path / "run", "num_steps=2", "save_every=2", "eval_every=0")
+    subprocess.run(_cli("sft", *args), check=True, capture_output=True)
+    again = subprocess.run(_cli("sft", *args), capture_output=True, text=True, check=True)
+    assert again.stdout.strip().splitlines()[-1] == (
+        f"sft: {tmp_path / 'run'} already ran its 2 steps, nothing to train (raise num_steps to go on); "
+        f"checkpoint {tmp_path / 'run' / 'checkpoints' / 'step-2'}")

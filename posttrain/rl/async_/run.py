@@ -25,6 +25,7 @@ import torch
 
 from posttrain.core.checkpoint import load_trainer_state
 from posttrain.core.loop import Plan, drive, open_run
+from posttrain.errors import UserError
 from posttrain.envs.trajectory import episode_metrics
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
 from posttrain.rollout.protocol import EngineError
@@ -36,7 +37,7 @@ from posttrain.rl.diagnostics import Watchdog
 from posttrain.rl.engines import http_engine, ray_engines
 from posttrain.rl.loop import (checkpoint, held_out_eval, learn, maybe_resume, resume_point, setup,
                                share_step, sync_weights, tokens_so_far)
-from posttrain.tracking import StageTimer, latest_checkpoint
+from posttrain.tracking import StageTimer
 
 
 def split_threads(cfg: RLConfig) -> tuple[int, int]:
@@ -126,10 +127,14 @@ def run_async(cfg: RLConfig, printer=print) -> dict:
 
 def _train(run, engine, printer) -> dict:
     cfg = run.cfg
+    saved = load_trainer_state(resume_point(cfg)) if resume_point(cfg) is not None else None
+    if saved is not None and "async" not in saved:  # every rank, before any of them waits on another
+        raise UserError(f"{resume_point(cfg)}: written by a sync run; an async run resumes only its own "
+                        f"checkpoints (use a new out_dir, or mode=sync)")
     start = maybe_resume(run, printer)
     ctl = AsyncController(run, engine) if run.world.main else None
     if start and ctl is not None:
-        ctl.load_state_dict(load_trainer_state(latest_checkpoint(run.run_dir))["async"])
+        ctl.load_state_dict(saved["async"])
     logger = open_run(run.run_dir, cfg, start, run.world)
     first = self_test(run, engine) if cfg.asynchrony.self_test else {}
     if first:
