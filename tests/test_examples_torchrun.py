@@ -23,8 +23,15 @@ from posttrain.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
+EVAL = "`posttrain eval` is not a training command: it runs in one process (docs/distributed.md)"
+SEED = ("the seed's topology is one GPU serving vLLM beside one training, not torchrun ranks; "
+        "tests/rl/test_seed_recipes.py runs it on CPU and against a vLLM server")
+ENV_LANE = ("runs in its environment's own lane (tests/envs/test_env_examples.py); multi-turn environments "
+            "at two ranks are grpo_calculator's and grpo_repo's here")
 SKIP = {
-    "eval_envs.yaml": "`posttrain eval` is not a training command: it runs in one process (docs/distributed.md)",
+    "eval_envs.yaml": EVAL, "seed_eval_direct.yaml": EVAL, "seed_eval_reasoning.yaml": EVAL,
+    "seed_direct.yaml": SEED, "seed_reasoning.yaml": SEED,
+    "grpo_openenv_guess.yaml": ENV_LANE, "grpo_verifiers_guess.yaml": ENV_LANE,
 }
 
 # With K > 0 which version samples a group depends on timing: K = 0 makes the runs comparable (the
