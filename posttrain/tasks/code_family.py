@@ -64,6 +64,10 @@ class Template:
 _INTS = ((3,), (0,), (-5,), (12,), (7,), (100,), (-1,), (41,))
 _LISTS = (([1, 5, 9],), ([],), ([4, -2, 30, 7],), ([10, 20, 30, 40, 50],), ([-3, -8],), ([2, 2, 2, 2],),
           ([15, 1, 44, 3, 9, 27],), ([0],))
+# Windows up to k = 49 need lists that long: with _LISTS alone (at most 6 numbers) every k past 6
+# answered 0 on every test, and a program returning 0 passed.
+_WINDOWS = (([1, 5, 9],), ([],), ([(i * 37) % 23 - 7 for i in range(60)],), ([10, 20, 30, 40, 50],),
+            ([(i * 11) % 17 - 4 for i in range(55)],), ([2] * 50,), ([15, 1, 44, 3, 9, 27],), ([-3] * 52,))
 _WORDS = (("ab",), ("",), ("xyz",), ("hello",), ("a",), ("q r",), ("1234",), ("zz",))
 _FLOATS = (([1.5, 2.5],), ([0.1, 0.2, 0.3],), ([10.0],), ([-2.25, 4.75, 1.0],), ([3.3, 3.3, 3.4],),
            ([100.125, 0.5],), ([7.0, 8.0, 9.0, 10.0],), ([1e-3, 2e-3],))
@@ -99,7 +103,7 @@ TEMPLATES = (
              "the largest sum of {k} consecutive numbers of nums, or 0 if nums has fewer than {k} numbers",
              "    if len(nums) < {k}:\n        return 0\n    return max(sum(nums[i:i + {k}]) for i in range(len(nums) - {k} + 1))\n",
              "If nums is shorter than {k} return 0; else take the sum of each window nums[i:i + {k}] and the max.",
-             "hard", _LISTS),
+             "hard", _WINDOWS),
     Template("count_vowels_over", "s", "s: str) -> bool", "True if the string s has more than {k} vowels (aeiou)",
              "    return sum(1 for c in s if c in 'aeiou') > {k}\n",
              "Count the characters of s that are in 'aeiou'; compare the count with {k}.", "hard",

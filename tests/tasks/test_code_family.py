@@ -88,3 +88,11 @@ def test_thinking_sft_completion_closes_the_trace_before_the_program():
     for row in rows:
         assert row["completion"].startswith("<think>Multiply x by 4 and return the product.</think>\n```python\n")
         assert code_format(row["completion"], {}).cls.value == "PASS"
+
+
+def test_no_problem_is_passed_by_a_constant():
+    """Every problem's tests need two different answers: else `return <that answer>` passes it."""
+    from posttrain.tasks.code_family import all_problems
+
+    constant = [p.key for p in all_problems() if len({repr(o) for o in p.outputs()}) == 1]
+    assert constant == []
