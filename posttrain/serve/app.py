@@ -99,8 +99,8 @@ def error_response(e: APIError, **extra) -> JSON:
     return JSON({**e.body(), **extra}, status_code=e.status)
 
 
-async def read_json(request: Request, empty_ok: bool = False) -> dict:
-    """The body's JSON object; with ``empty_ok``, no body at all reads as ``{}``."""
+async def read_body(request: Request) -> bytes:
+    """The body's bytes, refused past ``MAX_BODY_BYTES`` whatever its declared length says."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
@@ -110,7 +110,12 @@ async def read_json(request: Request, empty_ok: bool = False) -> dict:
         if size > MAX_BODY_BYTES:
             raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, empty_ok: bool = False) -> dict:
+    """The body's JSON object; with ``empty_ok``, no body at all reads as ``{}``."""
+    raw = await read_body(request)
     if not raw.strip() and empty_ok:
         return {}
     if not raw.strip():

@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from posttrain.serve.app import JSON, MAX_BODY_BYTES, RequireKey, endpoint, error_response, read_json
+from posttrain.serve.app import JSON, RequireKey, endpoint, error_response, read_body, read_json
 from posttrain.serve.protocol import APIError, bad
 from posttrain.tinker import wire
 from posttrain.tinker.losses import LossInputError, check_request
@@ -357,18 +357,10 @@ def _model_routes(state: State) -> list[Route]:
 
 
 async def _read_bytes(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
-        chunks.append(chunk)
+    body = await read_body(request)
     if request.headers.get("content-encoding", "identity") != "identity":
         raise APIError(415, "compressed bodies are not accepted (client/config says so)", code="unsupported_encoding")
-    return b"".join(chunks)
+    return body
 
 
 _ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
