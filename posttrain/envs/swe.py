@@ -275,13 +275,20 @@ def import_roots(files: dict[str, str]) -> list[str]:
 
 
 _WRITE_TREE = '''
-def _write_tree(files, root):
+def _write_tree(files, root, ini, blank_ini):
+    """Writes the tree under root; returns the pytest configuration file to run with: the
+    project's own, or a blank one at blank_ini (pytest must never look above the tree)."""
     import os
     for path, text in files.items():
         full = os.path.join(root, path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "w") as f:
             f.write(text)
+    if ini:
+        return root + "/" + ini
+    with open(blank_ini, "w") as f:
+        f.write("[pytest]\\n")
+    return blank_ini
 '''
 
 # Runs in the sandbox with the nonce on stdin. Order matters: the nonce is read and stdin closed,
@@ -307,13 +314,7 @@ def _verdict(files, ids, ini, roots, site):
         except ImportError:
             pass
     pj.warm()
-    _write_tree(files, ROOT)
-    if not ini:
-        ini = "/tmp/.verdict.ini"
-        with open(ini, "w") as f:
-            f.write("[pytest]\\n")
-    else:
-        ini = ROOT + "/" + ini
+    ini = _write_tree(files, ROOT, ini, "/tmp/.verdict.ini")
     os.chdir(ROOT)
     guard = pj.RunnerGuard({ROOT + "/" + p: t for p, t in files.items() if p.rsplit("/", 1)[-1] == "conftest.py"})
     # The final check trusts only what is held here: the guard's own functions and the builtins,
@@ -383,13 +384,7 @@ def _run_tests(files, targets, ini, roots, site):
     sys.stderr = sys.stdout
     sys.path.append("/sandbox/lib")
     import pytest
-    _write_tree(files, ROOT)
-    if not ini:
-        ini = "/tmp/.run.ini"
-        with open(ini, "w") as f:
-            f.write("[pytest]\\n")
-    else:
-        ini = ROOT + "/" + ini
+    ini = _write_tree(files, ROOT, ini, "/tmp/.run.ini")
     os.chdir(ROOT)
     sys.path[:0] = roots
     sys.path += site

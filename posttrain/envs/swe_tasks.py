@@ -90,13 +90,7 @@ def _suite(files, targets, ini, roots, profile):
     out = os.dup(1)
     null = os.open("/dev/null", os.O_WRONLY)
     os.dup2(null, 1), os.dup2(null, 2)
-    _write_tree(files, ROOT)
-    if not ini:
-        ini = "/tmp/.suite.ini"
-        with open(ini, "w") as f:
-            f.write("[pytest]\\n")
-    else:
-        ini = ROOT + "/" + ini
+    ini = _write_tree(files, ROOT, ini, "/tmp/.suite.ini")
     os.chdir(ROOT)
     sys.path[:0] = roots
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
