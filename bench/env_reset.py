@@ -19,8 +19,10 @@ line, submit: two sandbox runs in the warm shared pool), to put the reset in pro
 With ``--project DIR`` (a real project's folder, its tests included; ``--pad-mb`` pads it with
 extra modules up to that many MiB) the same for the SWE environment (`posttrain.envs.swe`):
 ``overlay`` is a fresh `SweEnv` and ``reset`` on the project (the tree read once, then shared),
-``copy`` a copy of its folder per episode; then one verdict run of the project's test files in
-the warm sandbox, its wall time against the time pytest itself spent inside it.
+``copy`` a copy of its folder per episode; then a verdict run of the project's test files in the
+warm sandbox, its wall time against the time pytest itself spent inside it, two ways side by side:
+the tree mounted read-only from the shared copy under an overlay (posttrain's), and the whole tree
+sent with the program and written into the sandbox per run.
 
     .venv/bin/python bench/env_reset.py --project runs/swe-data/src/six-1.17.0 [--pad-mb 10]
 """
@@ -139,8 +141,11 @@ def main() -> None:
 
 def project_bench(args) -> None:
     """Reset and verdict overhead of the SWE environment on a real project (see the docstring)."""
-    from posttrain.envs.swe import SweEnv, is_test_path, tree_at
-    from posttrain.envs.tools import format_call
+    import secrets
+
+    from posttrain.envs.swe import (SweEnv, is_test_path, load_task, read_verdict, tree_at, tree_job, verdict_files,
+                                    verdict_program)
+    from posttrain.sandbox.trees import Tree
     from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
     from posttrain.sandbox.worker import SandboxConfig
 
@@ -179,18 +184,31 @@ def project_bench(args) -> None:
     except SandboxUnavailable as e:
         print(f"verdict: skipped ({e})")
         return
+    task = load_task(record)
+    view = verdict_files(task, task["files"])
+    # The same verdict two ways: the tree mounted from the shared copy (what SweEnv does), and the
+    # whole tree sent with the program and written by it (an empty base: every file is a change).
+    sides = {"tree mounted": task["tree"], "tree sent whole": Tree({})}
+    walls: dict[str, list[float]] = {name: [] for name in sides}
+    inside: dict[str, list[float]] = {name: [] for name in sides}
     with pool:
-        walls, inside = [], []
         for _ in range(args.rounds + 1):
-            env = SweEnv(pool=pool, timeout_s=120)
-            env.reset(record)
-            t0 = time.perf_counter()
-            result = env.step(format_call("submit", {}))
-            walls.append(time.perf_counter() - t0)
-            inside.append(result.info.get("scores", {}).get("pytest_s", float("nan")))
-        wall, own = statistics.median(walls[1:]), statistics.median(inside[1:])
-    print(f"verdict of {len(tests)} test files: {wall * 1000:.0f} ms wall, pytest's own session {own * 1000:.0f} ms, "
-          f"overhead {(wall - own) * 1000:.0f} ms ({wall / own:.2f}x pytest alone)")
+            for name, base in sides.items():
+                nonce = secrets.token_hex(8)
+                job = tree_job(verdict_program(view, tests), base, view, nonce + "\n", 120)
+                t0 = time.perf_counter()
+                out = pool.run([job])[0]
+                walls[name].append(time.perf_counter() - t0)
+                outcome, fractions = read_verdict(out.detail, nonce, tests, [])
+                inside[name].append(fractions.get("pytest_s", float("nan")))
+    print(f"verdict of {len(tests)} test files ({outcome.cls.value}), median of {args.rounds} rounds after a warm-up:")
+    over = {}
+    for name in sides:
+        wall, own = statistics.median(walls[name][1:]), statistics.median(inside[name][1:])
+        over[name] = wall - own
+        print(f"{name:>16}: {wall * 1000:6.0f} ms wall, pytest's own session {own * 1000:6.0f} ms, "
+              f"overhead {(wall - own) * 1000:5.0f} ms ({wall / own:.2f}x pytest alone)")
+    print(f"overhead beyond pytest: mounted is {over['tree sent whole'] / over['tree mounted']:.1f}x smaller")
 
 
 if __name__ == "__main__":

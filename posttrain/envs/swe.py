@@ -69,7 +69,8 @@ from pathlib import Path
 from posttrain.envs.base import EnvTaskError, StepResult
 from posttrain.envs.repo import PathError, RepoEnv, check_path
 from posttrain.outcome import Outcome, OutcomeClass
-from posttrain.sandbox.zygote import SITE_DIR
+from posttrain.sandbox.trees import Tree, overlay
+from posttrain.sandbox.zygote import SITE_DIR, TREE_DIR
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
           "problem_statement", "repo_path")
@@ -80,7 +81,7 @@ SKIP_DIRS = frozenset({"__pycache__", "build", "dist", "node_modules"})
 MAX_FILES = 4000
 MAX_FILE_CHARS = 512 * 1024
 MAX_TREE_CHARS = 16 * 1024 * 1024
-ROOT = "/tmp/work"
+ROOT = TREE_DIR  # the sandbox shows the task's tree here (`posttrain.sandbox.trees`)
 PROMPT = ("{problem}\n\nThe repository {repo} ({n} files) is checked out at its commit. Find the cause, "
           "fix it with the tools, then submit.")
 
@@ -223,7 +224,7 @@ def load_task(record: dict) -> dict:
             return _CACHE[key]
     rec = check_record(record)
     files = tree_at(rec["repo_path"], rec["base_commit"])
-    task = {"id": rec["instance_id"], "repo": rec["repo"], "files": files,
+    task = {"id": rec["instance_id"], "repo": rec["repo"], "files": files, "tree": Tree(files),
             "hidden": apply_patch(files, rec["test_patch"], "test_patch") if rec["test_patch"].strip() else {},
             "fix": apply_patch(files, rec["patch"], "patch") if rec["patch"].strip() else None,
             "fail_to_pass": rec["FAIL_TO_PASS"], "pass_to_pass": rec["PASS_TO_PASS"],
@@ -275,14 +276,18 @@ def import_roots(files: dict[str, str]) -> list[str]:
 
 
 _WRITE_TREE = '''
-def _write_tree(files, root, ini, blank_ini):
-    """Writes the tree under root; returns the pytest configuration file to run with: the
+def _write_tree(changes, root, ini, blank_ini):
+    """Turns the task's tree, shown at root, into this run's: writes each changed file and
+    removes each deleted one (None). Returns the pytest configuration file to run with: the
     project's own, or a blank one at blank_ini (pytest must never look above the tree)."""
     import os
-    for path, text in files.items():
+    for path, text in changes.items():
         full = os.path.join(root, path)
+        if text is None:
+            os.remove(full)
+            continue
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w") as f:
+        with open(full, "w", encoding="utf-8") as f:
             f.write(text)
     if ini:
         return root + "/" + ini
@@ -295,7 +300,7 @@ def _write_tree(files, root, ini, blank_ini):
 # stdout kept aside and the runner imported before any file of the tree is importable.
 _VERDICT = _WRITE_TREE + '''
 
-def _verdict(files, ids, ini, roots, site):
+def _verdict(changes, conftests, ids, ini, roots, site):
     import json, os, sys, time
     nonce = sys.stdin.readline().strip()
     sys.stdin.close()
@@ -314,9 +319,9 @@ def _verdict(files, ids, ini, roots, site):
         except ImportError:
             pass
     pj.warm()
-    ini = _write_tree(files, ROOT, ini, "/tmp/.verdict.ini")
+    ini = _write_tree(changes, ROOT, ini, "/tmp/.verdict.ini")
     os.chdir(ROOT)
-    guard = pj.RunnerGuard({ROOT + "/" + p: t for p, t in files.items() if p.rsplit("/", 1)[-1] == "conftest.py"})
+    guard = pj.RunnerGuard(conftests)
     # The final check trusts only what is held here: the guard's own functions and the builtins,
     # compared by identity with plain syntax and dict methods (which no module can replace).
     import builtins
@@ -348,9 +353,21 @@ def _verdict(files, ids, ini, roots, site):
 '''
 
 
+def tree_job(program: str, base: Tree, view: dict[str, str], stdin: str, timeout_s: float):
+    """A sandbox job that runs ``program`` on ``view``: the task's tree ``base`` shown read-only
+    at `ROOT` (shared by every run), with the program writing only what differs (`CHANGES`)."""
+    from posttrain.sandbox.pool import Job
+
+    changes = overlay(base.files, view)
+    return Job(f"ROOT = {ROOT!r}\nCHANGES = {changes!r}\n" + program, io=((stdin, ""),), timeout_s=timeout_s,
+               capture=True, tree=base)
+
+
 def verdict_program(files: dict[str, str], ids: list[str], site: bool = False) -> str:
-    """``site``: the venv's site-packages (`SITE_DIR`) goes on the path after the tree."""
-    return (f"ROOT = {ROOT!r}\n" + _VERDICT + f"\n_verdict({files!r}, {ids!r}, {ini_file(files)!r}, "
+    """For `tree_job` on ``files``. ``site``: the venv's site-packages (`SITE_DIR`) goes on the
+    path after the tree."""
+    conftests = {f"{ROOT}/{p}": t for p, t in files.items() if p.rsplit("/", 1)[-1] == "conftest.py"}
+    return (_VERDICT + f"\n_verdict(CHANGES, {conftests!r}, {ids!r}, {ini_file(files)!r}, "
             f"{import_roots(files)!r}, {[SITE_DIR] * site!r})\n")
 
 
@@ -378,13 +395,13 @@ def read_verdict(stdout: str, nonce: str, f2p: list[str], p2p: list[str]) -> tup
 
 _RUN_TESTS = _WRITE_TREE + '''
 
-def _run_tests(files, targets, ini, roots, site):
+def _run_tests(changes, targets, ini, roots, site):
     import os, sys
     os.dup2(1, 2)  # pytest reports a conftest that fails to import on stderr: the agent sees it too
     sys.stderr = sys.stdout
     sys.path.append("/sandbox/lib")
     import pytest
-    ini = _write_tree(files, ROOT, ini, "/tmp/.run.ini")
+    ini = _write_tree(changes, ROOT, ini, "/tmp/.run.ini")
     os.chdir(ROOT)
     sys.path[:0] = roots
     sys.path += site
@@ -396,8 +413,9 @@ def _run_tests(files, targets, ini, roots, site):
 
 
 def tests_program(files: dict[str, str], targets: list[str], site: bool = False) -> str:
-    """The program ``run_tests`` runs: pytest on the working copy as it is, its report printed."""
-    return (f"ROOT = {ROOT!r}\n" + _RUN_TESTS + f"\n_run_tests({files!r}, {targets!r}, {ini_file(files)!r}, "
+    """The program ``run_tests`` runs (`tree_job` on ``files``): pytest on the working copy as
+    it is, its report printed."""
+    return (_RUN_TESTS + f"\n_run_tests(CHANGES, {targets!r}, {ini_file(files)!r}, "
             f"{import_roots(files)!r}, {[SITE_DIR] * site!r})\n")
 
 
@@ -526,8 +544,6 @@ class SweEnv(RepoEnv):
         Args:
             target: e.g. tests/test_core.py or tests/test_core.py::test_parse ('' runs them all)
         """
-        from posttrain.sandbox.pool import Job
-
         files = self.files()
         targets = []
         if target.strip():
@@ -535,7 +551,8 @@ class SweEnv(RepoEnv):
             if file_part not in files and not any(p.startswith(file_part + "/") for p in files):
                 raise PathError(f"no file or folder {file_part!r} to test")
             targets = [file_part + target.strip()[len(target.strip().split("::")[0]):]]
-        outcome = self._run(Job(tests_program(files, targets, bool(self.site)), io=(("", ""),), timeout_s=self.timeout_s, capture=True))
+        outcome = self._run(tree_job(tests_program(files, targets, bool(self.site)), self.task["tree"], files, "",
+                                     self.timeout_s))
         if outcome.cls is OutcomeClass.PASS:
             return self._clip_end(outcome.detail.rstrip("\n"))
         return self._clip_end(f"the test run did not finish ({outcome.reason}): {outcome.detail}")
@@ -543,12 +560,11 @@ class SweEnv(RepoEnv):
     # ------------------------------------------------------------------------------ the verdict
     def judge(self, text: str) -> Outcome:
         """FAIL_TO_PASS and PASS_TO_PASS on the working copy, tests and configuration restored."""
-        from posttrain.sandbox.pool import Job
-
         nonce = secrets.token_hex(16)
         ids = list(dict.fromkeys(self.task["fail_to_pass"] + self.task["pass_to_pass"]))
-        program = verdict_program(verdict_files(self.task, self.files()), ids, bool(self.site))
-        outcome = self._run(Job(program, io=((nonce + "\n", ""),), timeout_s=self.timeout_s, capture=True))
+        view = verdict_files(self.task, self.files())
+        program = verdict_program(view, ids, bool(self.site))
+        outcome = self._run(tree_job(program, self.task["tree"], view, nonce + "\n", self.timeout_s))
         if outcome.cls is not OutcomeClass.PASS:
             return outcome
         outcome, self.fractions = read_verdict(outcome.detail, nonce, self.task["fail_to_pass"],

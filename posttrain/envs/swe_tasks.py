@@ -42,8 +42,9 @@ import zipfile
 from pathlib import Path
 
 from posttrain.envs.base import EnvTaskError
-from posttrain.envs.swe import _WRITE_TREE, ROOT, import_roots, ini_file, is_test_path, tree_at
+from posttrain.envs.swe import _WRITE_TREE, import_roots, ini_file, is_test_path, tree_at, tree_job
 from posttrain.errors import UserError
+from posttrain.sandbox.trees import Tree
 
 HELD_OUT_FRAC = 0.2
 _SALT = "posttrain-swe-v1"
@@ -83,14 +84,14 @@ def unpack(source: str | Path, into: Path) -> Path:
 
 _SUITE = _WRITE_TREE + '''
 
-def _suite(files, targets, ini, roots, profile):
+def _suite(changes, targets, ini, roots, profile):
     import json, os, sys
     sys.path.append("/sandbox/lib")
     import pytest
     out = os.dup(1)
     null = os.open("/dev/null", os.O_WRONLY)
     os.dup2(null, 1), os.dup2(null, 2)
-    ini = _write_tree(files, ROOT, ini, "/tmp/.suite.ini")
+    ini = _write_tree(changes, ROOT, ini, "/tmp/.suite.ini")
     os.chdir(ROOT)
     sys.path[:0] = roots
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -127,18 +128,17 @@ def _suite(files, targets, ini, roots, profile):
 
 
 def suite_program(files: dict[str, str], targets: list[str], profile: bool) -> str:
-    return (f"ROOT = {ROOT!r}\n" + _SUITE
-            + f"\n_suite({files!r}, {targets!r}, {ini_file(files)!r}, {import_roots(files)!r}, {profile!r})\n")
+    return _SUITE + f"\n_suite(CHANGES, {targets!r}, {ini_file(files)!r}, {import_roots(files)!r}, {profile!r})\n"
 
 
-def run_suite(pool, files: dict[str, str], targets: list[str], profile: bool, timeout_s: float) -> dict | None:
-    """``{"results": {node id: [outcome, crash message]}, "cover": {node id: [[path, line], ...]}}``,
+def run_suite(pool, base: Tree, files: dict[str, str], targets: list[str], profile: bool,
+              timeout_s: float) -> dict | None:
+    """The suite's ``targets`` run on ``files`` (``base`` with a few changes):
+    ``{"results": {node id: [outcome, crash message]}, "cover": {node id: [[path, line], ...]}}``,
     or None when the run did not finish (a timeout, a crash)."""
     from posttrain.outcome import OutcomeClass
-    from posttrain.sandbox.pool import Job
 
-    outcome = pool.run([Job(suite_program(files, targets, profile), io=(("", ""),), timeout_s=timeout_s,
-                            capture=True)])[0]
+    outcome = pool.run([tree_job(suite_program(files, targets, profile), base, files, "", timeout_s)])[0]
     if outcome.cls is not OutcomeClass.PASS:
         return None
     try:
@@ -305,7 +305,8 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
             files = tree_at(str(folder), "")
         except EnvTaskError as e:
             raise UserError(f"--from {source}: {e}") from None
-    baseline = run_suite(pool, files, [], True, timeout_s)
+    tree = Tree(files)
+    baseline = run_suite(pool, tree, files, [], True, timeout_s)
     if baseline is None or not baseline["results"]:
         raise UserError(f"--from {source}: the project's test suite did not run in the sandbox (no tests found, "
                         "a missing dependency, or over the time limit)")
@@ -334,7 +335,7 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
                 if kept >= per_function or sum(map(len, records.values())) >= max_tasks:
                     break
                 tried += 1
-                record = _try(pool, repo, name, files, path, fn, kind, mutant, tests, passed, timeout_s)
+                record = _try(pool, repo, name, tree, path, fn, kind, mutant, tests, passed, timeout_s)
                 if record is not None:
                     records[split_of(name, path)].append(record)
                     kept += 1
@@ -349,11 +350,12 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
             "train": len(records["train"]), "eval": len(records["eval"]), "seconds": round(seconds, 1)}
 
 
-def _try(pool, repo: TaskRepo, name: str, files: dict, path: str, fn, kind: str, mutant: str, tests: set[str],
+def _try(pool, repo: TaskRepo, name: str, tree: Tree, path: str, fn, kind: str, mutant: str, tests: set[str],
          passed: set[str], timeout_s: float) -> dict | None:
     """The task of one mutant, or None when the tests do not catch it (or it hangs)."""
     targets = sorted({t.split("::")[0] for t in tests})
-    run = run_suite(pool, {**files, path: mutant}, targets, False, timeout_s)
+    files, mutated = tree.files, {**tree.files, path: mutant}
+    run = run_suite(pool, tree, mutated, targets, False, timeout_s)
     if run is None:
         return None
     results = run["results"]
@@ -363,8 +365,8 @@ def _try(pool, repo: TaskRepo, name: str, files: dict, path: str, fn, kind: str,
         return None
     # The verdict runs exactly these ids: a test whose outcome depends on what ran before it (six's
     # test_lazy) may differ there, so both trees are run that way and only agreeing ids are kept.
-    gold = run_suite(pool, files, f2p + p2p, False, timeout_s)
-    bug = run_suite(pool, {**files, path: mutant}, f2p + p2p, False, timeout_s)
+    gold = run_suite(pool, tree, files, f2p + p2p, False, timeout_s)
+    bug = run_suite(pool, tree, mutated, f2p + p2p, False, timeout_s)
     if gold is None or bug is None:
         return None
     ok = {t for t, (o, _) in gold["results"].items() if o == "passed"}

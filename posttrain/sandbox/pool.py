@@ -29,6 +29,7 @@ import threading
 
 from posttrain.outcome import Outcome
 from posttrain.sandbox.clock import charge
+from posttrain.sandbox.trees import Tree, materialize
 from posttrain.sandbox.worker import SandboxConfig, Worker, WorkerError, probe
 
 
@@ -63,12 +64,16 @@ class Job:
     compare: str = "lines"
     """How stdout is compared: ``lines`` (trailing spaces and blank lines ignored) or ``tokens``
     (LiveCodeBench: stripped lines, equal as text or as decimal numbers token by token)."""
+    tree: Tree | None = None
+    """Stdin/stdout form only: a project tree the program finds at `zygote.TREE_DIR`, writable
+    (an overlay on the shared read-only copy; `posttrain.sandbox.trees`)."""
 
     def request(self, cfg: SandboxConfig) -> dict:
         req = {"program": self.program, "timeout_s": self.timeout_s or cfg.timeout_s,
                "output_limit": cfg.output_limit}
         if self.io:
-            return {**req, "mode": "io", "stdins": [i for i, _ in self.io]}
+            tree = {"tree": materialize(self.tree)} if self.tree is not None else {}
+            return {**req, "mode": "io", "stdins": [i for i, _ in self.io], **tree}
         if self.module:
             return {**req, "mode": "pytest", "tests": self.tests, "module": self.module}
         return {**req, "mode": "func", "entry_point": self.entry_point, "tests": self.tests,

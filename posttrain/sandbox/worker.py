@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from posttrain.sandbox import seccomp_filter, zygote
+from posttrain.sandbox import seccomp_filter, trees, zygote
 
 ZYGOTE_PATH = Path(zygote.__file__).resolve()
 PYTEST_JUDGE_PATH = ZYGOTE_PATH.with_name("pytest_judge.py")
@@ -218,7 +218,12 @@ class Worker:
             if os.path.islink(f"/{link}"):
                 binds += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
         caps = ["--cap-drop", "ALL"]
-        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN"):
+        # The overlay a job's tree is seen through (`zygote._mount_tree`) does each change on its
+        # layers with its mounter's capabilities: CAP_DAC_OVERRIDE to enter the work folder the
+        # kernel makes with mode 0, CAP_FOWNER and CAP_CHOWN so that a program may chmod or chown
+        # what it owns there. The forker, the judge and the candidates never hold them.
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_DAC_OVERRIDE", "CAP_FOWNER",
+                    "CAP_CHOWN"):
             caps += ["--cap-add", cap]
         return [self.info["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
@@ -226,6 +231,7 @@ class Worker:
                 "--perms", "0711", "--dir", "/sandbox", "--ro-bind", str(ZYGOTE_PATH), "/sandbox/zygote.py",
                 "--ro-bind-data", str(code_fd), "/sandbox/zygote.code", *judge_lib_binds(),
                 *(("--ro-bind", self.cfg.site_packages, zygote.SITE_DIR) if self.cfg.site_packages else ()),
+                "--ro-bind", trees.store_root(), zygote.TREES_DIR,
                 "--dir", zygote.JUDGE_DIR, "--chdir", "/", *caps,
                 self.cfg.python, "-I", "-S", "-B", "-c", BOOT.format(version=tuple(sys.version_info[:2])),
                 json.dumps(self._zygote_cfg())]

@@ -6,8 +6,9 @@ this source where the interpreters' versions differ; see `worker.BOOT`), and is 
 by the host for the wire format (:func:`write_frame`, :func:`read_frame`, :func:`encode`,
 :func:`decode`); importing it has no side effects.
 
-The zygote (root inside the sandbox, holding only CAP_SETUID, CAP_SETGID, CAP_KILL and
-CAP_SYS_ADMIN) owns the sandbox's ``/tmp`` and ``/dev/shm``: size-capped tmpfs it mounts itself.
+The zygote (root inside the sandbox, holding only CAP_SETUID, CAP_SETGID, CAP_KILL,
+CAP_SYS_ADMIN, and for the overlay's layers CAP_DAC_OVERRIDE, CAP_FOWNER and CAP_CHOWN) owns the sandbox's ``/tmp`` and ``/dev/shm``: size-capped
+tmpfs it mounts itself, and the overlay a job's project tree is seen through (`_mount_tree`).
 It talks to the host, watches the clock and the output, and keeps two helpers:
 
 - the **forker** forks one fresh **candidate** process per program, which runs the untrusted
@@ -69,6 +70,9 @@ TMPFS = ("/tmp", "/dev/shm")
 JUDGE_LIB = "/sandbox/lib"  # read-only: the pytest library and `pytest_judge`, for the judge
 SITE_DIR = "/sandbox/site"  # read-only: a virtual environment's site-packages, when the pool names one
 JUDGE_DIR = "/judge"  # a tmpfs only the judge's uid can enter: where test modules are written
+TREES_DIR = "/sandbox/trees"  # read-only: the host's project trees (`posttrain.sandbox.trees`)
+TREE_DIR = "/tmp/work"  # where a job's tree is mounted (an overlay) or copied
+LAYERS_DIR = "/tmp/.layers"  # the overlay's upper and work folders: only the zygote's uid enters
 # Imported by the zygote before it forks: tests and solutions import these often, and an import
 # in every fresh child would cost more than the whole program.
 WARM_MODULES = ("math", "random", "re", "collections", "itertools", "functools", "string",
@@ -1065,8 +1069,65 @@ def _run_func(cfg: dict, cand: _Cand, req: dict) -> dict:
     return verdict
 
 
+def _tree_name(name) -> str:
+    if not (isinstance(name, str) and len(name) == 64 and all(c in "0123456789abcdef" for c in name)):
+        raise ValueError("a tree is named by 64 hex digits")
+    if not os.path.isdir(f"{TREES_DIR}/{name}"):
+        raise FileNotFoundError(f"tree {name[:12]} is not in the store")
+    return name
+
+
+def _mount_tree(name: str) -> str:
+    """Show the tree ``name`` at `TREE_DIR`, writable by the program: an overlay mount (the tree
+    read-only below, an upper layer on this run's ``/tmp``), or, where the kernel refuses one in
+    this user namespace, a copy. Returns which."""
+    import ctypes
+
+    lower = f"{TREES_DIR}/{_tree_name(name)}"
+    os.mkdir(LAYERS_DIR, 0o700)
+    os.mkdir(f"{LAYERS_DIR}/up", 0o777)
+    os.chmod(f"{LAYERS_DIR}/up", 0o777)  # the merged root takes the upper root's mode: the program writes there
+    os.mkdir(f"{LAYERS_DIR}/work", 0o700)
+    os.mkdir(TREE_DIR, 0o777)
+    opts = f"lowerdir={lower},upperdir={LAYERS_DIR}/up,workdir={LAYERS_DIR}/work"
+    for extra in ("", ",userxattr"):
+        if _libc().mount(b"overlay", TREE_DIR.encode(), b"overlay", MS_NOSUID | MS_NODEV, (opts + extra).encode()) == 0:
+            _MOUNTED.add(TREE_DIR)
+            return "overlay"
+    errno_ = ctypes.get_errno()
+    if errno_ not in (errno.EPERM, errno.EINVAL, errno.ENODEV, errno.EOPNOTSUPP):
+        raise OSError(errno_, f"mount overlay {TREE_DIR}")
+    _copy_tree(lower, TREE_DIR)
+    return "copy"
+
+
+def _copy_tree(src: str, dst: str) -> None:
+    for folder, dirs, files in os.walk(src):
+        out = dst + folder[len(src):]
+        for d in dirs:
+            os.mkdir(f"{out}/{d}")
+            os.chmod(f"{out}/{d}", 0o777)
+        for name in files:
+            with open(f"{folder}/{name}", "rb") as f:
+                data = f.read()
+            fd = os.open(f"{out}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            os.fchmod(fd, 0o666)
+            while data:
+                data = data[os.write(fd, data):]
+            os.close(fd)
+
+
 def _run_io_case(cfg: dict, cand: _Cand, req: dict, stdin: str) -> dict:
-    """One stdin: run the program, return its status and stdout (compared by the host)."""
+    """One stdin: run the program, return its status and stdout (compared by the host). A
+    request naming a ``tree`` gets it at `TREE_DIR` first."""
+    tree = _mount_tree(req["tree"]) if req.get("tree") else None
+    case = _run_case(cfg, cand, req, stdin)
+    if tree:
+        case["tree"] = tree
+    return case
+
+
+def _run_case(cfg: dict, cand: _Cand, req: dict, stdin: str) -> dict:
     _send_program(cand, {"mode": "io", "program": req["program"], "stdin": stdin,
                          "timeout_s": req["timeout_s"]})
     pidfd = os.pidfd_open(cand.pid)
@@ -1177,6 +1238,12 @@ def _next(cfg: dict) -> None:
         _STATE["cand"].close()
         _STATE["cand"] = None
     _kill_others()
+    if TREE_DIR in _MOUNTED:
+        if _libc().umount2(TREE_DIR.encode(), MNT_DETACH) != 0:
+            import ctypes
+
+            raise OSError(ctypes.get_errno(), f"umount {TREE_DIR}")
+        _MOUNTED.discard(TREE_DIR)
     _fresh_tmpfs(cfg)
     if _STATE["judge"] is None:
         _STATE["judge"] = _Judge(cfg)
