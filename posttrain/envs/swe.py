@@ -16,6 +16,12 @@ and its plugins still come from posttrain's own environment, imported first. The
 keeps ``-I -S``: the venv's ``.pth`` files are never run (install dependencies non-editable;
 PEP 420 namespace packages work, ``-nspkg.pth`` ones do not).
 
+**The tree in the sandbox.** The task's tree (`Tree`, made once per record and process) is
+written once to the sandbox's shared read-only store and mounted at `ROOT` under an overlay for
+each run (`posttrain.sandbox.trees`); a run's program carries only what differs from it (the
+episode's changes, for the verdict also the restored tests), so a run costs the same at any
+project size.
+
 **The verdict.** Submitting runs real pytest (the library) in the code sandbox on the agent's
 tree after restoring, from the original with the test patch applied: every test file (under a
 ``tests``/``test``/``testing`` folder, ``test_*.py``, ``*_test.py``, every path the test patch
