@@ -8,6 +8,10 @@ folder each; without --model, the embedded tiny model is built under ROOT/_base)
 one by name and never name a folder. Checkpoints are written under --root. An address beyond
 loopback needs an API key (--api-key or $POSTTRAIN_API_KEY), which the SDK sends as
 $TINKER_API_KEY (it must start with "tml-"). See docs/tinker.md.
+
+Under ``torchrun --nproc-per-node N -m posttrain tinker-serve ...`` every rank loads the base models
+and holds its FSDP2 shard of them; rank 0 serves the API and the other ranks train with it in lock
+step (`posttrain.tinker.ranks`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from posttrain.errors import UserError
 from posttrain.serve.serve_cli import API_KEY_ENV, is_loopback
 
 TINY = "posttrain/tiny"
+IDLE_S = 7 * 24 * 3600.0
+"""How long a rank other than 0 waits for rank 0's next request before the process group gives up:
+a server may sit idle for days (torchrun still stops every rank when one dies)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,13 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
-def _models(specs: list[str], root: Path) -> dict[str, Path]:
+def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
     if not specs:
         from posttrain.models.tiny import build_tiny
 
         folder = root / "_base" / "tiny"
-        if not (folder / "config.json").is_file():
+        if (world is None or world.main) and not (folder / "config.json").is_file():
             build_tiny(folder, "tiny", seed=0)
+        if world is not None:
+            world.barrier()  # the other ranks load what rank 0 built
         return {TINY: folder}
     out = {}
     for spec in specs:
@@ -60,7 +69,9 @@ def _models(specs: list[str], root: Path) -> dict[str, Path]:
     return out
 
 
-def load_base(name: str, path: Path, max_context: int | None):
+def load_base(name: str, path: Path, max_context: int | None, world=None):
+    """The base model ``name`` at ``path`` and its engine; with a distributed ``world`` the model
+    is sharded over its ranks, and only rank 0 has an engine."""
     import torch
 
     from posttrain.models.hf import ModelConfig, disable_dropout, load_model, load_tokenizer
@@ -70,9 +81,12 @@ def load_base(name: str, path: Path, max_context: int | None):
     model = load_model(ModelConfig(path=str(path)), trainable=True, key="--model")
     disable_dropout(model)
     tokenizer = load_tokenizer(str(path), key="--model")
-    engine = TorchEngine(model, tokenizer=tokenizer, dtype=torch.float32)
+    engine = TorchEngine(model, tokenizer=tokenizer, dtype=torch.float32) if world is None or world.main else None
     positions = int(getattr(model.config, "max_position_embeddings", 2048))
-    return Base(name, model, tokenizer, engine, min(max_context or positions, positions))
+    base = Base(name, model, tokenizer, engine, min(max_context or positions, positions))
+    if world is not None and world.distributed:
+        base.shard(world)
+    return base
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise UserError(f"--root={args.root}: not a folder")
     root = root.resolve()
-    models = _models(args.model, root)
+    world = _world()
+    models = _models(args.model, root, world)
 
     import torch
     import uvicorn
@@ -98,8 +113,13 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not world.main:
+        from posttrain.tinker.ranks import follow
+
+        follow({name: load_base(name, path, args.max_context, world=world) for name, path in models.items()}, world)
+        return 0
     sock = _bind(args.host, args.port)
-    bases = {name: load_base(name, path, args.max_context) for name, path in models.items()}
+    bases = {name: load_base(name, path, args.max_context, world=world) for name, path in models.items()}
     app = create_app(bases, root, api_key=args.api_key, limits=Limits(max_models=args.max_models))
     url = _url(sock)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
@@ -116,5 +136,22 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         sock.close()
+        _stop_ranks(app.state.tinker, world)
     print("posttrain tinker-serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _world():
+    """torchrun's ranks (gloo on the CPU), or one process."""
+    from posttrain.core.dist import World, init_world, launched_by_torchrun
+
+    return init_world("cpu", timeout_s=IDLE_S) if launched_by_torchrun() else World()
+
+
+def _stop_ranks(state, world) -> None:
+    """The server stopped: the work queued is dropped, the running request finished (the worker is
+    the only thread that talks to the other ranks), then the other ranks are let go."""
+    from posttrain.tinker.ranks import release
+
+    state.worker.shutdown(wait=True, cancel_futures=True)
+    release(world)

@@ -16,6 +16,9 @@ only. Choices:
   weights: a sampler snapshot is the base with the adapter merged in (W + scale·B·A per layer),
   loaded with a checksum when a request needs a different snapshot than the engine holds.
 * One thread runs every method here (the server's worker); nothing here locks.
+* **Under torchrun** the base is sharded with FSDP2 over the ranks (`Base.shard`) and the methods
+  marked `in_step` run on every rank in lock step, each on its block of the datums
+  (`posttrain.tinker.ranks` says how); in one process they are plain calls.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ import numpy as np
 import torch
 
 from posttrain.algos.logprobs import token_logprobs
+from posttrain.core.dist import World
+from posttrain.core.fsdp import reshard, shard_model
 from posttrain.core.trainer import TrainCore
 from posttrain.rollout.types import weights_checksum
 from posttrain.tinker.losses import LossInputError, check_datum, per_token_loss
+from posttrain.tinker.ranks import gather_logprobs, in_step, own_rows, same_as_rank0, sum_grads
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -88,6 +94,9 @@ class Adapter:
 class Base:
     """A base model (loaded once) and the adapters of the training clients on it."""
 
+    world = World()
+    """The ranks the model is sharded over: one process unless `shard` was called."""
+
     def __init__(self, name: str, model, tokenizer, engine, max_context: int):
         self.name, self.tokenizer, self.engine, self.max_context = name, tokenizer, engine, max_context
         self.model = model  # the plain HF model until the first adapter wraps it
@@ -95,9 +104,19 @@ class Base:
         self.adapters: dict[str, Adapter] = {}
         self.engine_holds: str = "base"  # which snapshot the engine's weights are
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self._vocab = model.get_output_embeddings().weight.shape[0]  # rank 0 alone has an engine
+
+    def shard(self, world: World) -> None:
+        """Under torchrun, before any adapter: the frozen base sharded over ``world`` with FSDP2. Only
+        rank 0 samples, so the other ranks keep no full copy of the base's weights."""
+        self.world = world
+        if not world.main:
+            self.base_weights = {}
+        self.model = shard_model(self.model.requires_grad_(False), world)
 
     # ------------------------------------------------------------------------- adapters
 
+    @in_step
     def add_adapter(self, name: str, spec: LoraSpec) -> Adapter:
         from peft import LoraConfig, get_peft_model
 
@@ -115,12 +134,16 @@ class Base:
         params = {k: p for k, p in self.model.named_parameters() if f".{name}." in k}
         for p in params.values():
             p.requires_grad_(True)
+        same_as_rank0(list(params.values()), self.world)
         optimizer = torch.optim.AdamW(list(params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-        core = TrainCore(_AdapterParams(list(params.values())), optimizer, None, grad_clip=0.0)
+        # one process's core even under torchrun: the adapter is whole on every rank (not sharded), its
+        # gradients are summed over ranks by `optim_step` before the core clips and steps
+        core = TrainCore(_AdapterParams(list(params.values())), optimizer, None, grad_clip=0.0, world=World())
         adapter = Adapter(name=name, spec=spec, core=core, params=params)
         self.adapters[name] = adapter
         return adapter
 
+    @in_step
     def remove_adapter(self, name: str) -> None:
         self.adapters.pop(name, None)
         if hasattr(self.model, "peft_config") and name in self.model.peft_config:
@@ -135,20 +158,25 @@ class Base:
 
     # ------------------------------------------------------------------------- training
 
+    @in_step
     def forward_backward(self, name: str, loss_fn: str, data: list, config: dict, backward: bool) -> tuple[list, dict]:
         """Per-datum ``logprobs`` and ``elementwise_loss``, and the summed loss; gradients added to
-        the adapter's (not applied) unless ``backward`` is false."""
+        the adapter's (not applied) unless ``backward`` is false. Under torchrun each rank runs its
+        block of ``data``, and rank 0 computes the losses and metrics of the whole request from the
+        gathered log-probs (the other ranks return nothing)."""
         self.check_data(loss_fn, data)
         adapter = self._activate(name)
-        ids, mask, x = _pad(data)
-        self.model.train()
-        with torch.set_grad_enabled(backward):
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
-            logp = token_logprobs(logits.float(), x.pop("target_tokens").long())
-            loss_BT, metrics = per_token_loss(loss_fn, logp, x, mask, config)
-            loss = loss_BT.sum()
-            if backward:
-                adapter.core.backward(loss)
+        mine, live = own_rows(data, self.world)
+        rows = gather_logprobs(self._run(adapter, mine, live, loss_fn, config, backward), live, self.world)
+        if not self.world.main:
+            return [], {}
+        _, mask, x = _pad(data)
+        del x["target_tokens"]
+        logp = torch.zeros(mask.shape)
+        for i, row in enumerate(rows):
+            logp[i, :len(row)] = row
+        loss_BT, metrics = per_token_loss(loss_fn, logp, x, mask, config)
+        loss = loss_BT.sum()
         outputs = [{"logprobs": logp[i, :len(d.tokens)].detach().numpy().astype(np.float32),
                     "elementwise_loss": loss_BT[i, :len(d.tokens)].detach().numpy().astype(np.float32)}
                    for i, d in enumerate(data)]
@@ -156,6 +184,21 @@ class Base:
         report |= {f"{k}:mean": float(v) for k, v in metrics.items() if not k.endswith("_max")}
         report |= {f"{k}:max": float(v) for k, v in metrics.items() if k.endswith("_max")}
         return outputs, report
+
+    def _run(self, adapter: Adapter, data: list, live: bool, loss_fn: str, config: dict, backward: bool) -> list:
+        """Forward of ``data`` with ``adapter`` active, and backward of its summed loss (times 0 unless
+        ``live``) into the adapter's gradients; each datum's log-probs."""
+        ids, mask, x = _pad(data)
+        self.model.train()
+        with torch.set_grad_enabled(backward):
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            logp = token_logprobs(logits.float(), x.pop("target_tokens").long())
+            if backward:
+                loss = per_token_loss(loss_fn, logp, x, mask, config)[0].sum()
+                adapter.core.backward(loss if live else loss * 0.0)
+        if not backward:
+            reshard(self.model)  # FSDP keeps the root's weights gathered after a forward with no backward
+        return [logp[i, :len(d.tokens)].detach() for i, d in enumerate(data)]
 
     def check_data(self, loss_fn: str, data: list) -> None:
         """`LossInputError` for a datum the loss cannot read or the model cannot take."""
@@ -171,8 +214,10 @@ class Base:
             if any(not np.isfinite(a).all() for a in d.inputs.values()):
                 raise LossInputError(f"data[{i}].loss_fn_inputs: NaN or infinite values")
 
+    @in_step
     def optim_step(self, name: str, adam: dict) -> dict:
         adapter = self.adapters[name]
+        sum_grads(list(adapter.params.values()), self.world)
         group = adapter.core.optimizer.param_groups[0]
         group.update(lr=adam["learning_rate"], betas=(adam["beta1"], adam["beta2"]), eps=adam["eps"],
                      weight_decay=adam["weight_decay"])
@@ -185,7 +230,7 @@ class Base:
 
     @property
     def vocab(self) -> int:
-        return self.engine.vocab_size
+        return self._vocab
 
     # ------------------------------------------------------------------------- state
 
@@ -196,6 +241,7 @@ class Base:
     def optimizer_state(self, name: str) -> dict:
         return {"optimizer": self.adapters[name].core.optimizer.state_dict(), "steps": self.adapters[name].steps}
 
+    @in_step
     def load_state(self, name: str, tensors: dict[str, torch.Tensor], optimizer: dict | None) -> None:
         adapter = self.adapters[name]
         wanted = {k.replace(f".{name}.", ".ADAPTER."): p for k, p in adapter.params.items()}
