@@ -165,10 +165,9 @@ class Direct:
         self.base.optim_step("m", ADAM)
 
     def rl_step(self, prompts, group_size: int, new: int, label: str):
-        from posttrain.tinker.training import merge_adapter
         from posttrain.tinker.wire import Datum
 
-        self.base.use_snapshot(label, merge_adapter(self.base.base_weights, self.base.adapter_state("m")))
+        self.base.use_snapshot(label, self.base.adapter_state("m"))
         samples = []
         for seqs, _ in self.base.sample_batch(prompts, group_size, PARAMS | {"max_tokens": new}, False):
             samples += [(t, lp) for _, t, lp in seqs]

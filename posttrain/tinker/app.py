@@ -63,8 +63,8 @@ class Limits:
     max_pending: int = 1024
     kept_results: int = 4096
     max_snapshots: int = 8
-    """Sampling sessions holding weights in memory (a merged copy of the model each); the oldest
-    goes first, and a later request to it is a 404 naming it."""
+    """Sampling sessions holding a weight snapshot in memory (a copy of the adapter each); the
+    oldest goes first, and a later request to it is a 404 naming it."""
     max_samplers: int = 1024
     session_timeout_s: float = 300.0
     """A session not heard from for this long (the SDK beats every 10 s) is over: when the training
@@ -132,7 +132,7 @@ class SampleQueue:
     def _generate(self, base: Base, batch: list[_SampleRequest]) -> None:
         first = batch[0]
         try:
-            base.use_snapshot(first.sampler.label, first.sampler.weights)
+            base.use_snapshot(first.sampler.label, first.sampler.adapter)
             answers = base.sample_batch([r.prompt for r in batch], first.n, first.params, first.want_prompt)
             self.engine_calls += 1
         except Exception as e:  # noqa: BLE001 - every request of the batch fails with it
@@ -177,7 +177,7 @@ class State:
         sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
         with self.sampler_lock:
             self.samplers[sampler_id] = sampler
-            held = [k for k, v in self.samplers.items() if v.weights is not None]
+            held = [k for k, v in self.samplers.items() if v.adapter is not None]
             for old in held[:max(0, len(held) - self.limits.max_snapshots)]:
                 del self.samplers[old]
             for old in list(self.samplers)[:max(0, len(self.samplers) - self.limits.max_samplers)]:
@@ -509,11 +509,12 @@ def _sampling_routes(state: State) -> list[Route]:
             folder = checkpoint_dir(state.root, body["model_path"], "sampler_weights")
             from posttrain.tinker.checkpoints import read_sampler
 
-            base_name, weights = await asyncio.to_thread(read_sampler, state, folder)
-            sampler = Sampler(base=base_name, label=f"{body['model_path']}#{uuid.uuid4().hex}", weights=weights, model_path=body["model_path"])
+            base_name, adapter = await asyncio.to_thread(read_sampler, state, folder)
+            sampler = Sampler(base=base_name, label=f"{body['model_path']}#{uuid.uuid4().hex}", adapter=adapter,
+                              model_path=body["model_path"])
         else:
             _check_base(state, body.get("base_model"))
-            sampler = Sampler(base=body["base_model"], label="base", weights=None, model_path=None)
+            sampler = Sampler(base=body["base_model"], label="base", adapter=None, model_path=None)
         return JSON({"type": "create_sampling_session", "sampling_session_id": state.add_sampler(sampler)})
 
     def sampler_of(sampler_id) -> Sampler:
@@ -550,6 +551,10 @@ def _sampling_routes(state: State) -> list[Route]:
         if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
             raise bad("target_prompt_logprobs / prompt_logprobs_last_n: not served here", code="unsupported")
         want_prompt = bool(body.get("prompt_logprobs"))
+        try:
+            base.sampling.check(sampler.adapter)
+        except LossInputError as e:
+            raise bad(str(e), code="unsupported") from None
 
         waiting = _SampleRequest(sampler, prompt, n, params, want_prompt)
         state.samples.add(waiting)

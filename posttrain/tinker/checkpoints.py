@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from posttrain.tinker.losses import LossInputError
-from posttrain.tinker.training import LoraSpec, Sampler, merge_adapter
+from posttrain.tinker.training import LoraSpec, Sampler
 
 
 def _write(folder: Path, tensors: dict, meta: dict, optimizer: dict | None, overwrite: bool) -> None:
@@ -62,8 +62,7 @@ def save_for_sampler(state, model_id: str, name: str | None) -> dict:
     base = state.bases[state.models[model_id]]
     adapter = base.adapter_state(model_id)
     if name is None:
-        sampler = Sampler(base=base.name, label=f"snapshot-{uuid.uuid4().hex}",
-                          weights=merge_adapter(base.base_weights, adapter), model_path=None)
+        sampler = Sampler(base=base.name, label=f"snapshot-{uuid.uuid4().hex}", adapter=adapter, model_path=None)
         return {"type": "save_weights_for_sampler", "sampling_session_id": state.add_sampler(sampler)}
     _write(state.root / model_id / "sampler_weights" / name, adapter, _meta(state, model_id), None, overwrite=True)
     return {"type": "save_weights_for_sampler", "path": f"tinker://{model_id}/sampler_weights/{name}"}
@@ -76,11 +75,11 @@ def _read(folder: Path) -> tuple[dict, dict]:
 
 
 def read_sampler(state, folder: Path) -> tuple[str, dict]:
-    """(base name, merged weights) of a sampler checkpoint."""
+    """(base name, adapter tensors) of a sampler checkpoint."""
     meta, adapter = _read(folder)
     if meta["base_model"] not in state.bases:
         raise LossInputError(f"the checkpoint's base model {meta['base_model']!r} is not served here")
-    return meta["base_model"], merge_adapter(state.bases[meta["base_model"]].base_weights, adapter)
+    return meta["base_model"], adapter
 
 
 def load_weights(state, model_id: str, new: bool, folder: Path, path: str, with_optimizer: bool) -> dict:

@@ -46,6 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context", type=int, default=None,
                         help="longest datum or prompt+sample in tokens (default: the model's positions)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    vllm = parser.add_argument_group("sampling on vLLM (--sampler vllm; docs/tinker.md)")
+    vllm.add_argument("--sampler", default="torch", choices=["torch", "vllm"],
+                      help="the engine samples come from: the in-process TorchEngine (default), or vLLM servers "
+                           "that take each sampler snapshot as a LoRA adapter (the base is never re-sent)")
+    vllm.add_argument("--vllm-url", action="append", default=[], metavar="URL",
+                      help="a running vLLM server on the same model, started with LoRA on (repeatable)")
+    vllm.add_argument("--vllm-launch", action="store_true",
+                      help="start one vLLM server from .venv-vllm ($POSTTRAIN_VLLM_PYTHON) and stop it on exit")
+    vllm.add_argument("--vllm-max-lora-rank", type=int, default=32,
+                      help="the launched server's --max-lora-rank: the largest client rank it samples (default 32)")
+    vllm.add_argument("--vllm-probe-tol", type=float, default=1e-4,
+                      help="largest probe log-prob difference server vs trainer after a push (default 1e-4; "
+                           "fp32 on both sides)")
 
 
 def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
@@ -69,24 +82,69 @@ def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
     return out
 
 
-def load_base(name: str, path: Path, max_context: int | None, world=None):
-    """The base model ``name`` at ``path`` and its engine; with a distributed ``world`` the model
-    is sharded over its ranks, and only rank 0 has an engine."""
+def load_base(name: str, path: Path, max_context: int | None, vllm=None, world=None):
+    """The base model ``name`` at ``path`` and its sampling engine: an in-process `TorchEngine`, or
+    with ``vllm`` (a function of the tokenizer making a `VLLMSampling`) vLLM servers. With a
+    distributed ``world`` the model is sharded over its ranks, and only rank 0 has an engine."""
     import torch
 
     from posttrain.models.hf import ModelConfig, disable_dropout, load_model, load_tokenizer
-    from posttrain.rollout.engine import TorchEngine
+    from posttrain.tinker.samplers import TorchSampling
     from posttrain.tinker.training import Base
 
     model = load_model(ModelConfig(path=str(path)), trainable=True, key="--model")
     disable_dropout(model)
     tokenizer = load_tokenizer(str(path), key="--model")
-    engine = TorchEngine(model, tokenizer=tokenizer, dtype=torch.float32) if world is None or world.main else None
+    if world is not None and not world.main:
+        sampling = None
+    elif vllm is None:
+        from posttrain.rollout.engine import TorchEngine
+
+        sampling = TorchSampling(TorchEngine(model, tokenizer=tokenizer, dtype=torch.float32))
+    else:
+        sampling = vllm(tokenizer)
     positions = int(getattr(model.config, "max_position_embeddings", 2048))
-    base = Base(name, model, tokenizer, engine, min(max_context or positions, positions))
+    base = Base(name, model, tokenizer, sampling, min(max_context or positions, positions), path=str(path))
     if world is not None and world.distributed:
         base.shard(world)
+    if sampling is None:
+        return base
+    try:
+        base.use_snapshot("base", None)  # vLLM: its probe proves the servers serve this model
+    except RuntimeError as e:
+        sampling.close()
+        raise UserError(f"--model={path}: {e}") from None
     return base
+
+
+def vllm_sampling(args: argparse.Namespace, path: Path, root: Path):
+    """A maker of the `VLLMSampling` of --vllm-url / --vllm-launch (the launched server is started
+    only when it is called, and stopped when the sampler closes)."""
+    if bool(args.vllm_url) == bool(args.vllm_launch):
+        raise UserError("--sampler=vllm: give the servers (--vllm-url URL) or --vllm-launch, one of the two")
+    if not 1 <= args.vllm_max_lora_rank <= 256:
+        raise UserError(f"--vllm-max-lora-rank={args.vllm_max_lora_rank}: must be in 1..256")
+    if not args.vllm_probe_tol > 0:
+        raise UserError(f"--vllm-probe-tol={args.vllm_probe_tol}: must be > 0")
+
+    def make(tokenizer):
+        from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+        from posttrain.tinker.samplers import VLLMSampling
+
+        servers, urls = None, args.vllm_url
+        if args.vllm_launch:
+            spec = ServerSpec(model=str(path.resolve()), lora_rank=args.vllm_max_lora_rank, max_model_len=args.max_context or 0)
+            servers = VLLMServers(spec, 1, root / "_vllm" / "logs", printer=lambda m: print(m, file=sys.stderr))
+            urls = servers.start()
+        try:
+            return VLLMSampling(urls, model_path=str(path), tokenizer=tokenizer, weights_dir=root / "_vllm" / "adapters",
+                                servers=servers, probe_tol=args.vllm_probe_tol)
+        except BaseException:
+            if servers is not None:
+                servers.stop()
+            raise
+
+    return make
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +160,15 @@ def run(args: argparse.Namespace) -> int:
     root = root.resolve()
     world = _world()
     models = _models(args.model, root, world)
+    vllm = None
+    if args.sampler == "vllm":
+        if len(models) != 1:
+            raise UserError("--sampler=vllm: one --model only (a vLLM server serves one base model)")
+        vllm = vllm_sampling(args, next(iter(models.values())), root)
+    elif args.vllm_url or args.vllm_launch:
+        raise UserError("--vllm-url/--vllm-launch: only with --sampler vllm")
+    if vllm is not None and world.distributed:
+        raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
 
     import torch
     import uvicorn
@@ -119,7 +186,11 @@ def run(args: argparse.Namespace) -> int:
         follow({name: load_base(name, path, args.max_context, world=world) for name, path in models.items()}, world)
         return 0
     sock = _bind(args.host, args.port)
-    bases = {name: load_base(name, path, args.max_context, world=world) for name, path in models.items()}
+    try:
+        bases = {name: load_base(name, path, args.max_context, vllm, world) for name, path in models.items()}
+    except BaseException:
+        sock.close()
+        raise
     app = create_app(bases, root, api_key=args.api_key, limits=Limits(max_models=args.max_models))
     url = _url(sock)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
@@ -137,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
         _stop_ranks(app.state.tinker, world)
+        for base in bases.values():
+            base.sampling.close()
     print("posttrain tinker-serve: stopped", file=sys.stderr, flush=True)
     return 0
 

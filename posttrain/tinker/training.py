@@ -12,9 +12,10 @@ only. Choices:
 * **The same optimizer step as every trainer**: `TrainCore.backward` / `apply_gradients` (clip,
   AdamW, zero). Tinker sets Adam's parameters per ``optim_step``, so they are written into the
   optimizer's param group before each step; the schedule is constant (the client owns it).
-* **Sampling** goes through the rollout engine (`TorchEngine`), which holds its own copy of the
-  weights: a sampler snapshot is the base with the adapter merged in (W + scale·B·A per layer),
-  loaded with a checksum when a request needs a different snapshot than the engine holds.
+* **Sampling** goes through a rollout engine, a parameter (`posttrain.tinker.samplers`: the
+  in-process `TorchEngine`, or vLLM servers that take each snapshot as a LoRA adapter). A sampler
+  snapshot is the adapter's tensors; the engine is handed one (merged into the base's weights, or
+  pushed as an adapter) when a request needs a different snapshot than it holds.
 * One thread runs every method here (the server's worker); nothing here locks.
 * **Under torchrun** the base is sharded with FSDP2 over the ranks (`Base.shard`) and the methods
   marked `in_step` run on every rank in lock step, each on its block of the datums
@@ -33,7 +34,6 @@ from posttrain.algos.logprobs import token_logprobs
 from posttrain.core.dist import World
 from posttrain.core.fsdp import reshard, shard_model
 from posttrain.core.trainer import TrainCore
-from posttrain.rollout.types import weights_checksum
 from posttrain.tinker.losses import LossInputError, check_datum, per_token_loss
 from posttrain.tinker.ranks import gather_logprobs, in_step, own_rows, same_as_rank0, sum_grads
 
@@ -73,11 +73,12 @@ class _AdapterParams:
 
 @dataclass
 class Sampler:
-    """A sampling session: a snapshot of one client's weights (merged), or the base's (None)."""
+    """A sampling session: a snapshot of one client's adapter (`Base.adapter_state` names), or the
+    base's (None)."""
 
     base: str
     label: str
-    weights: dict | None
+    adapter: dict | None
     model_path: str | None
     clients: int = 0
 
@@ -97,14 +98,17 @@ class Base:
     world = World()
     """The ranks the model is sharded over: one process unless `shard` was called."""
 
-    def __init__(self, name: str, model, tokenizer, engine, max_context: int):
-        self.name, self.tokenizer, self.engine, self.max_context = name, tokenizer, engine, max_context
+    def __init__(self, name: str, model, tokenizer, sampling, max_context: int, path: str = ""):
+        """``sampling``: the engine samples come from (`posttrain.tinker.samplers`), holding the base
+        at first; ``path``: the model's folder (what a vLLM adapter names as its base)."""
+        self.name, self.tokenizer, self.sampling, self.max_context = name, tokenizer, sampling, max_context
         self.model = model  # the plain HF model until the first adapter wraps it
+        self.path = path
         self.base_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.vocab = model.get_output_embeddings().weight.shape[0]
         self.adapters: dict[str, Adapter] = {}
-        self.engine_holds: str = "base"  # which snapshot the engine's weights are
+        self.engine_holds: str | None = "base" if getattr(sampling, "name", None) == "torch" else None  # the snapshot it holds
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        self._vocab = model.get_output_embeddings().weight.shape[0]  # rank 0 alone has an engine
 
     def shard(self, world: World) -> None:
         """Under torchrun, before any adapter: the frozen base sharded over ``world`` with FSDP2. Only
@@ -228,10 +232,6 @@ class Base:
         adapter.steps += 1
         return {"grad_norm:mean": metrics["grad_norm"], "learning_rate:mean": metrics["lr"]}
 
-    @property
-    def vocab(self) -> int:
-        return self._vocab
-
     # ------------------------------------------------------------------------- state
 
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
@@ -259,13 +259,31 @@ class Base:
 
     # ------------------------------------------------------------------------- sampling
 
-    def use_snapshot(self, label: str, weights: dict[str, torch.Tensor] | None) -> None:
-        """Put snapshot ``label`` (``weights``; None: the base) in the engine unless it is there."""
+    def use_snapshot(self, label: str, adapter: dict[str, torch.Tensor] | None) -> None:
+        """Put snapshot ``label`` (``adapter``; None: the base) in the sampling engine unless it is there."""
         if self.engine_holds == label:
             return
-        weights = self.base_weights if weights is None else weights
-        self.engine.load_weights(weights, self.engine.version + 1, weights_checksum(weights))
+        self.engine_holds = None  # a load that fails leaves no snapshot believed held
+        self.sampling.load(self, adapter)
         self.engine_holds = label
+
+    def snapshot_logprobs(self, adapter: dict[str, torch.Tensor] | None, ids: list[int]) -> list[float]:
+        """The trainer's log-probs of ``ids[1:]`` under a snapshot (None: the base): what a sampler
+        serving it must reproduce. The model's own forward with the merged weights in place of its
+        base layers and every adapter off, so no client's adapter is touched."""
+        from contextlib import nullcontext
+
+        peft = hasattr(self.model, "peft_config")
+        model = self.model.get_base_model() if peft else self.model
+        names = {k for k, _ in model.named_parameters()}
+        weights = {}
+        for key, value in (self.base_weights if adapter is None else merge_adapter(self.base_weights, adapter)).items():
+            wrapped = key.removesuffix(".weight") + ".base_layer.weight"
+            weights[key if key in names or wrapped not in names else wrapped] = value
+        x = torch.tensor([ids])
+        with torch.no_grad(), (self.model.disable_adapter() if peft else nullcontext()):
+            logits = torch.func.functional_call(model, weights, args=(x,)).logits[0, :-1].float()
+        return logits.log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
 
     def sample(self, prompt: list[int], n: int, params: dict, want_prompt_logprobs: bool):
         return self.sample_batch([prompt], n, params, want_prompt_logprobs)[0]
@@ -279,7 +297,7 @@ class Base:
         sampling = SamplingParams(temperature=params["temperature"], top_p=params["top_p"],
                                   top_k=max(params["top_k"], 0), max_new_tokens=params["max_tokens"],
                                   stop=[s for s in stop if isinstance(s, str)], seed=params["seed"])
-        out = self.engine.generate(prompts, n, sampling)
+        out = self.sampling.generate(prompts, n, sampling)
         stop_ids = {s for s in stop if isinstance(s, int)}
         results = []
         for p, prompt in enumerate(prompts):
@@ -287,10 +305,7 @@ class Base:
             sequences = [_cut(out.completion_ids[i], out.logprobs[i], out.finish_reason[i], stop_ids) for i in rows]
             prompt_lp = None
             if want_prompt_logprobs:
-                from posttrain.serve.app import prompt_logprobs
-
-                with torch.no_grad():
-                    prompt_lp = [math.nan] + prompt_logprobs(self.engine, prompt)
+                prompt_lp = [math.nan] + self.sampling.prompt_logprobs(prompt)
             results.append((sequences, prompt_lp))
         return results
 

@@ -1,0 +1,189 @@
+"""The engines `Base` samples with: the in-process `TorchEngine`, or vLLM servers.
+
+Both take the same four calls from `Base` (``check``, ``load``, ``generate``, ``prompt_logprobs``),
+so one queue and one ``sample_batch`` serve either; ``tinker-serve --sampler`` picks one.
+
+* `TorchSampling`: a snapshot is the base's weights with the adapter merged in (W + B·A per
+  layer), copied into the engine with its checksum.
+* `VLLMSampling`: a snapshot is pushed to the servers as a LoRA adapter, the rollout engine's
+  adapter-only sync (`posttrain.rollout.vllm`): the adapter's tensors and a peft
+  ``adapter_config.json`` written to a version folder, ``/v1/load_lora_adapter`` in place under one
+  adapter name, the version read back, and the servers' log-probs of a probe sequence checked
+  against the trainer's of the same snapshot (vLLM has no trustworthy checksum on CPU builds). The
+  base is never re-sent: the base sampler asks for the server's own model (its probe is checked
+  too, so a server on another model is refused at the first base sample). vLLM is a client here:
+  nothing imports it, and its servers run in their own environment.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from posttrain.errors import UserError
+from posttrain.rollout.types import weights_checksum
+from posttrain.tinker.losses import LossInputError
+
+log = logging.getLogger("posttrain.tinker")
+
+ADAPTER_NAME = "tinker"
+"""The name vLLM serves the held snapshot under (one at a time, reloaded in place)."""
+
+
+class TorchSampling:
+    """Samples with an in-process `TorchEngine`; a snapshot is merged into a full copy of the weights."""
+
+    name = "torch"
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def check(self, adapter: dict | None) -> None:
+        """Every snapshot of this base can be sampled here."""
+
+    def load(self, base, adapter: dict[str, torch.Tensor] | None) -> None:
+        from posttrain.tinker.training import merge_adapter
+
+        weights = base.base_weights if adapter is None else merge_adapter(base.base_weights, adapter)
+        self.engine.load_weights(weights, self.engine.version + 1, weights_checksum(weights))
+
+    def generate(self, prompts: list[list[int]], n: int, sampling):
+        return self.engine.generate(prompts, n, sampling)
+
+    def prompt_logprobs(self, prompt: list[int]) -> list[float]:
+        from posttrain.serve.app import prompt_logprobs
+
+        with torch.no_grad():
+            return prompt_logprobs(self.engine, prompt)
+
+    def close(self) -> None:
+        pass
+
+
+class VLLMSampling:
+    """Samples on vLLM servers started with runtime LoRA (see the module docstring): ``urls`` are
+    running servers; ``servers`` (a `VLLMServers`), when given, were launched for this and stop on
+    `close`. Each push writes under ``weights_dir``."""
+
+    name = "vllm"
+
+    def __init__(self, urls: list[str], *, model_path: str, tokenizer, weights_dir: Path, servers=None,
+                 probe_tol: float = 1e-4):
+        import httpx
+
+        from posttrain.rl.loop import probe_ids
+        from posttrain.rollout.http import HTTPEngine, auth_headers, model_eos_ids
+        from posttrain.rollout.vllm import VLLMDialect, server_config
+
+        self.loaded: dict | None = None  # the adapter the servers hold (None: none, or zeros)
+        common = {"tokenizer": tokenizer, "eos_ids": model_eos_ids(model_path, tokenizer)}
+        self.adapter = HTTPEngine(urls, weights_dir=str(weights_dir), servers=servers,
+                                  dialect=VLLMDialect(probe_tol, lora_name=ADAPTER_NAME), **common)
+        try:
+            self.base = HTTPEngine(urls, dialect=VLLMDialect(probe_tol), **common)
+            with httpx.Client(timeout=30, headers=auth_headers(None)) as client:
+                ranks = [((server_config(client, url) or {}).get("lora_config") or {}).get("max_lora_rank")
+                         for url in self.adapter.urls]
+        except BaseException:
+            self.adapter.close()
+            raise
+        if not all(isinstance(r, int) for r in ranks):
+            self.close()
+            raise UserError(f"vLLM server(s) {', '.join(self.adapter.urls)}: LoRA is off or unreadable; start them "
+                            f"with --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (and "
+                            f"VLLM_SERVER_DEV_MODE=1)")
+        self.max_rank = min(ranks)
+        self.probe = probe_ids(tokenizer)
+        self.held: HTTPEngine | None = None  # the engine whose model is the snapshot held
+
+    def check(self, adapter: dict | None) -> None:
+        """`LossInputError` for a snapshot the servers cannot take (a rank past --max-lora-rank)."""
+        rank = adapter_rank(adapter)
+        if rank > self.max_rank:
+            raise LossInputError(f"an adapter of rank {rank}: the vLLM sampler takes rank <= {self.max_rank} "
+                                 f"(its servers' --max-lora-rank)")
+
+    def load(self, base, adapter: dict[str, torch.Tensor] | None) -> None:
+        """A snapshot: pushed as the adapter, verified by version and probe. The base: the adapter
+        zeroed first when one is loaded (vLLM 0.32's CPU build applies a loaded adapter's
+        ``lm_head`` to requests that name no adapter too: 0.49 off the base's log-probs measured),
+        then the base's probe checked on requests without an adapter."""
+        from posttrain.rollout.vllm import prompt_logprobs
+
+        self.check(adapter)
+        probe = (self.probe, base.snapshot_logprobs(adapter, self.probe))
+        self.held = None
+        if adapter is None:
+            if self.loaded is not None:
+                self._push({k: torch.zeros_like(v) for k, v in self.loaded.items()}, base.path, probe)
+                self.loaded = None
+            client, url = self.base.weights.client, self.base.urls[0]
+            got = prompt_logprobs(client, url, probe[0])
+            worst = max(abs(a - b) for a, b in zip(got, probe[1]))
+            if not worst <= self.base.dialect.probe_tol:
+                raise RuntimeError(f"vLLM server {url}: its base model's probe log-probs differ from the trainer's "
+                                   f"by {worst:.3g}: it serves another model than --model")
+            self.held = self.base
+            return
+        self.loaded = adapter  # also when the push fails: zeroed before the base is sampled (its probe checks)
+        self._push(adapter, base.path, probe)
+        self.held = self.adapter
+
+    def _push(self, adapter: dict[str, torch.Tensor], base_path: str, probe) -> None:
+        tensors = {k.replace(".ADAPTER.", "."): v for k, v in adapter.items()}
+        self.adapter.weights.adapter_config = adapter_config(adapter, base_path)  # each snapshot's own layout
+        self.adapter.load_weights(tensors, self.adapter.version + 1, weights_checksum(tensors), probe=probe)
+
+    def generate(self, prompts: list[list[int]], n: int, sampling):
+        return self._held().generate(prompts, n, sampling)
+
+    def prompt_logprobs(self, prompt: list[int]) -> list[float]:
+        """The servers' log-probs of the prompt's tokens, sent alone (vLLM's CPU LoRA path cannot
+        compute them beside decoding requests): after the samples, never with them."""
+        from posttrain.rollout.vllm import prompt_logprobs
+
+        engine = self._held()
+        return prompt_logprobs(engine.weights.client, engine.urls[0], prompt, model=engine.dialect.lora_name)
+
+    def _held(self):
+        if self.held is None:
+            raise RuntimeError("the vLLM sampler holds no verified snapshot (its last push failed)")
+        return self.held
+
+    @property
+    def version(self) -> int:
+        """The adapter version every server confirmed last."""
+        return self.adapter.version
+
+    def close(self) -> None:
+        """Servers this started stop; running ones are left with the adapter zeroed (its lm_head
+        would leak into other users' base requests, see `load`), as far as they answer."""
+        if self.loaded is not None and self.adapter.servers is None:
+            zeros = {k.replace(".ADAPTER.", "."): torch.zeros_like(v) for k, v in self.loaded.items()}
+            try:
+                self.adapter.load_weights(zeros, self.adapter.version + 1, weights_checksum(zeros))
+            except Exception as e:  # noqa: BLE001 - shutting down: said, not raised
+                log.warning("could not zero the adapter on the vLLM servers: %s", e)
+        if getattr(self, "base", None) is not None:
+            self.base.close()
+        self.adapter.close()
+
+
+def adapter_rank(adapter: dict | None) -> int:
+    return max((t.shape[0] for k, t in (adapter or {}).items() if ".lora_A." in k), default=0)
+
+
+def adapter_config(adapter: dict[str, torch.Tensor], base_path: str) -> dict:
+    """peft's ``adapter_config.json`` of a snapshot (alpha = rank, as `Base.add_adapter` makes them),
+    its rank and target modules read from the tensors."""
+    import json
+
+    from peft import LoraConfig
+
+    targets = sorted({k.split(".lora_A.")[0].rsplit(".", 1)[-1] for k in adapter if ".lora_A." in k})
+    rank = adapter_rank(adapter)
+    config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM",
+                        base_model_name_or_path=base_path)
+    return json.loads(json.dumps(config.to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
