@@ -119,7 +119,7 @@ def drive(http) -> dict:
                                                                   "path": f"tinker://{saved['a']}", "optimizer": True}))
     seen.append(fb(loaded["model_id"], "cross_entropy", SFT, forward_only=True))
     seen.append(fb(a, "cross_entropy", SFT, forward_only=True))
-    return {"seen": seen, "saved": saved, "session": session, "a": a}
+    return {"seen": seen, "saved": saved, "session": session, "a": a, "b": b}
 
 
 def assert_same(one, two, where=""):
@@ -194,6 +194,7 @@ def test_two_ranks_answer_as_one_process(nano_model_dir, tmp_path):
             two = drive(http)
             assert len(ranks.ranks()) == 2
             bad_request_leaves_both_ranks_training(http, two, ranks)
+            sampler_matches_the_sharded_trainer(http, two["a"])
         assert_same(one["seen"], two["seen"])
         for name in ("a", "b"):
             mine, theirs = saved_state(one_root, one["saved"][name]), saved_state(two_root, two["saved"][name])
@@ -228,3 +229,25 @@ def bad_request_leaves_both_ranks_training(http, two, ranks):
     datums, _ = decode(result(http, http.post("/api/v1/forward_backward",
                                               content=wire.encode_forward_backward(a, 1, "cross_entropy", SFT))))
     assert len(datums) == 3 and ranks.proc.poll() is None and len(ranks.ranks()) == 2
+    result(http, http.post("/api/v1/unload_model", json={"model_id": two["b"]}))  # on every rank
+    assert decode(result(http, http.post("/api/v1/forward_backward", content=wire.encode_forward_backward(
+        a, 1, "cross_entropy", SFT[:1], forward_only=True))))[0]
+
+
+def sampler_matches_the_sharded_trainer(http, a):
+    """Rank 0 samples from its own copy of the adapter merged into the base; the sharded ranks'
+    log-probs of the sampled tokens are the sampler's."""
+    sid = result(http, http.post("/api/v1/save_weights_for_sampler",
+                                 json={"model_id": a, "sampling_session_seq_id": 0}))["sampling_session_id"]
+    prompt = [3, 4, 5]
+    out = result(http, http.post("/api/v1/asample", json={
+        "sampling_session_id": sid, "num_samples": 3, "sampling_params": {"max_tokens": 6, "seed": 0},
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]}}))
+    for seq in wire.fields(out)[1]:
+        tokens = np.frombuffer(wire.fields(seq)[2][0], dtype="<i4").tolist()
+        sampled = np.frombuffer(wire.fields(seq)[3][0], dtype="<f4")
+        full = prompt + tokens
+        datum = (full[:-1], {"target_tokens": np.array(full[1:]), "weights": np.ones(len(full) - 1, dtype=np.float32)})
+        body = wire.encode_forward_backward(a, 1, "cross_entropy", [datum], forward_only=True)
+        trained = decode(result(http, http.post("/api/v1/forward_backward", content=body)))[0][0]["logprobs"]
+        assert np.abs(trained[len(prompt) - 1:] - sampled).max() < 1e-4
