@@ -117,15 +117,23 @@ def load_base(name: str, path: Path, max_context: int | None, vllm=None, world=N
     return base
 
 
-def vllm_sampling(args: argparse.Namespace, path: Path, root: Path):
-    """A maker of the `VLLMSampling` of --vllm-url / --vllm-launch (the launched server is started
-    only when it is called, and stopped when the sampler closes)."""
+def check_vllm_flags(args: argparse.Namespace) -> None:
+    """The --vllm-* flags, before anything is written or started."""
+    if args.sampler != "vllm":
+        if args.vllm_url or args.vllm_launch:
+            raise UserError("--vllm-url/--vllm-launch: only with --sampler vllm")
+        return
     if bool(args.vllm_url) == bool(args.vllm_launch):
         raise UserError("--sampler=vllm: give the servers (--vllm-url URL) or --vllm-launch, one of the two")
     if not 1 <= args.vllm_max_lora_rank <= 256:
         raise UserError(f"--vllm-max-lora-rank={args.vllm_max_lora_rank}: must be in 1..256")
     if not args.vllm_probe_tol > 0:
         raise UserError(f"--vllm-probe-tol={args.vllm_probe_tol}: must be > 0")
+
+
+def vllm_sampling(args: argparse.Namespace, path: Path, root: Path):
+    """A maker of the `VLLMSampling` of --vllm-url / --vllm-launch (the launched server is started
+    only when it is called, and stopped when the sampler closes)."""
 
     def make(tokenizer):
         from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
@@ -158,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise UserError(f"--root={args.root}: not a folder")
     root = root.resolve()
+    check_vllm_flags(args)
     world = _world()
     models = _models(args.model, root, world)
     vllm = None
@@ -165,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
         if len(models) != 1:
             raise UserError("--sampler=vllm: one --model only (a vLLM server serves one base model)")
         vllm = vllm_sampling(args, next(iter(models.values())), root)
-    elif args.vllm_url or args.vllm_launch:
-        raise UserError("--vllm-url/--vllm-launch: only with --sampler vllm")
     if vllm is not None and world.distributed:
         raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
 

@@ -268,3 +268,53 @@ def test_waiting_samples_of_one_snapshot_share_an_engine_call(http, model_id, na
                 full = torch.tensor([prompt + tokens])
                 ref = model(full).logits[0, len(prompt) - 1:-1].log_softmax(-1)[torch.arange(len(tokens)), full[0, len(prompt):]]
             np.testing.assert_allclose(logprobs, ref.numpy(), atol=1e-4)
+
+
+def test_a_snapshots_probe_is_the_trainers_forward(http, nano_model_dir):
+    """What a vLLM push is checked against (`Base.snapshot_logprobs`): for a trained client's
+    snapshot, that client's own forward; for the base, the model as loaded, with the client's
+    adapter in place; the TorchEngine sampler loaded with the snapshot agrees."""
+    from transformers import AutoModelForCausalLM
+
+    state = http.app_state
+    session = http.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
+    body = {"session_id": session, "model_seq_id": 0, "base_model": "nano", "lora_config": {"rank": 4, "seed": 1}}
+    client = result(http, http.post("/api/v1/create_model", json=body))["model_id"]
+    for _ in range(3):
+        result(http, http.post("/api/v1/forward_backward", content=fb_body(client)))
+        result(http, http.post("/api/v1/optim_step", json={"model_id": client, "adam_params": {"learning_rate": 0.05}}))
+    base = state.bases["nano"]
+    ids = [3, 4, 5, 6, 9, 11, 2, 8]
+
+    def probes():
+        adapter = base.adapter_state(client)
+        snapshot, plain = base.snapshot_logprobs(adapter, ids), base.snapshot_logprobs(None, ids)
+        base.use_snapshot("probe-test", adapter)
+        return snapshot, plain, base.sampling.prompt_logprobs(ids)
+
+    snapshot, plain, engine = state.worker.submit(probes).result()
+    targets = np.array(ids[1:] + [7])
+    body = wire.encode_forward_backward(client, 1, "cross_entropy", [(ids, {"target_tokens": targets,
+                                        "weights": np.ones(len(ids), np.float32)})], forward_only=True)
+    record = wire.fields(wire.fields(result(http, http.post("/api/v1/forward_backward", content=body)))[2][0])
+    fields = {wire._text(wire.fields(e), 1): wire.fields(wire.fields(e)[2][0]) for e in record[2]}
+    trainer = np.frombuffer(fields["logprobs"][1][0], dtype="<f4")[:-1]
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        ref = model(x).logits[0, :-1].log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1).numpy()
+    np.testing.assert_allclose(snapshot, trainer, atol=1e-5)
+    np.testing.assert_allclose(engine, trainer, atol=1e-5)
+    np.testing.assert_allclose(plain, ref, atol=1e-5)
+    assert np.abs(trainer - ref).max() > 0.05  # the client trained away from the base
+    result(http, http.post("/api/v1/unload_model", json={"model_id": client}))
+
+
+def test_vllm_sampler_flags_checked_before_anything_starts(tmp_path, capsys):
+    serve = ["tinker-serve", "--root", str(tmp_path), "--port", "0"]
+    for extra, words in [(["--sampler", "vllm"], "(--vllm-url URL) or --vllm-launch"),
+                         (["--vllm-url", "http://127.0.0.1:9"], "only with --sampler vllm"),
+                         (["--sampler", "vllm", "--vllm-launch", "--vllm-max-lora-rank", "0"], "must be in 1..256")]:
+        assert main(serve + extra) == 2
+        assert words in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written: no tiny model built, no server started
