@@ -171,9 +171,14 @@ class Ranks:
         raise AssertionError("the 2-rank server never came up:\n" + "".join(self.err)[-4000:])
 
     def ranks(self) -> list[int]:
-        """The pids of the rank processes (torchrun's children)."""
+        """The pids of the rank processes (torchrun's children), in rank order."""
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
+
+        def rank(pid: int) -> int:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=")[1])
+
+        return sorted((int(p) for p in out.stdout.split()), key=rank)
 
     def kill(self):
         if self.proc.poll() is None:
@@ -251,3 +256,24 @@ def sampler_matches_the_sharded_trainer(http, a):
         body = wire.encode_forward_backward(a, 1, "cross_entropy", [datum], forward_only=True)
         trained = decode(result(http, http.post("/api/v1/forward_backward", content=body)))[0][0]["logprobs"]
         assert np.abs(trained[len(prompt) - 1:] - sampled).max() < 1e-4
+
+
+def test_the_other_ranks_leave_when_rank0_stops(nano_model_dir, tmp_path):
+    """SIGTERM to rank 0 alone (its server stops): it tells the other rank, which exits 0."""
+    ranks = Ranks(tmp_path, nano_model_dir)
+    try:
+        with httpx.Client(base_url=ranks.url(), timeout=120) as http:
+            session = http.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
+            a = result(http, http.post("/api/v1/create_model", json={
+                "session_id": session, "model_seq_id": 0, "base_model": "nano", "lora_config": {"rank": 2}}))["model_id"]
+            assert decode(result(http, http.post("/api/v1/forward_backward",
+                                                 content=wire.encode_forward_backward(a, 1, "cross_entropy", SFT))))[0]
+        rank0, rank1 = ranks.ranks()
+        os.kill(rank0, signal.SIGTERM)
+        ranks.proc.wait(timeout=60)
+        time.sleep(0.5)
+        err = "".join(ranks.err)
+        assert "exitcode  : 143" in err and "<NO_OTHER_FAILURES>" in err, err[-3000:]  # rank 1 left with 0
+        assert not os.path.exists(f"/proc/{rank1}")
+    finally:
+        ranks.kill()
