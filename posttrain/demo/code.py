@@ -110,21 +110,7 @@ def prepare(out: Path, p: dict, seed: int) -> dict:
     # code model's tokenizer has seen instructions next to code.
     sft_text = [r["prompt"] + "\n" + r["completion"] for r in load_records(data["sft_thinking"])]
     model = build_tiny(out / "model", p["size"], seed=seed, corpus=docs + sft_text, vocab_size=p["vocab"])
-    keep_think_in_text(model)
     return {"model": str(model), **data}
-
-
-def keep_think_in_text(model_dir: Path) -> None:
-    """Make ``<think>`` and ``</think>`` plain added tokens, as Qwen3's are: the embedded tokenizer marks
-    them special, so decoding with ``skip_special_tokens`` drops them, and the reasoning recipe's
-    ``code_format`` reward and the program-after-``</think>`` rule would never see the trace close.
-    The ids stay as they are."""
-    from tokenizers import AddedToken
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    tok.backend_tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
-    tok.save_pretrained(model_dir)
 
 
 def _sft(out_dir: Path, p: dict, args, settings: list[str]) -> str:

@@ -35,6 +35,9 @@ from pathlib import Path
 import torch
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+# Reserved like the others (their ids come first) but plain added tokens, as Qwen3's are: decoding
+# with ``skip_special_tokens`` keeps them, so a reasoning reward sees a trace open and close.
+TEXT_TOKENS = ("<think>", "</think>")
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -178,7 +181,7 @@ def build_tokenizer(seed: int = 0, template: str = "chatml", corpus: list[str] |
                     vocab_size: int = VOCAB_SIZE):
     """Train the byte-level BPE tokenizer of ``vocab_size`` on ``corpus`` (None: the synthetic one) and
     wrap it for transformers, with the chat ``template``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -191,12 +194,14 @@ def build_tokenizer(seed: int = 0, template: str = "chatml", corpus: list[str] |
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(_corpus(seed) if corpus is None else corpus, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TEXT_TOKENS])  # same ids
+    chat_tokens = [t for t in SPECIAL_TOKENS[1:] if t not in TEXT_TOKENS]
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+                                   additional_special_tokens=chat_tokens)
     chat, markers, _ = TEMPLATES[template]
     if markers:  # after the trained tokens: the ids of everything else stay as they are
-        fast.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:] + markers})
+        fast.add_special_tokens({"additional_special_tokens": chat_tokens + markers})
     fast.chat_template = chat
     fast.model_max_length = MAX_POSITIONS
     return fast

@@ -57,3 +57,14 @@ def test_unknown_arch_is_refused_before_the_tokenizer_is_trained(tmp_path):
     with pytest.raises(ValueError, match="unknown arch 'falcon'"):
         tiny.build_tiny(tmp_path / "m", "nano", arch="falcon")
     assert not (tmp_path / "m").exists()
+
+
+def test_think_tokens_are_plain_added_tokens_that_decoding_keeps(one_tokenizer):
+    from posttrain.models.tiny import SPECIAL_TOKENS
+
+    assert one_tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS) == [0, 1, 2, 3, 4]  # reserved ids, first
+    ids = one_tokenizer(TEXT)["input_ids"]
+    assert ids.count(3) == 1 and ids.count(4) == 1  # one token each, never split
+    text = one_tokenizer.decode(ids, skip_special_tokens=True)
+    assert "<think>def f(x):\n    return x</think>" in text  # as Qwen3's: a trace's ends survive decoding
+    assert "<|im_start|>" not in text and "<|im_end|>" not in text  # the chat markers stay special
