@@ -167,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--root={args.root}: not a folder")
     root = root.resolve()
     check_vllm_flags(args)
+    from posttrain.core.dist import launched_by_torchrun
+
+    if args.sampler == "vllm" and launched_by_torchrun():
+        raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
     world = _world()
     models = _models(args.model, root, world)
     vllm = None
@@ -174,8 +178,6 @@ def run(args: argparse.Namespace) -> int:
         if len(models) != 1:
             raise UserError("--sampler=vllm: one --model only (a vLLM server serves one base model)")
         vllm = vllm_sampling(args, next(iter(models.values())), root)
-    if vllm is not None and world.distributed:
-        raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
 
     import torch
     import uvicorn
