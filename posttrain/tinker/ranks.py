@@ -101,10 +101,13 @@ def gather_logprobs(logprobs: list[torch.Tensor], live: bool, world: World) -> l
 
 def sum_grads(params: list[torch.nn.Parameter], world: World) -> None:
     """Each parameter's gradient summed over ranks (in float64, one flat all-reduce): each rank's
-    gradient is that of its own datums' summed loss, so the sum is the whole request's."""
+    gradient is that of its own datums' summed loss, so the sum is the whole request's. A parameter
+    with no gradient has none on any rank (every rank ran the same passes) and keeps none, so the
+    optimizer skips it as in one process."""
+    params = [p for p in params if p.grad is not None]
     if not world.distributed or not params:
         return
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
     total = world.all_reduce(flat)
     for p, part in zip(params, total.split([p.numel() for p in params])):
         p.grad = part.view_as(p).clone()

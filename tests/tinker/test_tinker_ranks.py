@@ -104,7 +104,8 @@ def drive(http) -> dict:
         seen.append(step(a))
     seen.append(fb(b, "cross_entropy", SFT[1:2]))  # one datum, two ranks: the other runs a placeholder
     seen.append(step(b))
-    old = seen[-4][0]  # the log-probs a's last cross-entropy pass saw, as the sampler's
+    seen.append(step(b))  # no gradient since the last step: AdamW leaves the adapter as it is
+    old = seen[-5][0]  # the log-probs a's last cross-entropy pass saw, as the sampler's
     rl = [ppo_datum(tok, lp["logprobs"] - 0.1 * i, [(-1) ** (i + j) for j in range(len(tok))])
           for i, ((tok, _), lp) in enumerate(zip(SFT, old))]
     seen.append(fb(a, "ppo", rl, forward_only=True))
