@@ -169,7 +169,7 @@ class Direct:
 
         self.base.use_snapshot(label, self.base.adapter_state("m"))
         samples = []
-        for seqs, _ in self.base.sample_batch(prompts, group_size, PARAMS | {"max_tokens": new}, False):
+        for seqs, *_ in self.base.sample_batch(prompts, group_size, PARAMS | {"max_tokens": new}, False):
             samples += [(t, lp) for _, t, lp in seqs]
         self.tokens += sum(len(t) for t, _ in samples)
         data = [Datum(t, x) for t, x in rl_data(prompts, samples, group_size)]

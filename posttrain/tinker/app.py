@@ -59,6 +59,8 @@ class Limits:
     max_datums: int = 1024
     max_samples: int = 64
     max_new_tokens: int = 1024
+    max_topk: int = 20
+    """Most tokens per prompt position ``topk_prompt_logprobs`` may ask for."""
     max_sessions: int = 256
     max_pending: int = 1024
     kept_results: int = 4096
@@ -82,7 +84,8 @@ class _SampleRequest:
     n: int
     params: dict
     want_prompt: bool
-    answer: tuple | None = None  # (sequences, prompt log-probs) once its batch ran
+    topk_prompt: int = 0
+    answer: tuple | None = None  # (sequences, prompt log-probs, top-k prompt log-probs) once its batch ran
     error: Exception | None = None
 
     def key(self) -> tuple:
@@ -90,7 +93,8 @@ class _SampleRequest:
         samples and sampling parameters. A seeded request is alone (its seed fixes its samples)."""
         if self.params["seed"] is not None:
             return (id(self),)
-        return (self.sampler.base, self.sampler.label, self.n, self.want_prompt, repr(sorted(self.params.items())))
+        return (self.sampler.base, self.sampler.label, self.n, self.want_prompt, self.topk_prompt,
+                repr(sorted(self.params.items())))
 
 
 class SampleQueue:
@@ -133,7 +137,8 @@ class SampleQueue:
         first = batch[0]
         try:
             base.use_snapshot(first.sampler.label, first.sampler.adapter)
-            answers = base.sample_batch([r.prompt for r in batch], first.n, first.params, first.want_prompt)
+            answers = base.sample_batch([r.prompt for r in batch], first.n, first.params, first.want_prompt,
+                                        first.topk_prompt)
             self.engine_calls += 1
         except Exception as e:  # noqa: BLE001 - every request of the batch fails with it
             for r in batch:
@@ -545,23 +550,25 @@ def _sampling_routes(state: State) -> list[Route]:
         if len(prompt) + params["max_tokens"] > base.max_context:
             raise bad(f"prompt ({len(prompt)}) + max_tokens ({params['max_tokens']}) exceeds the model's "
                       f"{base.max_context} positions", code="invalid_value")
-        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise bad(f"{key}: not served here", code="unsupported")
         if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
             raise bad("target_prompt_logprobs / prompt_logprobs_last_n: not served here", code="unsupported")
         want_prompt = bool(body.get("prompt_logprobs"))
+        topk = body.get("topk_prompt_logprobs") or 0
+        if not isinstance(topk, int) or isinstance(topk, bool) or not 0 <= topk <= state.limits.max_topk:
+            raise bad(f"topk_prompt_logprobs: 0..{state.limits.max_topk}, got {topk!r}", code="invalid_value")
         try:
-            base.sampling.check(sampler.adapter)
+            base.sampling.check(sampler.adapter, topk)
         except LossInputError as e:
             raise bad(str(e), code="unsupported") from None
 
-        waiting = _SampleRequest(sampler, prompt, n, params, want_prompt)
+        waiting = _SampleRequest(sampler, prompt, n, params, want_prompt, topk)
         state.samples.add(waiting)
 
         def run():
-            sequences, prompt_lp = state.samples.run(base, waiting)
-            return wire.encode_sample_response(sequences, prompt_lp)
+            return wire.encode_sample_response(*state.samples.run(base, waiting))
 
         ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from posttrain.errors import UserError
@@ -40,7 +41,7 @@ class TorchSampling:
     def __init__(self, engine):
         self.engine = engine
 
-    def check(self, adapter: dict | None) -> None:
+    def check(self, adapter: dict | None, topk_prompt: int = 0) -> None:
         """Every snapshot of this base can be sampled here."""
 
     def load(self, base, adapter: dict[str, torch.Tensor] | None) -> None:
@@ -57,6 +58,15 @@ class TorchSampling:
 
         with torch.no_grad():
             return prompt_logprobs(self.engine, prompt)
+
+    def topk_prompt_logprobs(self, prompt: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` likeliest tokens after each prefix ``prompt[:t]``, t >= 1, and their log-probs
+        (temperature 1), most likely first: two (len(prompt) - 1, k) arrays."""
+        with torch.no_grad():
+            x = torch.tensor([prompt], device=self.engine.device)
+            logp = self.engine.model(input_ids=x).logits[0, :-1].float().log_softmax(-1)
+            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        return top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32)
 
     def close(self) -> None:
         pass
@@ -98,7 +108,7 @@ class VLLMSampling:
         self.probe = probe_ids(tokenizer)
         self.held: HTTPEngine | None = None  # the engine whose model is the snapshot held
 
-    def check(self, adapter: dict | None) -> None:
+    def check(self, adapter: dict | None, topk_prompt: int = 0) -> None:
         """`LossInputError` for a snapshot the servers cannot take (a rank past --max-lora-rank)."""
         rank = adapter_rank(adapter)
         if rank > self.max_rank:
@@ -146,6 +156,22 @@ class VLLMSampling:
 
         engine = self._held()
         return prompt_logprobs(engine.weights.client, engine.urls[0], prompt, model=engine.dialect.lora_name)
+
+    def topk_prompt_logprobs(self, prompt: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`TorchSampling.topk_prompt_logprobs` from the servers' ``prompt_logprobs=k`` (each
+        position's k likeliest tokens by vLLM's rank, plus the prompt's own token when it is not
+        among them, which is left out here)."""
+        from posttrain.rollout.vllm import post_json
+
+        engine = self._held()
+        body = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+        if engine.dialect.lora_name:
+            body["model"] = engine.dialect.lora_name
+        entries = post_json(engine.weights.client, f"{engine.urls[0]}/v1/completions", body)["choices"][0]["prompt_logprobs"]
+        rows = [sorted((e["rank"], int(t), float(e["logprob"])) for t, e in entry.items() if e["rank"] <= k)
+                for entry in entries[1:]]
+        return (np.array([[t for _, t, _ in row] for row in rows], np.int32),
+                np.array([[lp for _, _, lp in row] for row in rows], np.float32))
 
     def _held(self):
         if self.held is None:

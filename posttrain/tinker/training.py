@@ -288,9 +288,12 @@ class Base:
     def sample(self, prompt: list[int], n: int, params: dict, want_prompt_logprobs: bool):
         return self.sample_batch([prompt], n, params, want_prompt_logprobs)[0]
 
-    def sample_batch(self, prompts: list[list[int]], n: int, params: dict, want_prompt_logprobs: bool) -> list:
+    def sample_batch(self, prompts: list[list[int]], n: int, params: dict, want_prompt_logprobs: bool,
+                     topk_prompt: int = 0) -> list:
         """``n`` samples of each prompt in one engine call (one set of sampling parameters): per
-        prompt, its sequences (finish reason, tokens, log-probs) and its prompt log-probs or None."""
+        prompt, its sequences (finish reason, tokens, log-probs), its prompt log-probs or None, and
+        with ``topk_prompt`` = k > 0 the k likeliest tokens at each prompt position and their
+        log-probs ((len(prompt), k) arrays, row 0 `wire.TOPK_MASK`) or None."""
         from posttrain.rollout.types import SamplingParams
 
         stop = params["stop"]
@@ -306,8 +309,18 @@ class Base:
             prompt_lp = None
             if want_prompt_logprobs:
                 prompt_lp = [math.nan] + self.sampling.prompt_logprobs(prompt)
-            results.append((sequences, prompt_lp))
+            topk = self._topk_prompt(prompt, topk_prompt) if topk_prompt else None
+            results.append((sequences, prompt_lp, topk))
         return results
+
+
+    def _topk_prompt(self, prompt: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        from posttrain.tinker.wire import TOPK_MASK
+
+        ids, logprobs = self.sampling.topk_prompt_logprobs(prompt, k)
+        k = ids.shape[1]  # the vocabulary may be smaller than k
+        first_id, first_lp = np.full((1, k), TOPK_MASK[0], np.int32), np.full((1, k), TOPK_MASK[1], np.float32)
+        return np.concatenate([first_id, ids]), np.concatenate([first_lp, logprobs])
 
 
 def merge_adapter(base_weights: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

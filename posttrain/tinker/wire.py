@@ -241,10 +241,18 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     return out
 
 
+TOPK_MASK = (0, -99999.0)
+"""The SDK's filler of a top-k row with nothing in it (position 0, which has no context): it reads
+such a row as None."""
+
+
 def encode_sample_response(sequences: list[tuple[str, list[int], list[float]]],
-                           prompt_logprobs: list[float] | None) -> bytes:
+                           prompt_logprobs: list[float] | None,
+                           topk_prompt: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
     """``SampleResponse``: (stop reason, tokens, log-probs) per sequence; prompt log-probs with NaN
-    at position 0, which has no context (the SDK reads NaN as None)."""
+    at position 0, which has no context (the SDK reads NaN as None); ``topk_prompt``: the (L, k)
+    token ids and log-probs of the top k at each prompt position (``TopkLogprobs``; row 0
+    `TOPK_MASK`)."""
     out = b""
     for reason, tokens, logprobs in sequences:
         seq = (_int_field(1, STOP_REASON[reason]) + _len_field(2, np.asarray(tokens, dtype="<i4").tobytes())
@@ -252,6 +260,11 @@ def encode_sample_response(sequences: list[tuple[str, list[int], list[float]]],
         out += _len_field(1, seq)
     if prompt_logprobs is not None:
         out += _len_field(2, np.asarray(prompt_logprobs, dtype="<f4").tobytes())
+    if topk_prompt is not None:
+        ids, logprobs = topk_prompt
+        out += _len_field(3, _len_field(1, np.asarray(ids, dtype="<i4").tobytes())
+                          + _len_field(2, np.asarray(logprobs, dtype="<f4").tobytes())
+                          + _int_field(3, ids.shape[1]) + _int_field(4, ids.shape[0]))
     return out
 
 

@@ -58,7 +58,7 @@ def rl_section(service, tc, prompt: list[int], report: dict) -> None:
     sampler = tc.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
     res = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=params,
-                         include_prompt_logprobs=True).result()
+                         include_prompt_logprobs=True, topk_prompt_logprobs=3).result()
     seqs = [(list(s.tokens), list(s.logprobs)) for s in res.sequences]
     rewards = [float(len(set(t))) for t, _ in seqs]  # any scalar will do: distinct tokens
     mean = sum(rewards) / len(rewards)
@@ -77,7 +77,8 @@ def rl_section(service, tc, prompt: list[int], report: dict) -> None:
     report["rl"] = {"n_samples": len(seqs), "lengths": [len(t) for t, _ in seqs], "gap": gap,
                     "prompt_logprobs_first": res.prompt_logprobs[0], "prompt_gap": prompt_gap,
                     "metrics": metrics, "moved": max(abs(a - b) for x, y in zip(trainer, after) for a, b in zip(x, y)),
-                    "stop_reasons": [s.stop_reason for s in res.sequences]}
+                    "stop_reasons": [s.stop_reason for s in res.sequences],
+                    "topk": res.topk_prompt_logprobs, "prompt_logprobs": res.prompt_logprobs}
 
 
 def state_section(service, tc, data, report: dict) -> None:

@@ -67,6 +67,11 @@ def test_rl_sampler_and_trainer_agree(report):
     assert rl["metrics"]["importance_sampling"]["clip_frac:mean"] == 0
     assert rl["metrics"]["ppo"]["ratio_max:max"] > 1.0  # the IS step moved the policy before PPO's
     assert rl["moved"] > 1e-3
+    # topk_prompt_logprobs=3 as the SDK reads it: None at position 0, then three (id, logprob)
+    # pairs, most likely first, none less likely than the prompt's own token
+    topk, prompt_lp = rl["topk"], rl["prompt_logprobs"]
+    assert topk[0] is None and len(topk) == len(prompt_lp) and all(len(row) == 3 for row in topk[1:])
+    assert all(row[0][1] >= row[1][1] >= row[2][1] and lp <= row[0][1] + 1e-6 for row, lp in zip(topk[1:], prompt_lp[1:]))
 
 
 def test_state_round_trip_is_bit_identical(report):

@@ -318,3 +318,34 @@ def test_vllm_sampler_flags_checked_before_anything_starts(tmp_path, capsys):
         assert main(serve + extra) == 2
         assert words in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written: no tiny model built, no server started
+
+
+def test_topk_prompt_logprobs_against_a_slow_reference(http, nano_model_dir):
+    """``topk_prompt_logprobs`` on the TorchEngine sampler: at each prompt position the k likeliest
+    next tokens and their log-probs, as a separate forward of each prefix and a sort of the whole
+    vocabulary give them; row 0 (no context) is the SDK's empty row; k past the bound is a 400."""
+    from transformers import AutoModelForCausalLM
+
+    sid = http.post("/api/v1/create_sampling_session", json={"base_model": "nano"}).json()["sampling_session_id"]
+    prompt, k = [3, 4, 5, 9, 2, 7], 5
+    body = {"sampling_session_id": sid, "num_samples": 1, "sampling_params": {"max_tokens": 1},
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]}, "prompt_logprobs": True}
+    out = wire.fields(result(http, http.post("/api/v1/asample", json=body | {"topk_prompt_logprobs": k})))
+    topk = wire.fields(out[3][0])
+    assert (topk[3], topk[4]) == ([k], [len(prompt)])
+    ids = np.frombuffer(topk[1][0], dtype="<i4").reshape(len(prompt), k)
+    logprobs = np.frombuffer(topk[2][0], dtype="<f4").reshape(len(prompt), k)
+    assert (ids[0] == wire.TOPK_MASK[0]).all() and (logprobs[0] == wire.TOPK_MASK[1]).all()
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
+    for t in range(1, len(prompt)):
+        with torch.no_grad():
+            row = model(torch.tensor([prompt[:t]])).logits[0, -1].double().log_softmax(-1).tolist()
+        best = sorted(range(len(row)), key=lambda v: -row[v])[:k]
+        assert ids[t].tolist() == best, t
+        np.testing.assert_allclose(logprobs[t], [row[v] for v in best], atol=1e-5)
+    prompt_lp = np.frombuffer(out[2][0], dtype="<f4")
+    assert (prompt_lp[1:] <= logprobs[1:, 0] + 1e-6).all()  # nothing beats the top token
+    without = wire.fields(result(http, http.post("/api/v1/asample", json=body)))
+    assert 3 not in without
+    r = http.post("/api/v1/asample", json=body | {"topk_prompt_logprobs": 21})
+    assert r.status_code == 400 and "topk_prompt_logprobs: 0..20" in r.json()["error"]["message"]

@@ -70,13 +70,19 @@ def trainer_logprobs(http, model_id, tokens) -> np.ndarray:
     return np.frombuffer(fields["logprobs"][1][0], dtype="<f4")
 
 
-def sample(http, sampler_id, params, n=1, prompt_logprobs=False):
+def sample(http, sampler_id, params, n=1, prompt_logprobs=False, topk=0):
     r = http.post("/api/v1/asample", json={"sampling_session_id": sampler_id, "num_samples": n, "sampling_params": params,
-                                           "prompt_logprobs": prompt_logprobs,
+                                           "prompt_logprobs": prompt_logprobs, "topk_prompt_logprobs": topk,
                                            "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}})
     out = result(http, r)
     prompt_lp = wire.fields(out).get(2)
-    return sequences_of(out), (np.frombuffer(prompt_lp[0], dtype="<f4") if prompt_lp else None)
+    prompt_lp = np.frombuffer(prompt_lp[0], dtype="<f4") if prompt_lp else None
+    if not topk:
+        return sequences_of(out), prompt_lp
+    f = wire.fields(wire.fields(out)[3][0])
+    shape = (f[4][0], f[3][0])
+    return (sequences_of(out), prompt_lp, np.frombuffer(f[1][0], dtype="<i4").reshape(shape),
+            np.frombuffer(f[2][0], dtype="<f4").reshape(shape))
 
 
 def base_logprobs(model_dir, tokens) -> np.ndarray:
@@ -118,7 +124,7 @@ def test_samples_come_from_vllm_with_the_trained_adapter(servers, vllm_model_dir
 
 def test_greedy_samples_equal_the_torch_engine_sampler(servers):
     """A named sampler checkpoint of a client trained on the vLLM server, sampled greedily (top_k 1)
-    by both servers: the same tokens and prompt log-probs."""
+    by both servers: the same tokens, prompt log-probs and top-5 prompt log-probs."""
     on_vllm, on_torch, _ = servers
     model_id = new_client(on_vllm)
     train(on_vllm, model_id, steps=6)
@@ -128,8 +134,10 @@ def test_greedy_samples_equal_the_torch_engine_sampler(servers):
     answers = []
     for http in (on_vllm, on_torch):
         sid = http.post("/api/v1/create_sampling_session", json={"model_path": path}).json()["sampling_session_id"]
-        answers.append(sample(http, sid, params, prompt_logprobs=True))
-    (vllm_seqs, vllm_prompt), (torch_seqs, torch_prompt) = answers
+        answers.append(sample(http, sid, params, prompt_logprobs=True, topk=5))
+    (vllm_seqs, vllm_prompt, vllm_ids, vllm_top), (torch_seqs, torch_prompt, torch_ids, torch_top) = answers
+    assert vllm_ids.shape == (len(PROMPT), 5) and (vllm_ids == torch_ids).all()
+    np.testing.assert_allclose(vllm_top, torch_top, atol=TOL)
     assert vllm_seqs[0][0] == torch_seqs[0][0] and len(vllm_seqs[0][0]) == 16
     np.testing.assert_allclose(vllm_prompt[1:], torch_prompt[1:], atol=TOL)
     # vLLM reports the truncated distribution's log-probs (top_k 1: certain), the TorchEngine the full one
@@ -146,7 +154,8 @@ def test_bad_requests_stay_4xx(servers):
     prompt = {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}
     for body, words in [({"sampling_params": {"max_tokens": 4}}, "rank <= 8"),
                         ({"sampling_params": {"max_tokens": 33}}, "max_tokens"),
-                        ({"sampling_params": {"max_tokens": 4}, "topk_prompt_logprobs": 2}, "not served"),
+                        ({"sampling_params": {"max_tokens": 4}, "topk_sample_logprobs": 2}, "not served"),
+                        ({"sampling_params": {"max_tokens": 4}, "topk_prompt_logprobs": 21}, "0..20"),
                         ({"sampling_params": {"max_tokens": 4, "temperature": 0}}, "temperature")]:
         r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "prompt": prompt} | body)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
