@@ -26,8 +26,8 @@ from posttrain.serve.serve_cli import API_KEY_ENV, is_loopback
 
 TINY = "posttrain/tiny"
 IDLE_S = 7 * 24 * 3600.0
-"""How long a rank other than 0 waits for rank 0's next request before the process group gives up:
-a server may sit idle for days (torchrun still stops every rank when one dies)."""
+"""How long a rank other than 0 waits for rank 0's next request before giving up: a server may sit
+idle for days (torchrun still stops every rank when one dies)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,10 +82,11 @@ def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
     return out
 
 
-def load_base(name: str, path: Path, max_context: int | None, vllm=None, world=None):
+def load_base(name: str, path: Path, max_context: int | None, vllm=None, orders=None):
     """The base model ``name`` at ``path`` and its sampling engine: an in-process `TorchEngine`, or
     with ``vllm`` (a function of the tokenizer making a `VLLMSampling`) vLLM servers. With a
-    distributed ``world`` the model is sharded over its ranks, and only rank 0 has an engine."""
+    distributed world (``orders``, `posttrain.tinker.ranks.Orders`) the model is sharded over its
+    ranks, and only rank 0 has an engine."""
     import torch
 
     from posttrain.models.hf import ModelConfig, disable_dropout, load_model, load_tokenizer
@@ -95,6 +96,7 @@ def load_base(name: str, path: Path, max_context: int | None, vllm=None, world=N
     model = load_model(ModelConfig(path=str(path)), trainable=True, key="--model")
     disable_dropout(model)
     tokenizer = load_tokenizer(str(path), key="--model")
+    world = orders.world if orders is not None else None
     if world is not None and not world.main:
         sampling = None
     elif vllm is None:
@@ -106,7 +108,7 @@ def load_base(name: str, path: Path, max_context: int | None, vllm=None, world=N
     positions = int(getattr(model.config, "max_position_embeddings", 2048))
     base = Base(name, model, tokenizer, sampling, min(max_context or positions, positions), path=str(path))
     if world is not None and world.distributed:
-        base.shard(world)
+        base.shard(world, orders)
     if sampling is None:
         return base
     try:
@@ -171,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sampler == "vllm" and launched_by_torchrun():
         raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
-    world = _world()
+    orders = _ranks()
+    world = orders.world
     models = _models(args.model, root, world)
     vllm = None
     if args.sampler == "vllm":
@@ -192,11 +195,11 @@ def run(args: argparse.Namespace) -> int:
     if not world.main:
         from posttrain.tinker.ranks import follow
 
-        follow({name: load_base(name, path, args.max_context, world=world) for name, path in models.items()}, world)
+        follow({name: load_base(name, path, args.max_context, orders=orders) for name, path in models.items()}, orders)
         return 0
     sock = _bind(args.host, args.port)
     try:
-        bases = {name: load_base(name, path, args.max_context, vllm, world) for name, path in models.items()}
+        bases = {name: load_base(name, path, args.max_context, vllm, orders) for name, path in models.items()}
     except BaseException:
         sock.close()
         raise
@@ -216,24 +219,25 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         sock.close()
-        _stop_ranks(app.state.tinker, world)
+        _stop_ranks(app.state.tinker, orders)
         for base in bases.values():
             base.sampling.close()
     print("posttrain tinker-serve: stopped", file=sys.stderr, flush=True)
     return 0
 
 
-def _world():
-    """torchrun's ranks (gloo on the CPU), or one process."""
+def _ranks():
+    """torchrun's ranks (gloo on the CPU) or one process, and the channel rank 0 sends them work on."""
     from posttrain.core.dist import World, init_world, launched_by_torchrun
+    from posttrain.tinker.ranks import Orders
 
-    return init_world("cpu", timeout_s=IDLE_S) if launched_by_torchrun() else World()
+    return Orders(init_world("cpu") if launched_by_torchrun() else World(), IDLE_S)
 
 
-def _stop_ranks(state, world) -> None:
+def _stop_ranks(state, orders) -> None:
     """The server stopped: the work queued is dropped, the running request finished (the worker is
     the only thread that talks to the other ranks), then the other ranks are let go."""
     from posttrain.tinker.ranks import release
 
     state.worker.shutdown(wait=True, cancel_futures=True)
-    release(world)
+    release(orders)

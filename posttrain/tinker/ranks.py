@@ -5,8 +5,8 @@ them with FSDP2 (`posttrain.core.fsdp.shard_model`: each decoder layer a unit, t
 rank holds 1/N of a base's weights between requests. Rank 0 runs the HTTP server; its worker thread
 is the only caller of `Base`'s training methods. A method every rank must run (`in_step`: add or
 remove an adapter, forward/backward, optimizer step, load a checkpoint) is announced first: rank 0
-broadcasts (base, method, arguments — the request's datums included) and the other ranks, waiting
-in `follow`, run the same method, so FSDP's gathers meet. Choices:
+broadcasts (base, method, arguments — the request's datums included) on `Orders` and the other
+ranks, waiting in `follow`, run the same method, so FSDP's gathers meet. Choices:
 
 * **Data parallel over datums.** Each rank runs its contiguous block of a request's datums
   (`own_rows`); a rank with none runs a placeholder pass whose loss is multiplied by 0 (FSDP's
@@ -22,6 +22,9 @@ in `follow`, run the same method, so FSDP's gathers meet. Choices:
 * **Errors.** The arguments reach every rank before any check, so a request that fails, fails the
   same way on every rank and all stay in step; a follower logs it and waits for the next order.
   A rank that dies ends the run (torchrun stops the others).
+* **Waiting.** `Orders` is a gloo group of its own whose timeout is how long the other ranks may
+  wait for the next request (a server may sit idle for days); the training's collectives keep the
+  process group's timeout, and so does start-up.
 * **Stopping.** When rank 0's server stops it broadcasts `STOP` and the others return from
   `follow`; a signal sent to every rank (Ctrl-C in a terminal, torchrun passing on SIGTERM) stops
   each rank on its own, as any command.
@@ -29,6 +32,7 @@ in `follow`, run the same method, so FSDP's gathers meet. Choices:
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
 
@@ -42,6 +46,33 @@ STOP = None
 """The order that ends `follow`."""
 
 
+class Orders:
+    """The channel rank 0 announces lock-step calls on (every rank in it): its own gloo group, with
+    ``idle_s`` as its timeout. Every rank builds it at the same point (a collective)."""
+
+    def __init__(self, world: World, idle_s: float):
+        import torch.distributed as dist
+
+        self.world = world
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=idle_s)) \
+            if world.distributed else None
+
+    def send(self, order) -> None:
+        """Rank 0: ``order`` to every other rank."""
+        self._broadcast(order)
+
+    def receive(self):
+        """A rank other than 0: the next order (waits up to ``idle_s``)."""
+        return self._broadcast(None)
+
+    def _broadcast(self, obj):
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
 def in_step(method):
     """A `Base` method every rank runs together: on rank 0 of a distributed world it first tells
     the other ranks (base name, method name, arguments)."""
@@ -49,17 +80,17 @@ def in_step(method):
     @functools.wraps(method)
     def run(self, *args):
         if self.world.distributed and self.world.main:
-            self.world.broadcast_object((self.name, method.__name__, args))
+            self.orders.send((self.name, method.__name__, args))
         return method(self, *args)
 
     run.in_step = True
     return run
 
 
-def follow(bases: dict, world: World) -> None:
+def follow(bases: dict, orders: Orders) -> None:
     """A rank other than 0: run each method rank 0 announces, on the same base, until `STOP`."""
     while True:
-        order = world.broadcast_object(None)
+        order = orders.receive()
         if order is STOP:
             return
         name, method, args = order
@@ -69,17 +100,17 @@ def follow(bases: dict, world: World) -> None:
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001 - rank 0 failed the same way and answers its client
-            log.info("rank %d: %s failed as on rank 0: %s", world.rank, method, e)
+            log.info("rank %d: %s failed as on rank 0: %s", orders.world.rank, method, e)
 
 
-def release(world: World) -> None:
+def release(orders: Orders) -> None:
     """Rank 0, its server stopped: the other ranks leave `follow`. A signal that stopped the server
     (Ctrl-C in a terminal, torchrun passing on SIGTERM) usually reached them too and they left
     already: then there is no one to tell."""
-    if not (world.distributed and world.main):
+    if not (orders.world.distributed and orders.world.main):
         return
     try:
-        world.broadcast_object(STOP)
+        orders.send(STOP)
     except RuntimeError as e:  # gloo: "Connection closed by peer"
         log.info("the other ranks had stopped already: %s", e)
 

@@ -110,10 +110,11 @@ class Base:
         self.engine_holds: str | None = "base" if getattr(sampling, "name", None) == "torch" else None  # the snapshot it holds
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
 
-    def shard(self, world: World) -> None:
-        """Under torchrun, before any adapter: the frozen base sharded over ``world`` with FSDP2. Only
-        rank 0 samples, so the other ranks keep no full copy of the base's weights."""
-        self.world = world
+    def shard(self, world: World, orders) -> None:
+        """Under torchrun, before any adapter: the frozen base sharded over ``world`` with FSDP2, the
+        `in_step` calls announced on ``orders`` (`posttrain.tinker.ranks.Orders`). Only rank 0
+        samples, so the other ranks keep no full copy of the base's weights."""
+        self.world, self.orders = world, orders
         if not world.main:
             self.base_weights = {}
         self.model = shard_model(self.model.requires_grad_(False), world)

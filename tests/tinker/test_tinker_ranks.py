@@ -182,9 +182,22 @@ class Ranks:
         return sorted((int(p) for p in out.stdout.split()), key=rank)
 
     def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """torchrun and its ranks gone, whatever state they are in (each rank is a session of its
+        own, so torchrun's process group does not hold them)."""
+        if self.proc.poll() is not None:
+            return
+        pids = self.ranks()
+        self.proc.send_signal(signal.SIGTERM)  # torchrun passes it on to the ranks
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
             self.proc.wait()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_two_ranks_answer_as_one_process(nano_model_dir, tmp_path):
