@@ -39,7 +39,7 @@ def test_materialize_writes_once_with_modes_the_program_can_change():
     got = {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f)).read()
            for d, _, fs in os.walk(root) for f in fs}
     assert got == tree.files
-    for d, dirs, fs in os.walk(root):
+    for d, _, fs in os.walk(root):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o777
         assert all(stat.S_IMODE(os.stat(os.path.join(d, f)).st_mode) == 0o666 for f in fs)
     mtime = os.stat(os.path.join(root, "README")).st_mtime_ns
