@@ -53,3 +53,14 @@ def connect(address: str = "", num_cpus: int | None = None, namespace: str = "po
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count(), _node_ip_address="127.0.0.1", **kwargs)
     return ray
+
+
+def shortfall(ray, replicas: int, cpus: float, gpus: float) -> str | None:
+    """What ``replicas`` actors of ``cpus`` CPUs and ``gpus`` GPUs each lack on the connected Ray
+    (``"3 replicas x 1 CPUs do not fit the local Ray's 2 CPUs"``), or None when they fit. A local
+    Ray cannot grow: replicas it cannot place would wait forever."""
+    have = ray.cluster_resources()
+    for key, each in (("CPU", cpus), ("GPU", gpus)):
+        if replicas * each > have.get(key, 0):
+            return f"{replicas} replicas x {each:g} {key}s do not fit the local Ray's {have.get(key, 0):g} {key}s"
+    return None

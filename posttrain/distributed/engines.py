@@ -10,6 +10,9 @@ concurrently and joined in prompt order. Each block carries its prompts' samplin
 whole call (`SamplingParams.for_prompts`) and the engine's sampling streams are per prompt, so the
 result equals one in-process call, token for token.
 
+Scoring (`RayEngines.score`): a function of the engine (a prompt's log-probs, which need the model
+rather than samples) runs on one replica at the current weights.
+
 Async (the `EngineHandle` of `posttrain.rollout.protocol`): ``submit`` sends a request to the
 replica with the fewest samples in flight and returns at once; ``poll`` collects the answers.
 
@@ -100,6 +103,18 @@ class EngineReplica:
         self._busy()
         try:
             return load_and_read_back(self.engine, weights, version, checksum, dtype)
+        finally:
+            self._free_since = time.perf_counter()
+
+    def score(self, fn, args: tuple, min_version: int):
+        """``fn(engine, *args)`` without gradients, at ``min_version`` or newer: what needs the
+        model itself rather than samples (a prompt's log-probs)."""
+        if self.engine.version < min_version:
+            raise EngineError(f"asked to score at version {min_version} or newer but holds {self.engine.version}")
+        self._busy()
+        try:
+            with torch.no_grad():
+                return fn(self.engine, *args)
         finally:
             self._free_since = time.perf_counter()
 
@@ -278,6 +293,24 @@ class RayEngines:
                     done[j] = dataclasses.replace(reply.rollouts, prompt_idx=[blocks[j][0] + i for i in
                                                                               reply.rollouts.prompt_idx])
         return Rollouts.concat([done[j] for j in range(len(blocks))])
+
+    def score(self, fn, *args):
+        """``fn(engine, *args)`` on one replica (`EngineReplica.score`) at the current weights, once
+        every replica acknowledged them; a replica that dies is replaced and the call sent again.
+        ``fn`` must be importable by name (a module's function): it travels to the actor by name."""
+        while True:
+            self.wait_synced()
+            slot = self._least_loaded()
+            actor = self.actors[slot]
+            ref = actor.score.remote(fn, args, self.version)
+            ready, _ = self.ray.wait([ref], timeout=self.request_timeout_s)
+            if not ready:
+                raise EngineTimeout(f"{self.name(slot, actor)} did not answer a {fn.__name__} call within "
+                                    f"{self.request_timeout_s:g} s (rollout.request_timeout_s)")
+            try:
+                return self._get(ref, f"{self.name(slot, actor)} failed a {fn.__name__} call")
+            except self.ray.exceptions.RayActorError:
+                self._replace(slot, actor)
 
     def poll(self, wait: bool) -> list[Generated | Lost]:
         """Finished (or lost) requests; with ``wait`` block until at least one."""

@@ -87,18 +87,13 @@ def http_engine(cfg: RLConfig, tokenizer, printer=print) -> HTTPEngine:
 
 def ray_engines(cfg: RLConfig, printer=print):
     """``rollout.replicas`` engine actors on the Ray cluster of ``cfg.ray`` (docs/ray.md)."""
-    from posttrain.distributed.cluster import connect
+    from posttrain.distributed.cluster import connect, shortfall
     from posttrain.distributed.engines import RayEngines, ReplicaSpec
 
     ray = connect(cfg.ray.address, cfg.ray.num_cpus or None)
     r, path = cfg.rollout, cfg.model.path
-    if not cfg.ray.address:  # a local Ray cannot grow: replicas it cannot place would wait forever
-        have = ray.cluster_resources()
-        for key, each in (("CPU", r.replica_cpus), ("GPU", r.replica_gpus)):
-            if r.replicas * each > have.get(key, 0):
-                raise UserError(f"rollout.replicas: {r.replicas} replicas x {each:g} {key}s do not fit the local "
-                                f"Ray's {have.get(key, 0):g} {key}s (set ray.num_cpus, or join a cluster with "
-                                f"ray.address)")
+    if not cfg.ray.address and (short := shortfall(ray, r.replicas, r.replica_cpus, r.replica_gpus)):
+        raise UserError(f"rollout.replicas: {short} (set ray.num_cpus, or join a cluster with ray.address)")
     spec = ReplicaSpec(path=str(Path(path).resolve()) if Path(path).exists() else path, dtype=r.engine_dtype,
                        cpus=r.replica_cpus, gpus=r.replica_gpus)
     return RayEngines(spec, r.replicas, request_timeout_s=r.request_timeout_s, sync_timeout_s=r.sync_timeout_s,

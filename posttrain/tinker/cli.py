@@ -47,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest datum or prompt+sample in tokens (default: the model's positions)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     vllm = parser.add_argument_group("sampling on vLLM (--sampler vllm; docs/tinker.md)")
-    vllm.add_argument("--sampler", default="torch", choices=["torch", "vllm"],
-                      help="the engine samples come from: the in-process TorchEngine (default), or vLLM servers "
-                           "that take each sampler snapshot as a LoRA adapter (the base is never re-sent)")
+    vllm.add_argument("--sampler", default="torch", choices=["torch", "ray", "vllm"],
+                      help="the engine samples come from: the in-process TorchEngine (default), TorchEngine "
+                           "replicas as Ray actors, or vLLM servers that take each sampler snapshot as a LoRA "
+                           "adapter (the base is never re-sent)")
     vllm.add_argument("--vllm-url", action="append", default=[], metavar="URL",
                       help="a running vLLM server on the same model, started with LoRA on (repeatable)")
     vllm.add_argument("--vllm-launch", action="store_true",
@@ -59,6 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--vllm-probe-tol", type=float, default=1e-4,
                       help="largest probe log-prob difference server vs trainer after a push (default 1e-4; "
                            "fp32 on both sides)")
+    ray = parser.add_argument_group("sampling on Ray engine replicas (--sampler ray; docs/tinker.md, docs/ray.md)")
+    ray.add_argument("--ray-address", default="",
+                     help="the Ray cluster to join: auto (the one this machine joined with ray start) or host:port; "
+                          "default: start a local Ray")
+    ray.add_argument("--ray-num-cpus", type=int, default=0,
+                     help="CPUs of the local Ray started without --ray-address (default: this machine's cores)")
+    ray.add_argument("--ray-replicas", type=int, default=1, help="engine replicas (Ray actors; default 1)")
+    ray.add_argument("--ray-replica-cpus", type=float, default=1.0,
+                     help="CPUs each replica reserves, also its torch thread count (default 1)")
+    ray.add_argument("--ray-replica-gpus", type=float, default=0.0,
+                     help="GPUs each replica reserves; > 0 puts its engine on cuda (default 0)")
 
 
 def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
@@ -82,9 +94,9 @@ def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
     return out
 
 
-def load_base(name: str, path: Path, max_context: int | None, vllm=None, orders=None):
+def load_base(name: str, path: Path, max_context: int | None, sampler=None, orders=None):
     """The base model ``name`` at ``path`` and its sampling engine: an in-process `TorchEngine`, or
-    with ``vllm`` (a function of the tokenizer making a `VLLMSampling`) vLLM servers. With a
+    what ``sampler`` (a function of the tokenizer, `vllm_sampling` or `ray_sampling`) makes. With a
     distributed world (``orders``, `posttrain.tinker.ranks.Orders`) the model is sharded over its
     ranks, and only rank 0 has an engine."""
     import torch
@@ -99,12 +111,12 @@ def load_base(name: str, path: Path, max_context: int | None, vllm=None, orders=
     world = orders.world if orders is not None else None
     if world is not None and not world.main:
         sampling = None
-    elif vllm is None:
+    elif sampler is None:
         from posttrain.rollout.engine import TorchEngine
 
         sampling = TorchSampling(TorchEngine(model, tokenizer=tokenizer, dtype=torch.float32))
     else:
-        sampling = vllm(tokenizer)
+        sampling = sampler(tokenizer)
     positions = int(getattr(model.config, "max_position_embeddings", 2048))
     base = Base(name, model, tokenizer, sampling, min(max_context or positions, positions), path=str(path))
     if world is not None and world.distributed:
@@ -112,7 +124,7 @@ def load_base(name: str, path: Path, max_context: int | None, vllm=None, orders=
     if sampling is None:
         return base
     try:
-        base.use_snapshot("base", None)  # vLLM: its probe proves the servers serve this model
+        base.use_snapshot("base", None)  # vLLM: its probe proves the servers serve this model; Ray: the base pushed
     except RuntimeError as e:
         sampling.close()
         raise UserError(f"--model={path}: {e}") from None
@@ -131,6 +143,39 @@ def check_vllm_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--vllm-max-lora-rank={args.vllm_max_lora_rank}: must be in 1..256")
     if not args.vllm_probe_tol > 0:
         raise UserError(f"--vllm-probe-tol={args.vllm_probe_tol}: must be > 0")
+
+
+def check_ray_flags(args: argparse.Namespace) -> None:
+    """The --ray-* flags, before anything is written or started."""
+    if args.sampler != "ray":
+        return
+    if args.ray_replicas < 1:
+        raise UserError(f"--ray-replicas={args.ray_replicas}: must be >= 1")
+    if args.ray_num_cpus < 0:
+        raise UserError(f"--ray-num-cpus={args.ray_num_cpus}: must be >= 0")
+    if not args.ray_replica_cpus > 0 or args.ray_replica_gpus < 0:
+        raise UserError("--ray-replica-cpus must be > 0 and --ray-replica-gpus >= 0")
+
+
+def ray_sampling(args: argparse.Namespace, path: Path):
+    """A maker of the `RaySampling` of --ray-*: its replicas start (and Ray with them, unless
+    --ray-address names a cluster) only when it is called."""
+
+    def make(tokenizer):
+        from posttrain.distributed.cluster import connect, shortfall
+        from posttrain.distributed.engines import RayEngines, ReplicaSpec
+        from posttrain.tinker.samplers import RaySampling
+
+        ray = connect(args.ray_address, args.ray_num_cpus or None)
+        if not args.ray_address and (short := shortfall(ray, args.ray_replicas, args.ray_replica_cpus,
+                                                         args.ray_replica_gpus)):
+            raise UserError(f"--ray-replicas: {short} (set --ray-num-cpus, or join a cluster with --ray-address)")
+        spec = ReplicaSpec(path=str(path.resolve()), cpus=args.ray_replica_cpus, gpus=args.ray_replica_gpus)
+        host = ray.util.get_node_ip_address() if args.ray_address else "127.0.0.1"
+        return RaySampling(RayEngines(spec, args.ray_replicas, host=host,
+                                      printer=lambda m: print(m, file=sys.stderr, flush=True)))
+
+    return make
 
 
 def vllm_sampling(args: argparse.Namespace, path: Path, root: Path):
@@ -169,18 +214,25 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--root={args.root}: not a folder")
     root = root.resolve()
     check_vllm_flags(args)
+    check_ray_flags(args)
     from posttrain.core.dist import launched_by_torchrun
 
     if args.sampler == "vllm" and launched_by_torchrun():
         raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
+    if args.sampler == "ray" and launched_by_torchrun():
+        raise UserError("--sampler=ray: not under torchrun (untested there); run one process, or --sampler torch")
     orders = _ranks()
     world = orders.world
     models = _models(args.model, root, world)
-    vllm = None
+    sampler = None
     if args.sampler == "vllm":
         if len(models) != 1:
             raise UserError("--sampler=vllm: one --model only (a vLLM server serves one base model)")
-        vllm = vllm_sampling(args, next(iter(models.values())), root)
+        sampler = vllm_sampling(args, next(iter(models.values())), root)
+    elif args.sampler == "ray":
+        if len(models) != 1:
+            raise UserError("--sampler=ray: one --model only (the replicas hold one base model)")
+        sampler = ray_sampling(args, next(iter(models.values())))
 
     import torch
     import uvicorn
@@ -199,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sock = _bind(args.host, args.port)
     try:
-        bases = {name: load_base(name, path, args.max_context, vllm, orders) for name, path in models.items()}
+        bases = {name: load_base(name, path, args.max_context, sampler, orders) for name, path in models.items()}
     except BaseException:
         sock.close()
         raise

@@ -1,10 +1,12 @@
-"""The engines `Base` samples with: the in-process `TorchEngine`, or vLLM servers.
+"""The engines `Base` samples with: the in-process `TorchEngine`, Ray engine replicas, or vLLM servers.
 
-Both take the same four calls from `Base` (``check``, ``load``, ``generate``, ``prompt_logprobs``),
-so one queue and one ``sample_batch`` serve either; ``tinker-serve --sampler`` picks one.
+All take the same calls from `Base` (``check``, ``load``, ``generate``, ``prompt_logprobs``),
+so one queue and one ``sample_batch`` serve any of them; ``tinker-serve --sampler`` picks one.
 
 * `TorchSampling`: a snapshot is the base's weights with the adapter merged in (W + B·A per
   layer), copied into the engine with its checksum.
+* `RaySampling`: the same, on `TorchEngine` replicas that are Ray actors (ray is imported only
+  when one is made).
 * `VLLMSampling`: a snapshot is pushed to the servers as a LoRA adapter, the rollout engine's
   adapter-only sync (`posttrain.rollout.vllm`): the adapter's tensors and a peft
   ``adapter_config.json`` written to a version folder, ``/v1/load_lora_adapter`` in place under one
@@ -54,22 +56,50 @@ class TorchSampling:
         return self.engine.generate(prompts, n, sampling)
 
     def prompt_logprobs(self, prompt: list[int]) -> list[float]:
-        from posttrain.serve.app import prompt_logprobs
-
-        with torch.no_grad():
-            return prompt_logprobs(self.engine, prompt)
+        return self.score(engine_prompt_logprobs, prompt)
 
     def topk_prompt_logprobs(self, prompt: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` likeliest tokens after each prefix ``prompt[:t]``, t >= 1, and their log-probs
-        (temperature 1), most likely first: two (len(prompt) - 1, k) arrays."""
+        return self.score(engine_topk_prompt_logprobs, prompt, k)
+
+    def score(self, fn, *args):
+        """``fn(engine, *args)`` without gradients: what needs the model rather than samples."""
         with torch.no_grad():
-            x = torch.tensor([prompt], device=self.engine.device)
-            logp = self.engine.model(input_ids=x).logits[0, :-1].float().log_softmax(-1)
-            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
-        return top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32)
+            return fn(self.engine, *args)
 
     def close(self) -> None:
         pass
+
+
+class RaySampling(TorchSampling):
+    """`TorchSampling` on engine replicas that are Ray actors (`posttrain.distributed.engines.RayEngines`):
+    a snapshot is merged the same way and put in Ray's object store once, every replica loading it
+    and answering with the checksum it reads back; a call's prompts are split across the replicas
+    with per-prompt seeds (the same samples as one engine); prompt log-probs run on one replica,
+    so the server keeps no second copy of the model for them."""
+
+    name = "ray"
+
+    def score(self, fn, *args):
+        return self.engine.score(fn, *args)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def engine_prompt_logprobs(engine, prompt: list[int]) -> list[float]:
+    """log p(prompt[t] | prompt[:t]) at temperature 1 for t >= 1, from a `TorchEngine`'s model."""
+    from posttrain.serve.app import prompt_logprobs
+
+    return prompt_logprobs(engine, prompt)
+
+
+def engine_topk_prompt_logprobs(engine, prompt: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` likeliest tokens after each prefix ``prompt[:t]``, t >= 1, and their log-probs
+    (temperature 1), most likely first, from a `TorchEngine`'s model: two (len(prompt) - 1, k) arrays."""
+    x = torch.tensor([prompt], device=engine.device)
+    logp = engine.model(input_ids=x).logits[0, :-1].float().log_softmax(-1)
+    top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32)
 
 
 class VLLMSampling:
