@@ -78,7 +78,7 @@ def vllm_model_dir(tmp_path_factory):
 def _vllm_session_server(tmp_path_factory, model_dir, lora_rank: int):
     from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
 
-    spec = ServerSpec(model=str(model_dir), max_model_len=512, lora_rank=lora_rank)
+    spec = ServerSpec(model=str(model_dir), max_model_len=512, lora_rank=lora_rank, max_loras=2)
     servers = VLLMServers(spec, 1, tmp_path_factory.mktemp("vllm-logs"), printer=lambda *_: None)
     servers.start()
     return servers
@@ -97,7 +97,8 @@ def vllm_server(tmp_path_factory, vllm_model_dir):
 
 @pytest.fixture(scope="session")
 def vllm_lora_server(tmp_path_factory, vllm_model_dir):
-    """A second session server, started with runtime LoRA (rank 8) for the adapter tests."""
+    """A second session server, started with runtime LoRA (rank 8, two adapters loaded at once) for
+    the adapter tests."""
     servers = _vllm_session_server(tmp_path_factory, vllm_model_dir, lora_rank=8)
     yield servers
     servers.stop()

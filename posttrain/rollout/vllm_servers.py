@@ -110,6 +110,8 @@ class ServerSpec(VLLMConfig):
     model: str
     lora_rank: int = 0
     """> 0: start with ``--enable-lora --max-lora-rank``; 0: no adapters."""
+    max_loras: int = 1
+    """With ``lora_rank`` > 0: ``--max-loras``, the adapters the server holds ready at once."""
 
 
 def vllm_python(spec: ServerSpec) -> str:
@@ -168,7 +170,7 @@ def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
     if spec.sleep_during_update:
         cmd.append("--enable-sleep-mode")
     if spec.lora_rank > 0:
-        cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank), "--max-loras", "1"]
+        cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank), "--max-loras", str(spec.max_loras)]
     return cmd + list(spec.extra_args)  # the API key goes in the environment (`server_env`), never here
 
 

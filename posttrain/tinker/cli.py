@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="start one vLLM server from .venv-vllm ($POSTTRAIN_VLLM_PYTHON) and stop it on exit")
     vllm.add_argument("--vllm-max-lora-rank", type=int, default=32,
                       help="the launched server's --max-lora-rank: the largest client rank it samples (default 32)")
+    vllm.add_argument("--vllm-max-loras", type=int, default=4,
+                      help="the launched server's --max-loras: snapshots kept loaded at once, the least recently "
+                           "used one replaced (default 4; running servers: their own --max-loras)")
     vllm.add_argument("--vllm-probe-tol", type=float, default=1e-4,
                       help="largest probe log-prob difference server vs trainer after a push (default 1e-4; "
                            "fp32 on both sides)")
@@ -141,6 +144,8 @@ def check_vllm_flags(args: argparse.Namespace) -> None:
         raise UserError("--sampler=vllm: give the servers (--vllm-url URL) or --vllm-launch, one of the two")
     if not 1 <= args.vllm_max_lora_rank <= 256:
         raise UserError(f"--vllm-max-lora-rank={args.vllm_max_lora_rank}: must be in 1..256")
+    if not 1 <= args.vllm_max_loras <= 64:
+        raise UserError(f"--vllm-max-loras={args.vllm_max_loras}: must be in 1..64")
     if not args.vllm_probe_tol > 0:
         raise UserError(f"--vllm-probe-tol={args.vllm_probe_tol}: must be > 0")
 
@@ -188,7 +193,8 @@ def vllm_sampling(args: argparse.Namespace, path: Path, root: Path):
 
         servers, urls = None, args.vllm_url
         if args.vllm_launch:
-            spec = ServerSpec(model=str(path.resolve()), lora_rank=args.vllm_max_lora_rank, max_model_len=args.max_context or 0)
+            spec = ServerSpec(model=str(path.resolve()), lora_rank=args.vllm_max_lora_rank, max_loras=args.vllm_max_loras,
+                              max_model_len=args.max_context or 0)
             servers = VLLMServers(spec, 1, root / "_vllm" / "logs", printer=lambda m: print(m, file=sys.stderr))
             urls = servers.start()
         try:

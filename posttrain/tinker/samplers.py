@@ -32,7 +32,7 @@ from posttrain.tinker.losses import LossInputError
 log = logging.getLogger("posttrain.tinker")
 
 ADAPTER_NAME = "tinker"
-"""The name vLLM serves the held snapshot under (one at a time, reloaded in place)."""
+"""The names vLLM serves snapshots under: ``tinker-0`` .. ``tinker-{slots-1}``, each reloaded in place."""
 
 
 class TorchSampling:
@@ -46,7 +46,7 @@ class TorchSampling:
     def check(self, adapter: dict | None, topk_prompt: int = 0) -> None:
         """Every snapshot of this base can be sampled here."""
 
-    def load(self, base, adapter: dict[str, torch.Tensor] | None) -> None:
+    def load(self, base, adapter: dict[str, torch.Tensor] | None, label: str = "") -> None:
         from posttrain.tinker.training import merge_adapter
 
         weights = base.base_weights if adapter is None else merge_adapter(base.base_weights, adapter)
@@ -105,36 +105,43 @@ def engine_topk_prompt_logprobs(engine, prompt: list[int], k: int) -> tuple[np.n
 class VLLMSampling:
     """Samples on vLLM servers started with runtime LoRA (see the module docstring): ``urls`` are
     running servers; ``servers`` (a `VLLMServers`), when given, were launched for this and stop on
-    `close`. Each push writes under ``weights_dir``."""
+    `close`. Each push writes under ``weights_dir``. Up to ``slots`` snapshots stay loaded at once
+    (default: the servers' ``--max-loras``), one adapter name each, the least recently used one
+    replaced by a new snapshot: clients that take turns are not pushed again at each turn."""
 
     name = "vllm"
 
     def __init__(self, urls: list[str], *, model_path: str, tokenizer, weights_dir: Path, servers=None,
-                 probe_tol: float = 1e-4):
+                 probe_tol: float = 1e-4, slots: int | None = None):
+        from collections import OrderedDict
+
         import httpx
 
         from posttrain.rl.loop import probe_ids
         from posttrain.rollout.http import HTTPEngine, auth_headers, model_eos_ids
         from posttrain.rollout.vllm import VLLMDialect, server_config
 
-        self.loaded: dict | None = None  # the adapter the servers hold (None: none, or zeros)
+        self.loaded: dict[str, dict] = {}  # adapter name -> the adapter pushed under it (zeroed ones dropped)
+        self.resident: OrderedDict[str, str] = OrderedDict()  # snapshot label -> its verified name, LRU first
+        self.weights_dir, self.model_path = Path(weights_dir), model_path
         common = {"tokenizer": tokenizer, "eos_ids": model_eos_ids(model_path, tokenizer)}
         self.adapter = HTTPEngine(urls, weights_dir=str(weights_dir), servers=servers,
-                                  dialect=VLLMDialect(probe_tol, lora_name=ADAPTER_NAME), **common)
+                                  dialect=VLLMDialect(probe_tol, lora_name=f"{ADAPTER_NAME}-0"), **common)
         try:
             self.base = HTTPEngine(urls, dialect=VLLMDialect(probe_tol), **common)
             with httpx.Client(timeout=30, headers=auth_headers(None)) as client:
-                ranks = [((server_config(client, url) or {}).get("lora_config") or {}).get("max_lora_rank")
-                         for url in self.adapter.urls]
+                configs = [(server_config(client, url) or {}).get("lora_config") or {} for url in self.adapter.urls]
         except BaseException:
             self.adapter.close()
             raise
+        ranks = [c.get("max_lora_rank") for c in configs]
         if not all(isinstance(r, int) for r in ranks):
             self.close()
             raise UserError(f"vLLM server(s) {', '.join(self.adapter.urls)}: LoRA is off or unreadable; start them "
                             f"with --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (and "
                             f"VLLM_SERVER_DEV_MODE=1)")
         self.max_rank = min(ranks)
+        self.slots = slots or min(c.get("max_loras") if isinstance(c.get("max_loras"), int) else 1 for c in configs)
         self.probe = probe_ids(tokenizer)
         self.held: HTTPEngine | None = None  # the engine whose model is the snapshot held
 
@@ -145,20 +152,26 @@ class VLLMSampling:
             raise LossInputError(f"an adapter of rank {rank}: the vLLM sampler takes rank <= {self.max_rank} "
                                  f"(its servers' --max-lora-rank)")
 
-    def load(self, base, adapter: dict[str, torch.Tensor] | None) -> None:
-        """A snapshot: pushed as the adapter, verified by version and probe. The base: the adapter
-        zeroed first when one is loaded (vLLM 0.32's CPU build applies a loaded adapter's
-        ``lm_head`` to requests that name no adapter too: 0.49 off the base's log-probs measured),
-        then the base's probe checked on requests without an adapter."""
+    def load(self, base, adapter: dict[str, torch.Tensor] | None, label: str = "") -> None:
+        """A snapshot: served under its name when it is still loaded, else pushed under a free name
+        or the least recently used one's, verified by version and probe. The base: every loaded
+        adapter zeroed first (vLLM 0.32's CPU build applies a loaded adapter's ``lm_head`` to
+        requests that name no adapter too: 0.49 off the base's log-probs measured), then the base's
+        probe checked on requests without an adapter."""
         from posttrain.rollout.vllm import prompt_logprobs
 
         self.check(adapter)
-        probe = (self.probe, base.snapshot_logprobs(adapter, self.probe))
         self.held = None
+        if adapter is not None and label in self.resident:
+            self.resident.move_to_end(label)
+            self._select(self.resident[label])
+            return
+        probe = (self.probe, base.snapshot_logprobs(adapter, self.probe))
         if adapter is None:
-            if self.loaded is not None:
-                self._push({k: torch.zeros_like(v) for k, v in self.loaded.items()}, base.path, probe)
-                self.loaded = None
+            self.resident.clear()
+            for name in list(self.loaded):
+                self._push(name, {k: torch.zeros_like(v) for k, v in self.loaded[name].items()}, base.path, probe)
+                del self.loaded[name]
             client, url = self.base.weights.client, self.base.urls[0]
             got = prompt_logprobs(client, url, probe[0])
             worst = max(abs(a - b) for a, b in zip(got, probe[1]))
@@ -167,12 +180,31 @@ class VLLMSampling:
                                    f"by {worst:.3g}: it serves another model than --model")
             self.held = self.base
             return
-        self.loaded = adapter  # also when the push fails: zeroed before the base is sampled (its probe checks)
-        self._push(adapter, base.path, probe)
+        name = self._free_name()
+        self.loaded[name] = adapter  # also when the push fails: zeroed before the base is sampled (its probe checks)
+        self._push(name, adapter, base.path, probe)
+        self.resident[label] = name
+        self._select(name)
+
+    def _free_name(self) -> str:
+        """A name no verified snapshot holds, or the least recently used snapshot's (dropped)."""
+        used = set(self.resident.values())
+        for i in range(self.slots):
+            if f"{ADAPTER_NAME}-{i}" not in used:
+                return f"{ADAPTER_NAME}-{i}"
+        return self.resident.popitem(last=False)[1]
+
+    def _select(self, name: str) -> None:
+        self.adapter.dialect.lora_name = name
         self.held = self.adapter
 
-    def _push(self, adapter: dict[str, torch.Tensor], base_path: str, probe) -> None:
+    def _push(self, name: str, adapter: dict[str, torch.Tensor], base_path: str, probe) -> None:
+        """``adapter`` loaded in place under ``name``, its folders under ``weights_dir/name``: the
+        pruning after a push stays in that folder, so the folder each other name was loaded from is
+        kept (a server may read it again)."""
         tensors = {k.replace(".ADAPTER.", "."): v for k, v in adapter.items()}
+        self.adapter.dialect.lora_name = name
+        self.adapter.weights.weights_dir = self.weights_dir / name
         self.adapter.weights.adapter_config = adapter_config(adapter, base_path)  # each snapshot's own layout
         self.adapter.load_weights(tensors, self.adapter.version + 1, weights_checksum(tensors), probe=probe)
 
@@ -216,12 +248,11 @@ class VLLMSampling:
     def close(self) -> None:
         """Servers this started stop; running ones are left with the adapter zeroed (its lm_head
         would leak into other users' base requests, see `load`), as far as they answer."""
-        if self.loaded is not None and self.adapter.servers is None:
-            zeros = {k.replace(".ADAPTER.", "."): torch.zeros_like(v) for k, v in self.loaded.items()}
+        for name, adapter in list(self.loaded.items()) if self.adapter.servers is None else ():
             try:
-                self.adapter.load_weights(zeros, self.adapter.version + 1, weights_checksum(zeros))
+                self._push(name, {k: torch.zeros_like(v) for k, v in adapter.items()}, self.model_path, None)
             except Exception as e:  # noqa: BLE001 - shutting down: said, not raised
-                log.warning("could not zero the adapter on the vLLM servers: %s", e)
+                log.warning("could not zero the adapter %s on the vLLM servers: %s", name, e)
         if getattr(self, "base", None) is not None:
             self.base.close()
         self.adapter.close()

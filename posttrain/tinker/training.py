@@ -265,7 +265,7 @@ class Base:
         if self.engine_holds == label:
             return
         self.engine_holds = None  # a load that fails leaves no snapshot believed held
-        self.sampling.load(self, adapter)
+        self.sampling.load(self, adapter, label)
         self.engine_holds = label
 
     def snapshot_logprobs(self, adapter: dict[str, torch.Tensor] | None, ids: list[int]) -> list[float]:

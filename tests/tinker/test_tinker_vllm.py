@@ -6,6 +6,8 @@ requests stay 4xx."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -31,7 +33,7 @@ def servers(vllm_lora_server, vllm_model_dir, tmp_path_factory):
     from posttrain.tinker.samplers import VLLMSampling
 
     root = tmp_path_factory.mktemp("tinker-vllm")
-    limits = Limits(max_models=4, max_samples=8, max_new_tokens=32)
+    limits = Limits(max_models=8, max_samples=8, max_new_tokens=32)
 
     def vllm(tokenizer):
         return VLLMSampling(vllm_lora_server.urls, model_path=str(vllm_model_dir), tokenizer=tokenizer,
@@ -118,7 +120,7 @@ def test_samples_come_from_vllm_with_the_trained_adapter(servers, vllm_model_dir
     # build leaks a loaded adapter's lm_head into requests without one): the base's log-probs
     base_sid = http.post("/api/v1/create_sampling_session", json={"base_model": "tiny"}).json()["sampling_session_id"]
     _, base_lp = sample(http, base_sid, {"max_tokens": 1}, prompt_logprobs=True)
-    assert sampling.version == pushed + 2 and sampling.held is sampling.base and sampling.loaded is None
+    assert sampling.version == pushed + 2 and sampling.held is sampling.base and not sampling.loaded
     np.testing.assert_allclose(base_lp[1:], base_logprobs(vllm_model_dir, PROMPT), atol=TOL)
 
 
@@ -144,6 +146,41 @@ def test_greedy_samples_equal_the_torch_engine_sampler(servers):
     assert np.abs(vllm_seqs[0][1]).max() == 0.0
     full = trainer_logprobs(on_vllm, model_id, PROMPT + torch_seqs[0][0])[len(PROMPT) - 1:]
     np.testing.assert_allclose(torch_seqs[0][1], full, atol=TOL)
+
+
+def test_clients_taking_turns_stay_loaded(servers):
+    """Two clients' snapshots sampled in turn on the server holding two adapters: pushed once each,
+    then served under their own names with no push at a switch, each with its own client's
+    log-probs; a third snapshot replaces the least recently used, which is pushed again when asked for."""
+    http, _, bases = servers
+    sampling = bases["vllm"].sampling
+    assert sampling.slots == 2  # the session server's --max-loras
+    clients = [new_client(http) for _ in range(3)]
+    for steps, model_id in zip((2, 5, 3), clients):
+        train(http, model_id, steps=steps)
+    sids = [result(http, http.post("/api/v1/save_weights_for_sampler", json={"model_id": m}))["sampling_session_id"]
+            for m in clients]
+    own = [trainer_logprobs(http, m, PROMPT) for m in clients]
+    assert np.abs(own[0] - own[1]).max() > 0.05  # different adapters
+    pushed, seconds = sampling.version, []
+    for turn in (0, 1, 0, 1, 0):
+        start = time.perf_counter()
+        _, prompt_lp = sample(http, sids[turn], {"max_tokens": 2}, prompt_logprobs=True)
+        seconds.append(time.perf_counter() - start)
+        np.testing.assert_allclose(prompt_lp[1:], own[turn], atol=TOL)
+    assert sampling.version == pushed + 2  # the first turn of each, then none
+    print(f"\nvLLM sampler, clients taking turns: {np.mean(seconds[:2]):.2f} s a turn with a push, "
+          f"{np.mean(seconds[2:]):.2f} s without")
+    names = dict(sampling.resident)
+    assert sorted(names.values()) == ["tinker-0", "tinker-1"]
+    _, prompt_lp = sample(http, sids[2], {"max_tokens": 2}, prompt_logprobs=True)  # replaces client 1's (LRU)
+    np.testing.assert_allclose(prompt_lp[1:], own[2], atol=TOL)
+    for turn in (0, 1):
+        _, prompt_lp = sample(http, sids[turn], {"max_tokens": 2}, prompt_logprobs=True)
+        np.testing.assert_allclose(prompt_lp[1:], own[turn], atol=TOL)
+    assert sampling.version == pushed + 4  # client 2's, then client 1's again; client 0 stayed
+    for model_id in clients:
+        http.post("/api/v1/unload_model", json={"model_id": model_id})
 
 
 def test_bad_requests_stay_4xx(servers):
