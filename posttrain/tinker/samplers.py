@@ -9,8 +9,9 @@ so one queue and one ``sample_batch`` serve any of them; ``tinker-serve --sample
   when one is made).
 * `VLLMSampling`: a snapshot is pushed to the servers as a LoRA adapter, the rollout engine's
   adapter-only sync (`posttrain.rollout.vllm`): the adapter's tensors and a peft
-  ``adapter_config.json`` written to a version folder, ``/v1/load_lora_adapter`` in place under one
-  adapter name, the version read back, and the servers' log-probs of a probe sequence checked
+  ``adapter_config.json`` written to a version folder, ``/v1/load_lora_adapter`` in place under
+  one of the servers' ``--max-loras`` adapter names (several snapshots stay loaded, the least
+  recently used one replaced), the version read back, and the servers' log-probs of a probe sequence checked
   against the trainer's of the same snapshot (vLLM has no trustworthy checksum on CPU builds). The
   base is never re-sent: the base sampler asks for the server's own model (its probe is checked
   too, so a server on another model is refused at the first base sample). vLLM is a client here:

@@ -143,6 +143,15 @@ def test_a_replica_killed_before_a_sync_call_is_replaced_with_the_current_weight
         assert handle.restarts == 1 and handle.actors[1] is not dead
         assert got.completion_ids == local.generate(prompts, 3, sampling).completion_ids  # same block, same seeds
         assert set(got.policy_version) == {1}  # the replacement loaded version 1 before serving
+        # a scoring call lost with its replica is sent again, to the replacement, at the same weights
+        from posttrain.serve.app import prompt_logprobs
+
+        assert handle._least_loaded() == 0
+        ray_cluster.kill(handle.actors[0])
+        scored = handle.score(prompt_logprobs, prompts[0])
+        with torch.no_grad():
+            assert scored == pytest.approx(prompt_logprobs(local, prompts[0]), abs=1e-6)
+        assert handle.restarts == 2
     finally:
         handle.close()
 
