@@ -104,3 +104,13 @@ def test_ray_sampler_flags_checked_before_anything_starts(tmp_path, capsys):
         assert main(serve + extra) == 2
         assert words in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_the_tinker_server_imports_ray_only_for_the_ray_sampler():
+    import subprocess
+    import sys
+
+    code = ("import sys; from posttrain.tinker import app, cli, samplers, training; "
+            "from posttrain.distributed import engines; assert 'ray' not in sys.modules, 'ray imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
