@@ -223,8 +223,6 @@ def run(args: argparse.Namespace) -> int:
     check_ray_flags(args)
     from posttrain.core.dist import launched_by_torchrun
 
-    if args.sampler == "vllm" and launched_by_torchrun():
-        raise UserError("--sampler=vllm: not under torchrun (its probe runs the trainer's model on rank 0 alone)")
     if args.sampler == "ray" and launched_by_torchrun():
         raise UserError("--sampler=ray: not under torchrun (untested there); run one process, or --sampler torch")
     orders = _ranks()

@@ -18,7 +18,9 @@ ranks, waiting in `follow`, run the same method, so FSDP's gathers meet. Choices
   over ranks before each optimizer step (`sum_grads`, one all-reduce), as DDP does. So any number of
   clients share one sharded base (peft adds each adapter to the sharded model), and rank 0 saves,
   snapshots and samples from its own copy without a gather.
-* **Sampling** stays on rank 0's engine, which holds a full copy of the base as in one process.
+* **Sampling** stays on rank 0's engine (a `TorchEngine` with a full copy of the base, or vLLM
+  servers), as in one process; rank 0 also keeps the base whole and unsharded (`Base.whole`) for
+  merging snapshots and for the probe a vLLM push is checked against, so neither waits on a collective.
 * **Errors.** The arguments reach every rank before any check, so a request that fails, fails the
   same way on every rank and all stay in step; a follower logs it and waits for the next order.
   A rank that dies ends the run (torchrun stops the others).

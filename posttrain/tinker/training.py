@@ -97,6 +97,8 @@ class Base:
 
     world = World()
     """The ranks the model is sharded over: one process unless `shard` was called."""
+    whole = None
+    """Under torchrun, on rank 0: the base unsharded and without adapters, for what rank 0 runs alone."""
 
     def __init__(self, name: str, model, tokenizer, sampling, max_context: int, path: str = ""):
         """``sampling``: the engine samples come from (`posttrain.tinker.samplers`), holding the base
@@ -113,11 +115,20 @@ class Base:
     def shard(self, world: World, orders) -> None:
         """Under torchrun, before any adapter: the frozen base sharded over ``world`` with FSDP2, the
         `in_step` calls announced on ``orders`` (`posttrain.tinker.ranks.Orders`). Only rank 0
-        samples, so the other ranks keep no full copy of the base's weights."""
+        samples, so the other ranks keep no full copy of the base's weights; rank 0 keeps one as a
+        model (`whole`, its tensors the base's weights, so no more memory than one process uses):
+        a vLLM push's probe runs it there, while a forward of the sharded model would wait on the
+        other ranks' gathers."""
+        import copy
+
         self.world, self.orders = world, orders
-        if not world.main:
+        self.model.requires_grad_(False)
+        if world.main:
+            self.whole = copy.deepcopy(self.model)
+            self.base_weights = {k: v.detach() for k, v in self.whole.state_dict().items()}
+        else:
             self.base_weights = {}
-        self.model = shard_model(self.model.requires_grad_(False), world)
+        self.model = shard_model(self.model, world)
 
     # ------------------------------------------------------------------------- adapters
 
@@ -271,11 +282,12 @@ class Base:
     def snapshot_logprobs(self, adapter: dict[str, torch.Tensor] | None, ids: list[int]) -> list[float]:
         """The trainer's log-probs of ``ids[1:]`` under a snapshot (None: the base): what a sampler
         serving it must reproduce. The model's own forward with the merged weights in place of its
-        base layers and every adapter off, so no client's adapter is touched."""
+        base layers and every adapter off, so no client's adapter is touched. Under torchrun, rank 0's
+        `whole` copy runs it, on rank 0 alone."""
         from contextlib import nullcontext
 
-        peft = hasattr(self.model, "peft_config")
-        model = self.model.get_base_model() if peft else self.model
+        peft = self.whole is None and hasattr(self.model, "peft_config")
+        model = self.whole if self.whole is not None else self.model.get_base_model() if peft else self.model
         names = {k for k, _ in model.named_parameters()}
         weights = {}
         for key, value in (self.base_weights if adapter is None else merge_adapter(self.base_weights, adapter)).items():

@@ -148,11 +148,12 @@ def saved_state(root, run_path) -> dict[str, torch.Tensor]:
 
 
 class Ranks:
-    """`torchrun --nproc-per-node 2 -m posttrain tinker-serve` on a free loopback port."""
+    """`torchrun --nproc-per-node 2 -m posttrain tinker-serve` on a free loopback port (``flags``
+    added to its command line)."""
 
-    def __init__(self, root, model_dir):
+    def __init__(self, root, model_dir, name="nano", flags=()):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "posttrain",
-               "tinker-serve", "--root", str(root), "--model", f"nano={model_dir}", "--port", "0"]
+               "tinker-serve", "--root", str(root), "--model", f"{name}={model_dir}", "--port", "0", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.lines: queue.Queue = queue.Queue()
