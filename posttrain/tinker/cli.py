@@ -221,10 +221,6 @@ def run(args: argparse.Namespace) -> int:
     root = root.resolve()
     check_vllm_flags(args)
     check_ray_flags(args)
-    from posttrain.core.dist import launched_by_torchrun
-
-    if args.sampler == "ray" and launched_by_torchrun():
-        raise UserError("--sampler=ray: not under torchrun (untested there); run one process, or --sampler torch")
     orders = _ranks()
     world = orders.world
     models = _models(args.model, root, world)

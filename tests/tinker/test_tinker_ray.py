@@ -7,6 +7,7 @@ call split over both replicas equals the one engine's; bad requests stay 4xx."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import httpx
 import numpy as np
@@ -114,3 +115,39 @@ def test_the_tinker_server_imports_ray_only_for_the_ray_sampler():
             "from posttrain.distributed import engines; assert 'ray' not in sys.modules, 'ray imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_two_ranks_sample_on_ray_replicas(ray_cluster, nano_model_dir, tmp_path):
+    """`torchrun --nproc-per-node 2 ... --sampler ray` joined to the session's Ray: rank 0 merges the
+    snapshot from its whole copy of the base into one replica; the samples' log-probs are the
+    sharded trainer's."""
+    import httpx
+
+    from tests.tinker.test_tinker_ranks import Ranks
+    from tests.tinker.test_tinker_vllm import trainer_logprobs
+
+    address = ray_cluster.get_runtime_context().gcs_address
+    free = ray_cluster.available_resources().get("CPU", 0)
+    ranks = Ranks(tmp_path, nano_model_dir, name="tiny", flags=["--sampler", "ray", "--ray-address", address])
+    try:
+        with httpx.Client(base_url=ranks.url(), timeout=120) as http:
+            model_id = new_client(http)
+            train(http, model_id, steps=2)
+            sid = result(http, http.post("/api/v1/save_weights_for_sampler", json={"model_id": model_id}))["sampling_session_id"]
+            seqs, prompt_lp = sample(http, sid, {"max_tokens": 8, "temperature": 1.0, "seed": 3}, n=3, prompt_logprobs=True)
+            gap = max(float(np.abs(trainer_logprobs(http, model_id, PROMPT + t)[len(PROMPT) - 1:] - lp).max())
+                      for t, lp in seqs)
+            gap = max(gap, float(np.abs(trainer_logprobs(http, model_id, PROMPT) - prompt_lp[1:]).max()))
+            from_base = float(np.abs(base_logprobs(nano_model_dir, PROMPT) - prompt_lp[1:]).max())
+            print(f"\nRay sampler vs 2-rank trainer log-prob gap: {gap:.2e} (vs the base: {from_base:.2f})")
+            assert gap < 1e-4, gap
+            assert from_base > 0.05, from_base  # the trained snapshot is what the replica holds
+            assert ranks.proc.poll() is None and len(ranks.ranks()) == 2
+    finally:
+        ranks.kill()
+    for _ in range(100):  # the replica left the session's Ray with the server
+        if ray_cluster.available_resources().get("CPU", 0) == free:
+            break
+        time.sleep(0.1)
+    assert ray_cluster.available_resources().get("CPU", 0) == free
