@@ -38,17 +38,18 @@ def http(server):
         yield c
 
 
-def result(http, handle):
-    """Poll a future as the SDK does."""
+def result(http, handle, wait_s: float = 3.0):
+    """Poll a future as the SDK does: its JSON, or the protobuf bytes of a forward/backward."""
     assert handle.status_code == 200, handle.text
-    for _ in range(60):
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
         r = http.post("/api/v1/retrieve_future", json={"request_id": handle.json()["request_id"]})
         assert r.status_code == 200, r.text
         if r.headers["content-type"].startswith("application/x-protobuf"):
             return r.content
         if r.json().get("type") != "try_again":
             return r.json()
-        time.sleep(0.05)
+        time.sleep(0.02)
     raise AssertionError("the future never finished")
 
 
