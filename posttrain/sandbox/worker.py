@@ -20,48 +20,64 @@ import sys
 import time
 from pathlib import Path
 
-from posttrain.sandbox import seccomp_filter, trees, zygote
+from posttrain.sandbox import inside, seccomp_filter, trees
+from posttrain.sandbox.inside import mounts, wire
 
-ZYGOTE_PATH = Path(zygote.__file__).resolve()
-PYTEST_JUDGE_PATH = ZYGOTE_PATH.with_name("pytest_judge.py")
+BOX_PATH = Path(inside.__file__).resolve().parent
+PYTEST_JUDGE_PATH = BOX_PATH.parent / "pytest_judge.py"
 # What the judge needs to run pytest-style tests: the pytest library and its dependencies, bound
 # read-only from this interpreter's environment (the sandbox's interpreter has no site-packages).
 JUDGE_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
-# Run in the sandbox with `python -c`: the zygote as a code object compiled here, where the
-# sandbox's interpreter has this one's bytecode version; from its source anywhere else.
+# Run in the sandbox with `python -c`: the modules of `posttrain.sandbox.inside` as the package
+# ``box``, from code objects compiled here where the sandbox's interpreter has this one's bytecode
+# version, from their sources (bound at `mounts.BOX_DIR`) anywhere else; then the zygote's loop.
 BOOT = ("import marshal, sys\n"
         "if sys.version_info[:2] == {version}:\n"
-        "    code = marshal.loads(open('/sandbox/zygote.code', 'rb').read())\n"
+        "    units = marshal.loads(open('/sandbox/box.code', 'rb').read())\n"
         "else:\n"
-        "    code = compile(open('/sandbox/zygote.py').read(), '/sandbox/zygote.py', 'exec')\n"
-        "exec(code)\n")
+        "    units = [(n, compile(open(f'/sandbox/box/{{n}}.py').read(), f'/sandbox/box/{{n}}.py', 'exec', "
+        "dont_inherit=True)) for n in {modules}]\n"
+        "box = type(sys)('box')\n"
+        "box.__path__ = []\n"
+        "sys.modules['box'] = box\n"
+        "for name, code in units:\n"
+        "    m = type(sys)('box.' + name)\n"
+        "    m.__package__ = 'box'\n"
+        "    sys.modules[m.__name__] = m\n"
+        "    setattr(box, name, m)\n"
+        "    exec(code, m.__dict__)\n"
+        "box.zygote.main(sys.argv)\n")
 
 
 @functools.lru_cache(maxsize=1)
-def zygote_code() -> bytes:
-    """The zygote compiled once per host process and marshalled. A sandbox that loads it skips
-    compiling 40 KB of source at every start, and its memory keeps none of the compiler's
-    leftovers (2 MB), which every fork of a program would otherwise copy and tear down."""
-    return marshal.dumps(compile(ZYGOTE_PATH.read_text(), "/sandbox/zygote.py", "exec"))
+def box_code() -> bytes:
+    """The sandbox's modules compiled once per host process and marshalled, in load order. A
+    sandbox that loads them skips compiling 50 KB of source at every start, and its memory keeps
+    none of the compiler's leftovers (2 MB), which every fork of a program would otherwise copy
+    and tear down."""
+    units = [(name, compile((BOX_PATH / f"{name}.py").read_text(), f"{mounts.BOX_DIR}/{name}.py", "exec",
+                            dont_inherit=True))
+             for name in inside.MODULES]
+    return marshal.dumps(units)
 
 
 @functools.lru_cache(maxsize=1)
 def judge_lib_binds() -> tuple[str, ...]:
-    """bubblewrap arguments that bind `JUDGE_PACKAGES` and `pytest_judge` under `zygote.JUDGE_LIB`;
+    """bubblewrap arguments that bind `JUDGE_PACKAGES` and `pytest_judge` under `mounts.JUDGE_LIB`;
     none when pytest is not installed here (a pytest-style task then ends INFRA_FAIL, said so)."""
     import importlib.util
 
     if importlib.util.find_spec("pytest") is None:
         return ()
-    binds = ["--perms", "0755", "--dir", zygote.JUDGE_LIB,  # bwrap would make it 0700: the judge could not enter
-             "--ro-bind", str(PYTEST_JUDGE_PATH), f"{zygote.JUDGE_LIB}/posttrain_pytest_judge.py"]
+    binds = ["--perms", "0755", "--dir", mounts.JUDGE_LIB,  # bwrap would make it 0700: the judge could not enter
+             "--ro-bind", str(PYTEST_JUDGE_PATH), f"{mounts.JUDGE_LIB}/posttrain_pytest_judge.py"]
     for name in JUDGE_PACKAGES:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin:
             continue
         src = Path(spec.origin).resolve()
         src = src.parent if src.name == "__init__.py" else src
-        binds += ["--ro-bind", str(src), f"{zygote.JUDGE_LIB}/{src.name}"]
+        binds += ["--ro-bind", str(src), f"{mounts.JUDGE_LIB}/{src.name}"]
     return tuple(binds)
 
 
@@ -118,7 +134,7 @@ class SandboxConfig:
     cpus: int = 2
     """Farm only: CPUs each actor reserves from Ray; it runs this many sandboxes."""
     site_packages: str = ""
-    """A folder (a virtual environment's site-packages) bound read-only at `zygote.SITE_DIR` for
+    """A folder (a virtual environment's site-packages) bound read-only at `mounts.SITE_DIR` for
     programs that put it on their import path themselves; empty = none."""
 
     def __post_init__(self):
@@ -218,7 +234,7 @@ class Worker:
             if os.path.islink(f"/{link}"):
                 binds += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
         caps = ["--cap-drop", "ALL"]
-        # The overlay a job's tree is seen through (`zygote._mount_tree`) does each change on its
+        # The overlay a job's tree is seen through (`inside.mounts.mount_tree`) does each change on its
         # layers with its mounter's capabilities: CAP_DAC_OVERRIDE to enter the work folder the
         # kernel makes with mode 0, CAP_FOWNER and CAP_CHOWN so that a program may chmod or chown
         # what it owns there. The forker, the judge and the candidates never hold them.
@@ -228,21 +244,21 @@ class Worker:
         return [self.info["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                 "--clearenv", *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--perms", "0711", "--dir", "/sandbox", "--ro-bind", str(ZYGOTE_PATH), "/sandbox/zygote.py",
-                "--ro-bind-data", str(code_fd), "/sandbox/zygote.code", *judge_lib_binds(),
-                *(("--ro-bind", self.cfg.site_packages, zygote.SITE_DIR) if self.cfg.site_packages else ()),
-                "--ro-bind", trees.store_root(), zygote.TREES_DIR,
-                "--dir", zygote.JUDGE_DIR, "--chdir", "/", *caps,
-                self.cfg.python, "-I", "-S", "-B", "-c", BOOT.format(version=tuple(sys.version_info[:2])),
+                "--perms", "0711", "--dir", "/sandbox", "--ro-bind", str(BOX_PATH), mounts.BOX_DIR,
+                "--ro-bind-data", str(code_fd), "/sandbox/box.code", *judge_lib_binds(),
+                *(("--ro-bind", self.cfg.site_packages, mounts.SITE_DIR) if self.cfg.site_packages else ()),
+                "--ro-bind", trees.store_root(), mounts.TREES_DIR,
+                "--dir", mounts.JUDGE_DIR, "--chdir", "/", *caps,
+                self.cfg.python, "-I", "-S", "-B", "-c", BOOT.format(version=tuple(sys.version_info[:2]), modules=inside.MODULES),
                 json.dumps(self._zygote_cfg())]
 
     def start(self) -> None:
         procs = self._make_cgroups()
         # A shell joins the cgroups before exec'ing bwrap, so every descendant is counted.
         script = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; exec "$@"'
-        code_fd = os.memfd_create("zygote.code")  # one per start: bwrap reads it from offset 0
+        code_fd = os.memfd_create("box.code")  # one per start: bwrap reads it from offset 0
         try:
-            data = zygote_code()
+            data = box_code()
             while data:
                 data = data[os.write(code_fd, data):]
             os.lseek(code_fd, 0, os.SEEK_SET)
@@ -266,14 +282,14 @@ class Worker:
     def _call(self, req: dict, wait_s: float) -> dict:
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            zygote.write_frame(self.proc.stdin.fileno(), req)
+            wire.write_frame(self.proc.stdin.fileno(), req)
         except OSError as e:
             raise WorkerError(f"sending to the sandbox failed: {e}") from e
         fd = self.proc.stdout.fileno()
         if not select.select([fd], [], [], wait_s)[0]:
             raise WorkerError(f"sandbox gave no answer within {wait_s:.1f} s")
         try:
-            reply = zygote.read_frame(fd)
+            reply = wire.read_frame(fd)
         except (OSError, ValueError) as e:
             raise WorkerError(f"reading from the sandbox failed: {e}") from e
         if reply is None:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from posttrain.sandbox.zygote import decode, encode, read_frame, write_frame
+from posttrain.sandbox.inside.wire import decode, encode, read_frame, write_frame
 
 
 @pytest.mark.parametrize("value", [

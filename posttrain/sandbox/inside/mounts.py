@@ -1,0 +1,128 @@
+"""Where things are inside the sandbox, and the mounts the zygote makes there.
+
+Who may write where (every other path is a read-only bind or does not exist):
+
+- ``/tmp`` and ``/dev/shm`` (`TMPFS`): everyone in the sandbox; size-capped tmpfs the zygote
+  mounts itself and replaces after a program that touched them (`fresh_tmpfs`), so nothing a
+  program writes reaches the next.
+- `JUDGE_DIR`: the judge's uid only (mode 0700): where test modules are written. The candidate
+  cannot name anything in it.
+- `TREE_DIR`: the program, through an overlay whose lower layer is the read-only tree and whose
+  upper layer lies under `LAYERS_DIR` on this run's ``/tmp`` (only the zygote's uid enters it).
+- `BOX_DIR`, `JUDGE_LIB`, `SITE_DIR`, `TREES_DIR`: read-only binds from the host (this code,
+  pytest and the pytest judge, a site-packages, the project trees).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from . import kernel
+from .kernel import MNT_DETACH, MS_NODEV, MS_NOSUID
+
+TMPFS = ("/tmp", "/dev/shm")
+BOX_DIR = "/sandbox/box"  # read-only: the modules of this package (the zygote compiles `warm` from here)
+JUDGE_LIB = "/sandbox/lib"  # read-only: the pytest library and `pytest_judge`, for the judge
+SITE_DIR = "/sandbox/site"  # read-only: a virtual environment's site-packages, when the pool names one
+JUDGE_DIR = "/judge"  # a tmpfs only the judge's uid can enter: where test modules are written
+TREES_DIR = "/sandbox/trees"  # read-only: the host's project trees (`posttrain.sandbox.trees`)
+TREE_DIR = "/tmp/work"  # where a job's tree is mounted (an overlay) or copied
+LAYERS_DIR = "/tmp/.layers"  # the overlay's upper and work folders: only the zygote's uid enters
+
+
+def _tree_name(name) -> str:
+    if not (isinstance(name, str) and len(name) == 64 and all(c in "0123456789abcdef" for c in name)):
+        raise ValueError("a tree is named by 64 hex digits")
+    if not os.path.isdir(f"{TREES_DIR}/{name}"):
+        raise FileNotFoundError(f"tree {name[:12]} is not in the store")
+    return name
+
+
+def mount_tree(name: str) -> str:
+    """Show the tree ``name`` at `TREE_DIR`, writable by the program: an overlay mount (the tree
+    read-only below, an upper layer on this run's ``/tmp``), or, where the kernel refuses one in
+    this user namespace, a copy. Returns which."""
+    import ctypes
+
+    lower = f"{TREES_DIR}/{_tree_name(name)}"
+    os.mkdir(LAYERS_DIR, 0o700)
+    os.mkdir(f"{LAYERS_DIR}/up", 0o777)
+    os.chmod(f"{LAYERS_DIR}/up", 0o777)  # the merged root takes the upper root's mode: the program writes there
+    os.mkdir(f"{LAYERS_DIR}/work", 0o700)
+    os.mkdir(TREE_DIR, 0o777)
+    opts = f"lowerdir={lower},upperdir={LAYERS_DIR}/up,workdir={LAYERS_DIR}/work"
+    for extra in ("", ",userxattr"):
+        if kernel.libc().mount(b"overlay", TREE_DIR.encode(), b"overlay", MS_NOSUID | MS_NODEV, (opts + extra).encode()) == 0:
+            _MOUNTED.add(TREE_DIR)
+            return "overlay"
+    errno_ = ctypes.get_errno()
+    if errno_ not in (errno.EPERM, errno.EINVAL, errno.ENODEV, errno.EOPNOTSUPP):
+        raise OSError(errno_, f"mount overlay {TREE_DIR}")
+    copy_tree(lower, TREE_DIR)
+    return "copy"
+
+
+def copy_tree(src: str, dst: str) -> None:
+    for folder, dirs, files in os.walk(src):
+        out = dst + folder[len(src):]
+        for d in dirs:
+            os.mkdir(f"{out}/{d}")
+            os.chmod(f"{out}/{d}", 0o777)
+        for name in files:
+            with open(f"{folder}/{name}", "rb") as f:
+                data = f.read()
+            fd = os.open(f"{out}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            os.fchmod(fd, 0o666)
+            while data:
+                data = data[os.write(fd, data):]
+            os.close(fd)
+
+
+_MOUNTED: set = set()
+
+
+def fresh_tmpfs(cfg: dict, force: bool = False) -> None:
+    """Mount a fresh size-capped tmpfs on each of ``TMPFS`` that a program has touched (or on
+    all of them with ``force``), and stamp its root with mtime 0. Creating, renaming or deleting
+    anything in it sets the root's mtime to now, and only the root's owner (here, root) can set
+    it back, so a mount whose root still says 0 holds nothing a program put there."""
+    import ctypes
+
+    lib = kernel.libc()
+    opts = f"size={cfg['tmpfs_mb']}m,nr_inodes=4096,mode=1777".encode()
+    for where in TMPFS:
+        if not force and os.stat(where).st_mtime_ns == 0:
+            continue
+        path = where.encode()
+        if where in _MOUNTED and lib.umount2(path, MNT_DETACH) != 0:
+            raise OSError(ctypes.get_errno(), f"umount {where}")
+        _MOUNTED.discard(where)
+        if lib.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs {where}")
+        _MOUNTED.add(where)
+        os.utime(where, ns=(0, 0))
+
+
+def judge_tmpfs(cfg: dict) -> None:
+    """Mount the judge's own tmpfs on `JUDGE_DIR`, mode 0700 and owned by the judge's uid: a test
+    module written there cannot be read, replaced or joined by a ``conftest.py`` from the program,
+    and the program cannot fill it to make a task fail to load."""
+    import ctypes
+
+    if not os.path.isdir(JUDGE_DIR):
+        return
+    uid = cfg["judge_uid"]
+    opts = f"size=64m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}".encode()
+    if kernel.libc().mount(b"tmpfs", JUDGE_DIR.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        raise OSError(ctypes.get_errno(), f"mount tmpfs {JUDGE_DIR}")
+
+
+def unmount_tree() -> None:
+    """Take the last job's tree away (its upper layer goes with the next fresh ``/tmp``)."""
+    if TREE_DIR in _MOUNTED:
+        if kernel.libc().umount2(TREE_DIR.encode(), MNT_DETACH) != 0:
+            import ctypes
+
+            raise OSError(ctypes.get_errno(), f"umount {TREE_DIR}")
+        _MOUNTED.discard(TREE_DIR)
