@@ -62,6 +62,8 @@ class Limits:
     max_topk: int = 20
     """Most tokens per prompt position ``topk_prompt_logprobs`` may ask for."""
     max_sessions: int = 256
+    """Sessions open at once; a new one beyond it ends the least recently heard from (its training
+    clients unloaded, as at ``finish``)."""
     max_pending: int = 1024
     kept_results: int = 4096
     max_snapshots: int = 8
@@ -72,6 +74,9 @@ class Limits:
     """A session not heard from for this long (the SDK beats every 10 s) is over: when the training
     clients are at their bound, those of such sessions are unloaded to make room."""
 
+
+ENDED_KEPT = 4096
+"""Ended sessions remembered, so a late ``finish`` of one is answered 200, not 404."""
 
 MAX_BATCH_ROWS = 1024
 """Most samples one engine call of batched ``asample`` requests makes."""
@@ -155,6 +160,7 @@ class State:
     limits: Limits
     worker: concurrent.futures.ThreadPoolExecutor
     sessions: dict[str, float] = field(default_factory=dict)
+    ended: OrderedDict = field(default_factory=OrderedDict)  # session id -> why it ended (the first reason)
     models: dict[str, str] = field(default_factory=dict)  # model id -> base name
     samplers: dict[str, Sampler] = field(default_factory=dict)
     futures: OrderedDict = field(default_factory=OrderedDict)
@@ -188,6 +194,27 @@ class State:
             for old in list(self.samplers)[:max(0, len(self.samplers) - self.limits.max_samplers)]:
                 del self.samplers[old]
         return sampler_id
+
+    def end_session(self, session_id: str, why: str) -> None:
+        """The session is over (finished, silent too long, or evicted): its training clients are
+        unloaded and its sampling sessions dropped now, so their slots and memory are free at once."""
+        self.sessions.pop(session_id, None)
+        self.ended.setdefault(session_id, why)
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
+        for model_id in [m for m in self.models if m.split(":train:")[0] == session_id]:
+            # popped now, unloaded in its turn: the worker first runs what the client had queued
+            # (a load still running finds its id gone and fails its own future)
+            del self.models[model_id]
+            self.worker.submit(self._unload, model_id)
+        with self.sampler_lock:
+            for sampler_id in [k for k, v in self.samplers.items() if v.session == session_id]:
+                del self.samplers[sampler_id]
+
+    def _unload(self, model_id: str) -> None:
+        for base in self.bases.values():
+            if model_id in base.adapters:
+                base.remove_adapter(model_id)
 
     def base_of(self, model_id) -> Base:
         if not isinstance(model_id, str) or model_id not in self.models:
@@ -244,8 +271,7 @@ def _session_routes(state: State) -> list[Route]:
     async def create_session(request: Request) -> Response:
         await read_json(request)
         if len(state.sessions) >= state.limits.max_sessions:
-            oldest = min(state.sessions, key=state.sessions.get)
-            del state.sessions[oldest]
+            state.end_session(min(state.sessions, key=state.sessions.get), "evicted")
         session_id = f"session-{uuid.uuid4().hex[:12]}"
         state.sessions[session_id] = time.time()
         return JSON({"type": "create_session", "session_id": session_id})
@@ -258,6 +284,17 @@ def _session_routes(state: State) -> list[Route]:
         state.sessions[body["session_id"]] = time.time()
         return JSON({"type": "session_heartbeat"})
 
+    async def finish(request: Request) -> Response:
+        """What leaving ``with ServiceClient(...)`` or ``close()`` sends; the first reason stands."""
+        session_id = request.path_params["session_id"]
+        reason = (await read_json(request, empty_ok=True)).get("reason")
+        if session_id in state.sessions:
+            why = reason.get("type") if isinstance(reason, dict) else None
+            state.end_session(session_id, f"finished: {why or 'no reason given'}")
+        elif session_id not in state.ended:
+            raise APIError(404, f"session {session_id!r}: no such session", code="not_found")
+        return JSON({"type": "session_finished", "session_id": session_id, "reason": state.ended[session_id]})
+
     async def telemetry(request: Request) -> Response:
         await read_json(request, empty_ok=True)  # read and dropped: nothing leaves this machine
         return JSON({"status": "accepted"})
@@ -268,6 +305,7 @@ def _session_routes(state: State) -> list[Route]:
             Route("/api/v1/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
             Route("/api/v1/create_session", endpoint(create_session), methods=["POST"]),
             Route("/api/v1/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
+            Route("/api/v1/sessions/{session_id}/finish", endpoint(finish), methods=["POST"]),
             Route("/api/v1/telemetry", endpoint(telemetry), methods=["POST"])]
 
 
@@ -313,13 +351,8 @@ def new_model_id(state: State, body: dict) -> str:
 def _reap(state: State) -> None:
     """Unload the training clients of sessions that stopped beating (a crashed or closed client)."""
     now = time.time()
-    dead = {s for s, t in state.sessions.items() if now - t > state.limits.session_timeout_s}
-    for model_id, base_name in list(state.models.items()):
-        if base_name is not None and model_id.split(":train:")[0] in dead:
-            del state.models[model_id]
-            state.worker.submit(state.bases[base_name].remove_adapter, model_id)
-    for session in dead:
-        del state.sessions[session]
+    for session in [s for s, t in state.sessions.items() if now - t > state.limits.session_timeout_s]:
+        state.end_session(session, "timed out")
 
 
 def _model_routes(state: State) -> list[Route]:
@@ -346,7 +379,7 @@ def _model_routes(state: State) -> list[Route]:
         adapter = base.adapters.get(body["model_id"])
         return JSON({"type": "get_info", "model_id": body["model_id"], "model_name": base.name,
                      "model_data": {"arch": base.model.config.model_type, "model_name": base.name,
-                                    "tokenizer_id": base.name},
+                                    "tokenizer_id": _tokenizer_id(base)},
                      "is_lora": True, "lora_rank": adapter.spec.rank if adapter else None})
 
     async def unload(request: Request) -> Response:
@@ -359,6 +392,12 @@ def _model_routes(state: State) -> list[Route]:
     return [Route("/api/v1/create_model", endpoint(create_model), methods=["POST"]),
             Route("/api/v1/get_info", endpoint(get_info), methods=["POST"]),
             Route("/api/v1/unload_model", endpoint(unload), methods=["POST"])]
+
+
+def _tokenizer_id(base: Base) -> str:
+    """What the SDK's ``get_tokenizer()`` hands to ``AutoTokenizer.from_pretrained``: the base's
+    folder, which loads offline on this machine (the served name would be looked up on the hub)."""
+    return str(Path(base.path).resolve()) if base.path else base.name
 
 
 async def _read_bytes(request: Request) -> bytes:
@@ -477,8 +516,8 @@ def _sampling_params(body: dict, limits: Limits) -> dict:
     if not isinstance(stop, list) or len(stop) > 32 or not all(isinstance(s, (str, int)) for s in stop):
         raise bad("sampling_params.stop: a string, or up to 32 strings or token ids", code="invalid_value")
     temperature, top_p, top_k = p.get("temperature", 1.0), p.get("top_p", 1.0), p.get("top_k", -1)
-    if not isinstance(temperature, (int, float)) or not 0 < temperature <= 100:
-        raise bad(f"sampling_params.temperature: in (0, 100], got {temperature!r}", code="invalid_value")
+    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
+        raise bad(f"sampling_params.temperature: in [0, 100] (0: greedy), got {temperature!r}", code="invalid_value")
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise bad(f"sampling_params.top_p: in (0, 1], got {top_p!r}", code="invalid_value")
     if not isinstance(top_k, int) or top_k < -1:
@@ -514,12 +553,19 @@ def _sampling_routes(state: State) -> list[Route]:
             folder = checkpoint_dir(state.root, body["model_path"], "sampler_weights")
             from posttrain.tinker.checkpoints import read_sampler
 
-            base_name, adapter = await asyncio.to_thread(read_sampler, state, folder)
+            # a 4xx, not a 500: the SDK retries a 5xx for about a minute before it gives up
+            try:
+                base_name, adapter = await asyncio.to_thread(read_sampler, state, folder)
+            except FileNotFoundError as e:
+                raise APIError(404, f"model_path {body['model_path']!r}: {e}", code="not_found") from None
+            except LossInputError as e:
+                raise bad(f"model_path {body['model_path']!r}: {e}", code="model_not_found") from None
             sampler = Sampler(base=base_name, label=f"{body['model_path']}#{uuid.uuid4().hex}", adapter=adapter,
-                              model_path=body["model_path"])
+                              model_path=body["model_path"], session=body.get("session_id"))
         else:
             _check_base(state, body.get("base_model"))
-            sampler = Sampler(base=body["base_model"], label="base", adapter=None, model_path=None)
+            sampler = Sampler(base=body["base_model"], label="base", adapter=None, model_path=None,
+                              session=body.get("session_id"))
         return JSON({"type": "create_sampling_session", "sampling_session_id": state.add_sampler(sampler)})
 
     def sampler_of(sampler_id) -> Sampler:

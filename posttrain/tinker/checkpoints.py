@@ -62,7 +62,8 @@ def save_for_sampler(state, model_id: str, name: str | None) -> dict:
     base = state.bases[state.models[model_id]]
     adapter = base.adapter_state(model_id)
     if name is None:
-        sampler = Sampler(base=base.name, label=f"snapshot-{uuid.uuid4().hex}", adapter=adapter, model_path=None)
+        sampler = Sampler(base=base.name, label=f"snapshot-{uuid.uuid4().hex}", adapter=adapter, model_path=None,
+                          session=model_id.split(":train:")[0])
         return {"type": "save_weights_for_sampler", "sampling_session_id": state.add_sampler(sampler)}
     _write(state.root / model_id / "sampler_weights" / name, adapter, _meta(state, model_id), None, overwrite=True)
     return {"type": "save_weights_for_sampler", "path": f"tinker://{model_id}/sampler_weights/{name}"}

@@ -81,6 +81,8 @@ class Sampler:
     adapter: dict | None
     model_path: str | None
     clients: int = 0
+    session: str | None = None
+    """The SDK session that made it: dropped when that session ends."""
 
 
 @dataclass

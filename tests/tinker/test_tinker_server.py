@@ -147,7 +147,7 @@ def test_sampling_bounds(http, model_id):
                                  json={"model_id": model_id, "sampling_session_seq_id": 0}))["sampling_session_id"]
     prompt = {"chunks": [{"type": "encoded_text", "tokens": [3, 4, 5]}]}
     for params, n, words in [({"max_tokens": 17}, 1, "max_tokens"), ({"max_tokens": 4}, 5, "num_samples"),
-                             ({"max_tokens": 4, "temperature": 0}, 1, "temperature")]:
+                             ({"max_tokens": 4, "temperature": -0.5}, 1, "temperature")]:
         r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "prompt": prompt, "num_samples": n,
                                                "sampling_params": params})
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
@@ -350,3 +350,127 @@ def test_topk_prompt_logprobs_against_a_slow_reference(http, nano_model_dir):
     assert 3 not in without
     r = http.post("/api/v1/asample", json=body | {"topk_prompt_logprobs": 21})
     assert r.status_code == 400 and "topk_prompt_logprobs: 0..20" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------------------ session lifecycle
+
+def new_session(http) -> str:
+    return http.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
+
+
+def new_client(http, session: str, seq: int):
+    body = {"session_id": session, "model_seq_id": seq, "base_model": "nano", "lora_config": {"rank": 2, "seed": 0}}
+    return http.post("/api/v1/create_model", json=body)
+
+
+def free_slots(http) -> int:
+    return http.app_state.limits.max_models - len(http.app_state.models)
+
+
+def drain(http) -> None:
+    """Wait until the worker has run everything queued before now (it runs in order)."""
+    http.app_state.worker.submit(lambda: None).result(30)
+
+
+def test_finish_unloads_the_sessions_clients(http):
+    """``POST /api/v1/sessions/{id}/finish`` (what leaving ``with ServiceClient(...)`` sends): 200,
+    the session's clients unloaded at once (their slots free for another session), its heartbeat
+    410; finishing again is a 200 (the first reason stands), an unknown session a 404."""
+    state = http.app_state
+    session = new_session(http)
+    ids = [result(http, new_client(http, session, seq))["model_id"] for seq in range(free_slots(http))]
+    snapshot = result(http, http.post("/api/v1/save_weights_for_sampler", json={"model_id": ids[0]}))
+    other = new_session(http)
+    assert new_client(http, other, 0).status_code == 429  # every slot is taken
+    finish = {"reason": {"type": "success"}, "detail": None}
+    r = http.post(f"/api/v1/sessions/{session}/finish", json=finish)
+    assert r.status_code == 200, r.text
+    drain(http)
+    assert not any(m in state.models or m in state.bases["nano"].adapters for m in ids)
+    assert snapshot["sampling_session_id"] not in state.samplers  # its weight snapshot is dropped too
+    assert http.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code == 410
+    assert http.post(f"/api/v1/sessions/{session}/finish", json={"reason": {"type": "errored"}}).status_code == 200
+    r = http.post("/api/v1/sessions/session-nope/finish", json=finish)
+    assert r.status_code == 404 and "no such session" in r.json()["error"]["message"]
+    client = result(http, new_client(http, other, 0))["model_id"]
+    result(http, http.post("/api/v1/unload_model", json={"model_id": client}))
+
+
+def test_clients_of_an_evicted_session_are_unloaded(http):
+    """A session dropped because ``max_sessions`` are open (the least recently heard from) gives
+    its training clients up: a new client gets the slot (it used to be a 429 until a restart)."""
+    import dataclasses
+
+    state = http.app_state
+    limits = state.limits
+    old = new_session(http)
+    ids = [result(http, new_client(http, old, seq))["model_id"] for seq in range(free_slots(http))]
+    state.sessions[old] = min(state.sessions.values()) - 1.0  # the least recently heard from
+    state.limits = dataclasses.replace(limits, max_sessions=len(state.sessions), session_timeout_s=1e9)
+    try:
+        newer = new_session(http)  # one too many: `old` is evicted
+    finally:
+        state.limits = limits
+    assert old not in state.sessions
+    assert http.post("/api/v1/session_heartbeat", json={"session_id": old}).status_code == 410
+    r = new_client(http, newer, 0)
+    assert r.status_code == 200, r.text
+    client = result(http, r)["model_id"]
+    drain(http)
+    assert not any(m in state.models or m in state.bases["nano"].adapters for m in ids)
+    result(http, http.post("/api/v1/unload_model", json={"model_id": client}))
+
+
+def test_a_missing_sampler_checkpoint_is_a_4xx_at_once(http, model_id):
+    """``create_sampling_session`` on a checkpoint that is not there is a 404, and on one whose base
+    is not served a 400, not a 500 (which the SDK retries for a minute)."""
+    import json
+
+    from posttrain.tinker.app import checkpoint_dir
+
+    session = new_session(http)
+    body = {"session_id": session, "sampling_session_seq_id": 0, "model_path": "tinker://nobody/sampler_weights/none"}
+    r = http.post("/api/v1/create_sampling_session", json=body)
+    assert r.status_code == 404, r.text
+    assert "no checkpoint" in r.json()["error"]["message"] and "tinker://nobody" in r.json()["error"]["message"]
+    path = result(http, http.post("/api/v1/save_weights_for_sampler",
+                                  json={"model_id": model_id, "path": "foreign-base"}))["path"]
+    meta = checkpoint_dir(http.app_state.root, path) / "meta.json"
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"base_model": "other/model"}))
+    r = http.post("/api/v1/create_sampling_session", json=body | {"model_path": path})
+    assert r.status_code == 400, r.text
+    assert "'other/model' is not served here" in r.json()["error"]["message"]
+
+
+def test_temperature_zero_is_greedy(http, nano_model_dir):
+    """``temperature=0`` (tinker-cookbook sends it) decodes greedily: every sample the argmax chain,
+    its log-probs the model's at temperature 1."""
+    from transformers import AutoModelForCausalLM
+
+    sid = http.post("/api/v1/create_sampling_session", json={"base_model": "nano"}).json()["sampling_session_id"]
+    prompt = [3, 4, 5, 9]
+    r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "num_samples": 3,
+                                           "sampling_params": {"max_tokens": 6, "temperature": 0},
+                                           "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]}})
+    seqs = sequences_of(result(http, r))
+    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
+    ids, ref = list(prompt), []
+    with torch.no_grad():
+        for _ in range(len(seqs[0][0])):
+            logp = model(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+            ids.append(int(logp.argmax()))
+            ref.append(float(logp.max()))
+    for tokens, logprobs in seqs:
+        assert tokens == ids[len(prompt):]
+        np.testing.assert_allclose(logprobs, ref, atol=1e-5)
+
+
+def test_get_info_reports_the_base_folder_as_tokenizer(http, model_id, nano_model_dir):
+    """The SDK's ``get_tokenizer()`` loads ``model_data.tokenizer_id`` with ``AutoTokenizer``: the
+    base's folder loads offline, where the served name would be looked up on the hub."""
+    from transformers import AutoTokenizer
+
+    info = http.post("/api/v1/get_info", json={"model_id": model_id}).json()
+    assert info["model_data"]["tokenizer_id"] == str(nano_model_dir.resolve())
+    tokenizer = AutoTokenizer.from_pretrained(info["model_data"]["tokenizer_id"])
+    assert tokenizer.encode("hello world") == http.app_state.bases["nano"].tokenizer.encode("hello world")
