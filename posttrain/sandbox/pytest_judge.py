@@ -411,13 +411,42 @@ def _recorder(pytest, run: PytestRun, classify, open_dir: str | None):
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_call(self, item):
-            if open_dir and os.path.isdir(open_dir):  # pytest makes tmp_path 0700 for its own uid
-                os.chmod(open_dir, 0o777)
-                for root, dirs, _ in os.walk(open_dir):
-                    for d in dirs:
-                        os.chmod(os.path.join(root, d), 0o777)
+            if open_dir:  # pytest makes tmp_path 0700 for its own uid
+                open_folders(open_dir)
 
     return Recorder()
+
+
+def open_folders(top: str) -> None:
+    """Make ``top`` and every real folder below it 0777, never following a link.
+
+    The program writes in these folders and may plant links there, and the judge's uid owns
+    ``/judge``: a chmod through a link would open the hidden tests to it. Each folder is opened
+    relative to its parent's descriptor with ``O_NOFOLLOW``, so a link swapped in mid-walk is
+    refused too (ELOOP, ENOTDIR), not followed."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        fd = os.open(top, flags)
+    except OSError:
+        return
+    _open_below(fd, flags)
+
+
+def _open_below(fd: int, flags: int) -> None:
+    try:
+        os.fchmod(fd, 0o777)
+        names = os.listdir(fd)
+    except OSError:
+        names = []
+    try:
+        for name in names:
+            try:
+                child = os.open(name, flags, dir_fd=fd)
+            except OSError:  # a link, a file, or gone
+                continue
+            _open_below(child, flags)
+    finally:
+        os.close(fd)
 
 
 def pytest_args(paths: list[str], *, rootdir: str, ini: str, basetemp: str, conftest: bool = False,

@@ -534,3 +534,58 @@ def test_pytest_star_import_brings_no_marks_or_tests(pool, guard):
                "class TestMore:\n    def test_it(self):\n        pass\n"
                "def f(x):\n    return 0\n")
     assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+# A KodCode-format record of four tests whose last asserts a constant that exists only in the
+# hidden test module. The program plants `basetemp/j -> /judge` through `tmp_path`, then a link
+# to each task folder it can list there, and reads the test module through whatever it reaches:
+# a judge that opened `tmp_path` by following links would hand it `/judge`, then the task folder.
+PLANT_TESTS = ("from solution import probe\n\nSECRET = 73914\n\n"
+               "def test_one(tmp_path):\n    assert probe(tmp_path) >= 0\n\n"
+               "def test_two(tmp_path):\n    assert probe(tmp_path) >= 0\n\n"
+               "def test_three(tmp_path):\n    assert probe(tmp_path) >= 0\n\n"
+               "def test_four(tmp_path):\n    assert probe(tmp_path) == SECRET\n")
+PLANT = ("import os, re\nFOUND = [0]\n"
+         "def probe(p):\n"
+         "    base = os.path.dirname(str(p))\n"
+         "    try:\n        os.symlink('/judge', base + '/j')\n    except OSError:\n        pass\n"
+         "    try:\n        names = os.listdir('/judge')\n    except OSError:\n        names = []\n"
+         "    for d in names:\n"
+         "        try:\n            os.symlink('/judge/' + d, base + '/k' + d)\n        except OSError:\n            pass\n"
+         "        try:\n"
+         "            m = re.search(r'SECRET = (\\d+)', open(f'/judge/{d}/test_task.py').read())\n"
+         "            FOUND[0] = int(m.group(1)) if m else FOUND[0]\n"
+         "        except OSError:\n            pass\n"
+         "    return FOUND[0]\n")
+LIST_JUDGE = "import os\ndef f(x):\n    os.listdir('/judge')\n    return x * 2\n"
+
+
+def test_pytest_link_to_judge_in_tmp_path_cannot_read_the_tests(pool, guard):
+    assert judge_pytest(pool, PLANT, PLANT_TESTS) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_pytest_link_to_judge_leaves_judge_closed_to_the_next_program(pool, guard):
+    judge_pytest(pool, PLANT, PLANT_TESTS)
+    assert judge(pool, LIST_JUDGE) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_judge_dir_is_fresh_for_every_task(pool, guard):
+    # Even a task whose own tests open /judge (trusted code, run by the judge) leaves nothing
+    # for the next program: /judge is mounted afresh before it.
+    tests = "import os\nfrom solution import f\n\ndef test_f():\n    os.chmod('/judge', 0o777)\n    assert f(2) == 4\n"
+    assert judge_pytest(pool, "def f(x):\n    return 2 * x\n", tests) == ("PASS", "")
+    assert judge(pool, LIST_JUDGE) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_sandbox_check_on_a_record_that_links_to_judge(make_pool, tmp_path, capsys):
+    # Through the command a user runs, on the pytest record form KodCode's tasks load into.
+    import json
+
+    from posttrain.cli import main
+
+    make_pool(workers=1).close()  # skips where the machine has no sandbox
+    path = tmp_path / "plant.jsonl"
+    path.write_text(json.dumps({"id": "plant", "program": PLANT, "tests": PLANT_TESTS, "module": "solution"}) + "\n")
+    assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[0])
+    assert (line["outcome"], line["reason"]) == ("MODEL_FAIL", "wrong_answer")

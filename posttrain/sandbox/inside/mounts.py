@@ -104,18 +104,34 @@ def fresh_tmpfs(cfg: dict, force: bool = False) -> None:
         os.utime(where, ns=(0, 0))
 
 
-def judge_tmpfs(cfg: dict) -> None:
+def judge_tmpfs(cfg: dict, force: bool = True) -> None:
     """Mount the judge's own tmpfs on `JUDGE_DIR`, mode 0700 and owned by the judge's uid: a test
     module written there cannot be read, replaced or joined by a ``conftest.py`` from the program,
-    and the program cannot fill it to make a task fail to load."""
+    and the program cannot fill it to make a task fail to load.
+
+    Without ``force``, only when the last task changed it: any write, chmod or link there moves
+    the root's ctime past the one recorded at mount time (and no one can set a ctime back), so
+    an untouched ``/judge`` is provably the fresh one and every other is replaced before the
+    next program runs. A mode or a file one task left there never reaches the next."""
     import ctypes
 
     if not os.path.isdir(JUDGE_DIR):
         return
+    if not force and os.stat(JUDGE_DIR).st_ctime_ns == _JUDGE_CTIME[0]:
+        return
+    lib = kernel.libc()
+    if JUDGE_DIR in _MOUNTED and lib.umount2(JUDGE_DIR.encode(), MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), f"umount {JUDGE_DIR}")
+    _MOUNTED.discard(JUDGE_DIR)
     uid = cfg["judge_uid"]
     opts = f"size=64m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}".encode()
-    if kernel.libc().mount(b"tmpfs", JUDGE_DIR.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+    if lib.mount(b"tmpfs", JUDGE_DIR.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
         raise OSError(ctypes.get_errno(), f"mount tmpfs {JUDGE_DIR}")
+    _MOUNTED.add(JUDGE_DIR)
+    _JUDGE_CTIME[0] = os.stat(JUDGE_DIR).st_ctime_ns
+
+
+_JUDGE_CTIME = [0]  # the root's ctime right after `judge_tmpfs` mounted it
 
 
 def unmount_tree() -> None:

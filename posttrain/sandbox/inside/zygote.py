@@ -251,6 +251,7 @@ def _next(cfg: dict) -> None:
     _kill_others()
     mounts.unmount_tree()
     mounts.fresh_tmpfs(cfg)
+    mounts.judge_tmpfs(cfg, force=False)  # after a pytest-style task: a fresh /judge for the next
     if _STATE["judge"] is None:
         _STATE["judge"] = judge.Judge(cfg)
     for wait in (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, None):
