@@ -5,6 +5,7 @@ Formats (detected from a record's fields, or named):
 
 - ``kodcode`` (KodCode RL and SFT subsets): ``question``, ``solution``, ``test`` (a pytest module
   doing ``from solution import f``; ``test_code`` in older revisions), ``test_info`` (declarations).
+  The tests run after the ``from solution import *`` line KodCode's harness puts before them.
 - ``mbpp``: the original (``text``, ``code``, ``test_list``, ``test_setup_code``) and the
   sanitized (``prompt``, ``code``, ``test_list``, ``test_imports``) releases.
 - ``evalplus`` (HumanEval+ and MBPP+): ``prompt``, ``entry_point``, ``canonical_solution``,
@@ -118,11 +119,18 @@ def _indent(code: str) -> str:
 
 
 # ----------------------------------------------------------------------------- KodCode
+# KodCode's harness writes every test file as this line and then the record's tests
+# (pipeline/step2.2_gen_unit_tests.py): many tests call the solution's functions without importing them.
+KODCODE_HEADER = "from solution import *\n\n"
+
+
 def kodcode(rec: dict, where: str, **_) -> dict:
-    """Tests: the record's own pytest module, run against the candidate imported as ``solution``."""
+    """Tests: the record's own pytest module after KodCode's ``from solution import *`` line, run
+    against the candidate imported as ``solution``, as KodCode's harness runs them."""
     question = _text(rec, "question", where, "kodcode", allow_empty=False)
     tests = _text(rec, "test_code" if "test_code" in rec and "test" not in rec else "test", where, "kodcode",
                   allow_empty=False)
+    tests = KODCODE_HEADER + tests
     solution = _text(rec, "solution", where, "kodcode")
     info = rec.get("test_info") or []
     if not isinstance(info, list) or not all(isinstance(i, dict) for i in info):

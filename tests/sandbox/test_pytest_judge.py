@@ -167,3 +167,58 @@ def test_tests_that_call_the_program_from_threads(pool):
              "    [t.start() for t in ts]\n    [t.join() for t in ts]\n    assert c.value == 80\n")
     program = "class Counter:\n    def __init__(self):\n        self.value = 0\n    def add(self):\n        self.value += 1\n"
     assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_the_star_import_brings_what_plain_pytest_sees(pool):
+    # KodCode's harness puts `from solution import *` before every test module: pytest then calls a
+    # set-up function the program defines, and tests use the program's names without importing them.
+    tests = ("from solution import *\n\ndef test_a():\n    assert count() == 1\n\n"
+             "def test_b():\n    assert count() == 1 and pytest_style() == 'ok'\n")
+    program = ("calls = []\ndef setup_function():\n    calls.append(1)\ndef teardown_function():\n    calls.clear()\n"
+               "def count():\n    return len(calls)\ndef pytest_style():\n    return 'ok'\n")
+    assert run(pool, program, tests) == ("PASS", "")
+    no_teardown = program.replace("calls.clear()", "pass")
+    assert run(pool, no_teardown, tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_isinstance_of_a_program_class(pool):
+    tests = ("from solution import Node, Leaf, make\n\ndef test_kinds():\n    assert isinstance(make(1), Node)\n"
+             "    assert isinstance(make(0), (Leaf, int)) and not isinstance(make(1), Leaf)\n"
+             "    assert issubclass(Leaf, Node) and not isinstance(3, Node)\n")
+    program = ("class Node:\n    pass\nclass Leaf(Node):\n    pass\n"
+               "def make(x):\n    return Node() if x else Leaf()\n")
+    assert run(pool, program, tests) == ("PASS", "")
+    wrong = program.replace("class Leaf(Node)", "class Leaf")
+    assert run(pool, wrong, tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_typing_and_stdlib_names_from_the_program_work_in_the_tests(pool):
+    # The program's `from typing import List` reaches the tests by the star import; the tests
+    # annotate with it, as they can under plain pytest.
+    tests = ("from solution import *\n\ndef helper(xs: List[int]) -> Optional[int]:\n    return total(xs)\n\n"
+             "def test_total():\n    assert helper([1, 2]) == 3 and isinstance(deque([1]), deque)\n")
+    program = ("from collections import deque\nfrom typing import List, Optional\n"
+               "def total(xs: List[int]) -> int:\n    return sum(xs)\n")
+    assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_tests_write_files_in_their_working_folder(pool):
+    # KodCode's tests run in a folder of their own: some write a file there and read it back.
+    tests = ("import sys\nfrom solution import shout\n\ndef test_shout():\n    saved = sys.stdout\n"
+             "    with open('out.txt', 'w') as f:\n        sys.stdout = f\n        shout('a')\n"
+             "    sys.stdout = saved\n    assert open('out.txt').read() == 'A\\n'\n")
+    assert run(pool, "def shout(s):\n    print(s.upper())\n", tests) == ("PASS", "")
+    assert run(pool, "def shout(s):\n    print(s)\n", tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_a_generator_test_is_left_out_as_pytest_8_did(pool):
+    # `from heapq import merge as test_merge` in a KodCode test: pytest 8 (KodCode's harness) marked
+    # the generator function an expected failure that never runs; pytest 9 fails the collection.
+    tests = "from heapq import merge as test_merge\nfrom solution import f\n\ndef test_f():\n    assert f() == 1\n"
+    assert run(pool, "def f():\n    return 1\n", tests) == ("PASS", "")
+    assert run(pool, "def f():\n    return 2\n", tests) == ("MODEL_FAIL", "wrong_answer")
+
+
+def test_a_nul_byte_in_the_tests_is_the_tasks_fault(pool):
+    tests = "from solution import f\n\ndef test_f():\n    assert f() == 1  # \0\n"
+    assert run(pool, "def f():\n    return 1\n", tests) == ("TASK_FAIL", "bad_test")
