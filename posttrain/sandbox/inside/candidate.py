@@ -73,7 +73,7 @@ def _child_io(msg: dict) -> None:
     os.dup2(fd, 0), os.close(fd)
     code = 0
     try:
-        exec(compile(msg["program"], "<program>", "exec"), {"__name__": "__main__"})
+        exec(compile(msg["program"], "<program>", "exec", dont_inherit=True), {"__name__": "__main__"})
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         code = 1 if code == EXIT_MEMORY else code  # the program's own exit(3) is not a memory verdict
@@ -97,7 +97,7 @@ _READY = struct.pack(">I", 11) + b'{"ready":1}'  # what write_frame(fd, {"ready"
 def _child_func(msg: dict, call_fd: int, reply_fd: int) -> None:
     ns = {"__name__": "__candidate__"}
     try:
-        exec(compile(msg["program"], "<program>", "exec"), ns)
+        exec(compile(msg["program"], "<program>", "exec", dont_inherit=True), ns)
         fn = ns[msg["entry_point"]]
         if not callable(fn):
             raise TypeError(f"{msg['entry_point']} is not callable")
@@ -214,7 +214,7 @@ def _child_objects(msg: dict, call_fd: int, reply_fd: int) -> None:
 
     ns = {"__name__": msg["module"]}
     try:
-        exec(compile(msg["program"], f"{msg['module']}.py", "exec"), ns)
+        exec(compile(msg["program"], f"{msg['module']}.py", "exec", dont_inherit=True), ns)
         os.write(reply_fd, _READY)
     except BaseException as e:
         write_frame(reply_fd, {"exc": type(e).__name__, "msg": str(e)[:300]})

@@ -109,7 +109,7 @@ def _compiled(source: str, name: str):
     key = (source, name)
     code = _CODE.pop(key, None)
     if code is None:
-        code = compile(source, name, "exec")
+        code = compile(source, name, "exec", dont_inherit=True)
         _CODE_CHARS[0] += len(source)
         while _CODE and _CODE_CHARS[0] > 16 << 20:
             _CODE_CHARS[0] -= len(next(iter(_CODE))[0])

@@ -288,7 +288,7 @@ def _warm_up() -> None:
     # would pay for it in page faults (more than for the rest of a short program).
     with open(f"{mounts.BOX_DIR}/warm.py") as f:
         ns = {"__name__": "__warm__"}
-        exec(compile(f.read(), "<warm>", "exec"), ns)
+        exec(compile(f.read(), "<warm>", "exec", dont_inherit=True), ns)
     ns["exercise"]()
     lib = kernel.libc()
     lib.prctl(kernel.PR_GET_SECCOMP, 0, 0, 0, 0), lib.fork, lib.mount, lib.umount2  # resolved once

@@ -1,0 +1,43 @@
+"""The candidate runs a program as plain Python runs it: no compiler flags from the sandbox's code."""
+
+from __future__ import annotations
+
+from posttrain.sandbox.pool import Job
+
+# HumanEval/0's signature with `List` never imported: plain Python raises NameError at the def.
+HE0 = ("def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+       "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n")
+HE0_TESTS = "def check(candidate):\n    assert candidate([1.0, 2.0, 3.9, 4.0], 0.3)\n"
+
+
+def verdict(pool, job: Job) -> tuple[str, str]:
+    out = pool.run([job])[0]
+    return out.cls.value, out.reason
+
+
+def test_function_call_program_does_not_inherit_postponed_annotations(pool):
+    assert verdict(pool, Job(HE0, "has_close_elements", HE0_TESTS)) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_stdin_program_does_not_inherit_postponed_annotations(pool):
+    program = "def f(xs: List[int]) -> int:\n    return sum(xs)\nprint(f([1, 2]))\n"
+    assert verdict(pool, Job(program, io=(("", "3\n"),))) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_pytest_program_does_not_inherit_postponed_annotations(pool):
+    tests = "from solution import has_close_elements\n\ndef test_f():\n    assert has_close_elements([1.0, 1.1], 0.3)\n"
+    assert verdict(pool, Job(HE0, tests=tests, module="solution")) == ("MODEL_FAIL", "runtime_error")
+
+
+def test_sandbox_check_fails_a_program_using_list_unimported(make_pool, tmp_path, capsys):
+    import json
+
+    from posttrain.cli import main
+
+    make_pool(workers=1).close()  # skips where the machine has no sandbox
+    path = tmp_path / "he0.jsonl"
+    path.write_text(json.dumps({"id": "HumanEval/0", "program": HE0, "tests": HE0_TESTS,
+                                "entry_point": "has_close_elements"}) + "\n")
+    assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[0])
+    assert (line["outcome"], line["reason"]) == ("MODEL_FAIL", "runtime_error")
