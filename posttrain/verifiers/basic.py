@@ -9,8 +9,8 @@
 - `format`: a closed ``<think>…</think>`` block at the start, followed by an ``Answer:`` line or a
   fenced code block. Used as a small bonus next to a correctness verifier (see `combine`).
 - `code_format`: a closed ``<think>…</think>`` block at the start, followed by a program that is
-  syntactically valid Python (`extract_code` of what follows the block; parsed, never run): the
-  format reward of the seed's reasoning recipe (examples/seed_reasoning.yaml).
+  syntactically valid Python (the last fenced block after it, or all of it without a fence;
+  parsed, never run): the format reward of the seed's reasoning recipe (examples/seed_reasoning.yaml).
 
 Classes (`posttrain.outcome`): no answer in the completion -> MODEL_FAIL "format"; a wrong one ->
 MODEL_FAIL "wrong_answer"; an example without a usable reference answer -> TASK_FAIL, because
@@ -26,6 +26,7 @@ import warnings
 
 from posttrain.outcome import Outcome
 from posttrain.tasks.arithmetic import extract_answer
+from posttrain.verifiers.sanitize import longest_valid_code, sanitize
 
 MATH_TIMEOUT_S = 5
 """Per-parse and per-comparison limit inside math-verify (main thread only)."""
@@ -93,14 +94,28 @@ def format_reward(completion: str, example: dict) -> Outcome:
     return Outcome.model_fail("format", detail="no 'Answer:' line or code block after </think>")
 
 
-def extract_code(completion: str) -> str:
-    """The program in a completion: after a closed reasoning trace (the text past the last
-    ``</think>``) when there is one, the last fenced block's body, or that text itself when it has
-    no fence. A draft in the trace is never the answer, so a trace never closed (cut at the length
-    limit) leaves no program."""
+def extract_code(completion: str, entry_point: str | None = None, *, whole: bool = False) -> str:
+    """The program in a completion, as evalplus' ``sanitize`` finds it (`posttrain.verifiers.sanitize`):
+    the longest syntactically valid code, then its imports and the definitions ``entry_point``
+    needs (all definitions without one), so prose, stray fences and top-level example calls are
+    left out. ``whole``: the longest valid code as it is, top-level statements included (a stdin
+    program, a module a test suite imports). Read past a closed reasoning trace (the text after the
+    last ``</think>``) when there is one: a draft in the trace is never the answer, so a trace never
+    closed (cut at the length limit) leaves no program."""
+    answer = after_trace(completion)
+    return longest_valid_code(answer) if whole else sanitize(answer, entry_point)
+
+
+def after_trace(completion: str) -> str:
+    """The answer past a closed reasoning trace (the text after the last ``</think>``), the whole
+    completion when it has no trace, "" when a trace is never closed."""
     _, closed, answer = completion.rpartition(_THINK_CLOSE)
-    if not closed and "<think>" in completion:
-        return ""
+    return "" if not closed and "<think>" in completion else answer
+
+
+def _fenced_or_whole(answer: str) -> str:
+    """The last fenced block's body, or the text itself when it has no fence: what a well-formatted
+    answer shows as its program (the format reward's reading, stricter than `extract_code`)."""
     blocks = _FENCE_RE.findall(answer)
     return blocks[-1] if blocks else answer
 
@@ -118,11 +133,12 @@ def _think_block(completion: str) -> tuple[str | None, str]:
 
 
 def code_format(completion: str, example: dict) -> Outcome:
-    """PASS for ``<think>…</think>`` followed by a program that parses as Python (`extract_code`)."""
+    """PASS for ``<think>…</think>`` followed by a program that parses as Python (its last fenced
+    block, or all of it without a fence; stricter than `extract_code`, which finds code in prose)."""
     rest, reason = _think_block(completion)
     if rest is None:
         return Outcome.model_fail("format", detail=reason)
-    program = extract_code(rest)
+    program = _fenced_or_whole(rest)
     if not program.strip():
         return Outcome.model_fail("format", detail="no code after </think>")
     try:

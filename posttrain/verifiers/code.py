@@ -10,8 +10,11 @@ An example carries its tests next to the prompt, in either sandbox form:
 and optionally ``program_prefix`` / ``program_suffix`` around the code (published formats,
 `posttrain.data.formats`, which also sets ``task_error`` on a task broken as published: TASK_FAIL).
 
-The program is taken from the completion (`posttrain.verifiers.basic.extract_code`): past a closed
-``<think>`` trace when there is one, the last fenced code block if there is one, else that text.
+The program is taken from the completion (`posttrain.verifiers.basic.extract_code`) past a closed
+``<think>`` trace when there is one, as evalplus' ``sanitize`` takes it: the longest syntactically
+valid code, whatever fences and prose surround it; for function-call tasks only the imports and
+the definitions the entry point needs (top-level example calls and ``__main__`` blocks dropped);
+stdin programs and pytest-imported modules keep their top-level statements.
 For function-call tasks a program that defines ``entry_point`` is put after the
 prelude; one that does not is read as the continuation of the prelude (HumanEval style, where
 the prompt ends inside the function and the model writes its body).
@@ -42,7 +45,7 @@ from posttrain.outcome import Outcome
 from posttrain.sandbox.pool import Job, SandboxPool
 from posttrain.sandbox.records import to_job
 from posttrain.sandbox.worker import SandboxConfig
-from posttrain.verifiers.basic import extract_code
+from posttrain.verifiers.basic import after_trace, extract_code
 
 if TYPE_CHECKING:
     from posttrain.distributed.farm import VerifierFarm
@@ -109,30 +112,43 @@ atexit.register(close)
 
 def build_job(completion: str, example: dict) -> Job | Outcome:
     """The sandbox job for one completion, or the Outcome when there is nothing to run."""
-    code = extract_code(completion)
     if example.get("task_error"):  # broken as published (e.g. private tests that do not decode)
         return Outcome.task_fail("bad_test", str(example["task_error"]))
     if "module" in example or "program_suffix" in example or "program_prefix" in example:
-        return _task_job(code, example)
+        return _task_job(_program_of(completion, example), example)
     if "io" in example:
         io = example["io"]
         if not isinstance(io, list) or not io or not all(isinstance(c, dict) and "stdin" in c and "stdout" in c
                                                         for c in io):
             return Outcome.task_fail("bad_test", "'io' must be a non-empty list of {stdin, stdout}")
+        code = extract_code(completion, whole=True)  # a stdin program's top-level statements are the program
         if not code.strip():
             return Outcome.model_fail("format", detail="no code in the completion")
         return Job(code, io=tuple((str(c["stdin"]), str(c["stdout"])) for c in io))
     tests, entry = example.get("tests"), example.get("entry_point")  # data fields, not config
     if not isinstance(tests, str) or not isinstance(entry, str) or not tests.strip() or not entry:
         return Outcome.task_fail("no_tests", "the example needs 'tests' and 'entry_point' (or 'io')")
-    if not code.strip():
-        return Outcome.model_fail("format", detail="no code in the completion")
+    code, answer = extract_code(completion, entry), after_trace(completion)
     prelude = example.get("prelude") or ""
     if re.search(rf"^\s*(async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
         program = f"{prelude}\n\n{code}\n" if prelude else code
+    elif prelude and answer.strip():
+        program = prelude + answer  # the body of the function the prelude opens
+    elif code.strip():
+        program = code
     else:
-        program = prelude + completion  # the body of the function the prelude opens
+        return Outcome.model_fail("format", detail="no code in the completion")
     return Job(program, entry, tests, prelude)
+
+
+def _program_of(completion: str, example: dict) -> str:
+    """The code of a task judged as a whole program: a module a pytest suite imports or a stdin
+    program keeps its top-level statements; a function a suffix calls is sanitized for its entry
+    point (none when the task names a synthetic one: every definition is kept)."""
+    entry = example.get("entry_point")
+    if "module" in example or "io" in example or not isinstance(entry, str):
+        return extract_code(completion, whole=True)
+    return extract_code(completion, None if entry.startswith("__posttrain") else entry)
 
 
 def _task_job(code: str, example: dict) -> Job | Outcome:

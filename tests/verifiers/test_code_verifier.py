@@ -18,10 +18,12 @@ HE = {"prompt": "def f(x):\n    \"\"\"Square.\"\"\"\n", "tests": TESTS, "entry_p
 needs_sandbox = pytest.mark.skipif(not (probe()["bwrap"] and probe()["root"]), reason="no sandbox here")
 
 
-def test_extract_code_takes_the_last_fenced_block():
+def test_extract_code_takes_the_longest_valid_code_not_the_last_fence():
     text = "Plan.\n```python\nx = 1\n```\nBetter:\n```py\ndef f(x):\n    return x * x\n```\nDone."
-    assert extract_code(text) == "def f(x):\n    return x * x\n"
-    assert extract_code("def f(x):\n    return 1\n") == "def f(x):\n    return 1\n"
+    assert extract_code(text) == "def f(x):\n    return x * x"  # two lines beat one
+    first_longer = "```python\nimport math\nx = 1\ny = 2\n```\n```python\ndef f(x):\n    return x\n```"
+    assert extract_code(first_longer) == "import math\nx = 1\ny = 2"
+    assert extract_code("def f(x):\n    return 1\n") == "def f(x):\n    return 1"
     assert extract_code("```python\ndef f(x):\n    return 2") == "def f(x):\n    return 2"  # unclosed
     assert extract_code("```python\n```") == ""
 
@@ -89,3 +91,21 @@ def test_circuit_breaker_stops_the_run(monkeypatch):
         score_batch(build_reward("code", format_weight=0.1), ["def f(x):\n    return 1\n"], [EX])
     monkeypatch.setattr(code_verifier, "shared_pool", lambda: BrokenPool(OSError("disk")))
     assert score_batch(VERIFIERS["code"], ["def f(x):\n    return 1\n"], [EX])[0].cls is OutcomeClass.INFRA_FAIL
+
+
+# A real instruct model's shape of answer (SmolLM2-135M-Instruct, tests/data/chat_answers): correct
+# code, example calls, a closing fence it never opened, then prose.
+CLOSING_FENCE = ("def f(x):\n    return x * x\n\n# Example usage:\nprint(f(3))  # 9\n```\n\n"
+                 "In this code, the `f` function returns the square of `x`.")
+
+
+def test_the_program_of_a_closing_fence_answer_has_no_prose_and_no_example_call():
+    job = build_job(CLOSING_FENCE, HE)
+    assert job.program == HE["prelude"] + "\n\ndef f(x):\n    return x * x\n"
+    assert build_job(CLOSING_FENCE, EX).program == "def f(x):\n    return x * x"
+
+
+@needs_sandbox
+def test_a_closing_fence_answer_with_correct_code_passes():
+    got = score_batch(VERIFIERS["code"], [CLOSING_FENCE, CLOSING_FENCE.replace("x * x", "x + x")], [HE, EX])
+    assert [(o.cls.value, o.reason) for o in got] == [("PASS", ""), ("MODEL_FAIL", "wrong_answer")]

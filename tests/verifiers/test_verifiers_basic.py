@@ -163,10 +163,10 @@ def test_extract_code_reads_past_the_trace_only():
     from posttrain.verifiers.basic import extract_code
 
     draft = "<think>try\n```python\ndef f():\n    return 0\n```\n</think>\n"
-    assert extract_code(draft + "```python\ndef f():\n    return 1\n```") == "def f():\n    return 1\n"
-    assert extract_code(draft + "def f():\n    return 2\n") == "\ndef f():\n    return 2\n"
+    assert extract_code(draft + "```python\ndef f():\n    return 1\n```") == "def f():\n    return 1"
+    assert extract_code(draft + "def f():\n    return 2\n") == "def f():\n    return 2"
     assert extract_code("<think>never closed\ndef f():\n    return 3\n") == ""
-    assert extract_code("def f():\n    return 4\n") == "def f():\n    return 4\n"
+    assert extract_code("def f():\n    return 4\n") == "def f():\n    return 4"
 
 
 def test_the_format_reward_of_a_recipe_is_named():
