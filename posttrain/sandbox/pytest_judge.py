@@ -37,8 +37,10 @@ there.
 ``from solution import *`` (KodCode's harness puts it before every test module) imports what
 plain Python would (the program's ``__all__``, else every name not starting with ``_``) except a
 name that shadows a builtin or one the test module binds itself (its imports, constants,
-helpers): so pytest sees the program's ``setup_function``/``teardown_function`` (called with
-None for the function, which cannot cross) and its ``test_*`` functions, as plain pytest does.
+helpers) or one by which a module steers pytest itself (``pytest_plugins``,
+``pytest_generate_tests``): so pytest sees the program's ``setup_function``/``teardown_function``
+(called with None for the function, which cannot cross) and its ``test_*`` functions, as plain
+pytest does.
 A program's name for a standard-library module (``sys``, ``math``; bound under the module's own
 name) or for a class or typing construct of `TWIN_MODULES` (``List``, ``deque``) is the judge's
 own object of that name, as it is the same object under plain pytest: never a function, so the
@@ -61,6 +63,9 @@ import sys
 import types
 
 PROTECTED = frozenset(dir(builtins))
+# The names by which a test module steers pytest itself (plugins to load, how tests are generated):
+# a program that defines them is aiming at the runner, so a star import never brings them.
+RUNNER_NAMES = frozenset({"pytest_plugins", "pytest_generate_tests"})
 # Module-level set-up and tear-down functions pytest calls (`_pytest.python`'s xunit fixtures).
 XUNIT_NAMES = frozenset({"setup_module", "setUpModule", "teardown_module", "tearDownModule",
                          "setup_function", "teardown_function"})
@@ -329,7 +334,8 @@ class RemoteModule(types.ModuleType):
 
     def __getattr__(self, name: str):
         if name == "__all__":  # `from solution import *`: never over a builtin or a name the tests bind
-            return [n for n in self._star_names() if n not in PROTECTED and n not in self._hidden]
+            return [n for n in self._star_names() if n not in PROTECTED and n not in self._hidden
+                    and n not in RUNNER_NAMES]
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         value = self._remote.value("get", 0, name=name)

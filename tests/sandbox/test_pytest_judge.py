@@ -222,3 +222,10 @@ def test_a_generator_test_is_left_out_as_pytest_8_did(pool):
 def test_a_nul_byte_in_the_tests_is_the_tasks_fault(pool):
     tests = "from solution import f\n\ndef test_f():\n    assert f() == 1  # \0\n"
     assert run(pool, "def f():\n    return 1\n", tests) == ("TASK_FAIL", "bad_test")
+
+
+def test_the_star_import_never_brings_plugins_to_load(pool):
+    # Plain pytest would import and register each module a test module's `pytest_plugins` names.
+    tests = "from solution import *\n\ndef test_f():\n    assert f() == 1\n"
+    program = "pytest_plugins = ['no_such_plugin_here']\ndef f():\n    return 1\n"
+    assert run(pool, program, tests) == ("PASS", "")
