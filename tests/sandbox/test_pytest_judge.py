@@ -229,3 +229,21 @@ def test_the_star_import_never_brings_plugins_to_load(pool):
     tests = "from solution import *\n\ndef test_f():\n    assert f() == 1\n"
     program = "pytest_plugins = ['no_such_plugin_here']\ndef f():\n    return 1\n"
     assert run(pool, program, tests) == ("PASS", "")
+
+
+def test_real_kodcode_records_that_rely_on_the_harness(pool):
+    # Records as KodCode published them: tests calling functions they never import (004), writing
+    # a file in their working folder while printing into it through sys.stdout (038), annotating
+    # with the program's `List` (051), importing a generator function as `test_merge` (Prefill 003).
+    from pathlib import Path
+
+    from posttrain.data.records import load_tasks
+
+    folder = Path(__file__).parents[1] / "data" / "realbench" / "kodcode"
+    wanted = {"Algorithm_00000004_I", "Algorithm_00000038_I", "Algorithm_00000051_I", "Prefill_00000003_I"}
+    tasks = [t for path in sorted(folder.glob("*.json")) for _, t in load_tasks(str(path)) if t["id"] in wanted]
+    assert {t["id"] for t in tasks} == wanted
+    for task in tasks:
+        assert run(pool, task["reference"], task["tests"]) == ("PASS", ""), task["id"]
+        wrong = "".join(f"def {name}(*args, **kwargs):\n    return None\n" for name in task["entry_points"])
+        assert run(pool, wrong, task["tests"])[0] == "MODEL_FAIL", task["id"]
