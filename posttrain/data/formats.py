@@ -167,7 +167,7 @@ def mbpp(rec: dict, where: str, **_) -> dict:
     if not asserts:
         raise UserError(f"{where}: field 'test_list' of an mbpp record is empty")
     setup = "\n".join(_str_list(rec, "test_imports", where, "mbpp", required=False))
-    setup += "\n" + (rec.get("test_setup_code") or "")
+    setup += "\n" + (_text(rec, "test_setup_code", where, "mbpp") if rec.get("test_setup_code") is not None else "")
     text = rec["prompt"] if isinstance(rec.get("prompt"), str) else _text(rec, "text", where, "mbpp")
     entry = _mbpp_entry(code, asserts)
     if entry is None:
@@ -192,87 +192,48 @@ def _mbpp_entry(code: str, asserts: list[str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- evalplus
-_SET_EQ = {"similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly", "larg_nnum",
-           "intersection_array", "find_dissimilar", "Diff"}
-_NOT_NONE = {"check_str", "text_match_three", "text_starta_endb"}
-# Runs in the judge (task code, trusted): the reference's output on each input, then the
-# candidate's, compared as evalplus compares them (exact, else within atol like numpy.allclose
-# with rtol 1e-7; 1e-6 when atol is 0 and floats are expected; its special oracles).
-EVALPLUS_CHECK = '''
-import copy as _copy, json as _json, math as _math
-_SPEC = _json.loads({spec!r})
-_REF = {{"__name__": "__reference__"}}
-exec(compile(_SPEC["reference"], "<reference>", "exec"), _REF)
-
-
-def _floats(x):
-    return type(x) is float or (type(x) in (list, tuple) and all(type(i) is float for i in x))
-
-
-def _close(o, e, atol):
-    if type(o) not in (int, float, bool) or type(e) not in (int, float, bool):
-        return False
-    if _math.isnan(o) or _math.isnan(e) or _math.isinf(o) or _math.isinf(e):
-        return o == e
-    return abs(o - e) <= atol + 1e-07 * abs(e)
-
-
-def _same(out, exp, args, atol, oracle):
-    if oracle == "find_zero":
-        return abs(sum(c * _math.pow(out, i) for i, c in enumerate(args[0]))) <= (atol or 1e-6)
-    try:
-        exact = out == exp
-        if oracle == "set_eq":
-            exact = set(out) == set(exp)
-        elif oracle == "not_none":
-            exact = out == exp if type(out) is bool else exp == (out is not None)
-    except TypeError:
-        return False
-    if atol == 0 and _floats(exp):
-        atol = 1e-6
-    if exact or atol == 0:
-        return bool(exact)
-    if type(out) is not type(exp):
-        return False
-    if type(exp) in (list, tuple):
-        return len(out) == len(exp) and all(_close(o, e, atol) for o, e in zip(out, exp))
-    return _close(out, exp, atol)
-
-
-def check(candidate):
-    reference = _REF[_SPEC["entry_point"]]
-    for i, args in enumerate(_SPEC["inputs"]):
-        expected = reference(*_copy.deepcopy(args))
-        got = candidate(*_copy.deepcopy(args))
-        assert _same(got, expected, args, _SPEC["atol"], _SPEC["oracle"]), f"input {{i}}: wrong output"
-'''
-
-
 def evalplus(rec: dict, where: str, variant: str = "plus", **_) -> dict:
+    """Judged as evalplus judges (`posttrain.data.evalplus`): ``variant="base"`` on the base
+    inputs (HumanEval / MBPP), ``"plus"`` on base then plus inputs (HumanEval+ / MBPP+)."""
+    from posttrain.data import evalplus as ep
+
     if variant not in ("base", "plus"):
         raise UserError(f"{where}: evalplus variant must be base or plus, got {variant!r}")
     task_id = _text(rec, "task_id", where, "evalplus")
     prompt = _text(rec, "prompt", where, "evalplus")
     entry = _text(rec, "entry_point", where, "evalplus", allow_empty=False)
     reference = prompt + _text(rec, "canonical_solution", where, "evalplus")
-    inputs = []
+    mbpp_task = task_id.startswith("Mbpp/")
+    number = task_id.rsplit("/", 1)[-1]
+    groups = []
     for key in ("base_input", "plus_input") if variant == "plus" else ("base_input",):
-        value = rec.get(key)
-        if isinstance(value, str):  # some exports keep the inputs as a JSON string
-            value = json.loads(value)
-        if not isinstance(value, list) or not all(isinstance(args, list) for args in value):
-            raise UserError(f"{where}: field {key!r} of an evalplus record must be a list of argument lists")
-        inputs += value
+        inputs = _evalplus_inputs(rec, key, where)
+        groups.append(ep.mbpp_inputs(int(number), inputs) if mbpp_task and number.isdigit() else inputs)
     atol = rec.get("atol") or 0
     if not isinstance(atol, (int, float)):
         raise UserError(f"{where}: field 'atol' of an evalplus record must be a number")
-    mbpp_task = task_id.startswith("Mbpp/")
-    oracle = ("find_zero" if entry == "find_zero" and not mbpp_task else
-              "set_eq" if mbpp_task and entry in _SET_EQ else "not_none" if mbpp_task and entry in _NOT_NONE else "")
-    spec = json.dumps({"reference": reference, "entry_point": entry, "inputs": inputs, "atol": atol, "oracle": oracle})
+    oracle = ep.oracle_of(task_id, entry)
+    not_none = {"program_suffix": ep.NOT_NONE_ENTRY.format(name=entry)} if oracle == "not_none" else {}
     return {"id": task_id, "format": "evalplus", "variant": variant, "prompt": prompt,
-            "tests": EVALPLUS_CHECK.format(spec=spec), "entry_point": entry, "prelude": "" if mbpp_task else prompt,
-            "reference": reference, "completion": _fence(reference)}
+            "tests": ep.check_source(reference, entry, groups, atol, oracle),
+            "entry_point": "__posttrain_entry__" if not_none else entry, "prelude": "" if mbpp_task else prompt,
+            "reference": reference, "completion": _fence(reference), "timeout_s": ep.task_timeout_s(len(groups)),
+            **not_none}
+
+
+def _evalplus_inputs(rec: dict, key: str, where: str) -> list:
+    """A record's input list: JSON text in some exports; ``{}`` (Mbpp/793's plus_input) is none."""
+    value = rec.get(key)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise UserError(f"{where}: field {key!r} of an evalplus record is not JSON ({e})") from None
+    if value == {}:
+        return []
+    if not isinstance(value, list) or not all(isinstance(args, list) for args in value):
+        raise UserError(f"{where}: field {key!r} of an evalplus record must be a list of argument lists")
+    return value
 
 
 # ----------------------------------------------------------------------------- LiveCodeBench
@@ -338,7 +299,9 @@ def decode_private_tests(blob: str) -> list:
 
 def _lcb_cases(rec: dict, where: str) -> tuple[list, str]:
     """(test cases, why the task is broken or ''): public then private, each {input, output, testtype}."""
-    public = rec["public_test_cases"]
+    public = rec.get("public_test_cases")
+    if not isinstance(public, (str, list)):
+        raise UserError(f"{where}: a livecodebench record needs the field 'public_test_cases' (JSON text or a list)")
     try:
         cases = json.loads(public) if isinstance(public, str) else public
     except ValueError:

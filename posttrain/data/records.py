@@ -4,7 +4,7 @@ Sources (`load_records`):
 
 - ``.jsonl`` / ``.json``: one JSON object per line, read by `posttrain.jsonl` (errors are
   ``FILE:LINE: what is wrong``); a ``.json`` file that starts with ``[`` is read as one array of
-  objects.
+  objects. ``.jsonl.gz`` (as evalplus publishes HumanEval+ and MBPP+) is read through gzip.
 - ``.parquet``: read with pyarrow; errors name the file and the 1-based row.
 - a folder: written by ``datasets.Dataset.save_to_disk`` (read with ``load_from_disk``), or a
   folder of data files read with ``datasets.load_dataset(folder)`` (local only, nothing fetched).
@@ -123,10 +123,12 @@ def load_records_with_location(path: str | Path) -> list[tuple[str, dict]]:
         rows = _dataset_rows(p, name)
     elif p.suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(p, name)
+    elif p.suffixes[-2:] == [".jsonl", ".gz"]:
+        rows = [(f"{name}:{lineno}", record) for lineno, record in read_jsonl(name)]
     elif p.suffix == ".parquet":
         rows = _parquet_rows(p, name)
     else:
-        raise UserError(f"{name}: unknown data format {p.suffix!r} (use .jsonl, .json, .parquet or a dataset folder)")
+        raise UserError(f"{name}: unknown data format {p.suffix!r} (use .jsonl, .jsonl.gz, .json, .parquet or a dataset folder)")
     if not rows:
         raise UserError(f"{name}: no records")
     return rows

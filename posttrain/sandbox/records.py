@@ -13,6 +13,8 @@ Three record forms (one JSON object per line), the test forms of the shared task
 
 ``program_prefix`` / ``program_suffix`` (task code around the candidate's, such as
 LiveCodeBench's imports and its ``Solution`` entry) are added to every program judged.
+``timeout_s`` is the record's own wall-clock bound for the whole program (evalplus tasks carry
+one; ``--timeout`` overrides it).
 
 Audit records may also carry ``reference`` (a known-good program) in place of or next to
 ``program``. Errors name the record as ``FILE:LINE``.
@@ -50,8 +52,14 @@ def wrap_program(rec: dict, code: str) -> str:
 
 
 def to_job(rec: dict, where: str, program_key: str = "program", timeout_s: float | None = None) -> Job:
-    """Build the Job for one record; raises UserError naming ``where`` and the key."""
+    """Build the Job for one record; raises UserError naming ``where`` and the key. ``timeout_s``
+    (seconds for the whole program) beats the record's own ``timeout_s`` (evalplus tasks carry one
+    that leaves room for their per-input limits), which beats the pool's default."""
     program = wrap_program(rec, _text(rec, program_key, where))
+    if timeout_s is None and rec.get("timeout_s") is not None:
+        timeout_s = rec["timeout_s"]
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+            raise UserError(f"{where}: key 'timeout_s' must be a number > 0")
     if "module" in rec:
         return Job(program, tests=_text(rec, "tests", where), module=_text(rec, "module", where), timeout_s=timeout_s)
     if "io" in rec:

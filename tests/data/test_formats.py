@@ -55,8 +55,8 @@ def test_evalplus_base_and_plus_inputs():
     rec = rows("evalplus.jsonl")[3]
     plus, base = formats.convert(rec, "e:4"), formats.convert(rec, "e:4", variant="base")
     spec = lambda task: json.loads(eval(task["tests"].split("_SPEC = _json.loads(", 1)[1].split(")\n", 1)[0]))  # noqa: E731
-    assert len(spec(base)["inputs"]) == len(rec["base_input"])
-    assert len(spec(plus)["inputs"]) == len(rec["base_input"]) + len(rec["plus_input"])
+    assert [len(g) for g in spec(base)["groups"]] == [len(rec["base_input"])]
+    assert [len(g) for g in spec(plus)["groups"]] == [len(rec["base_input"]), len(rec["plus_input"])]
     assert (plus["variant"], base["variant"], plus["reference"]) == ("plus", "base", rec["prompt"] + rec["canonical_solution"])
     assert spec(formats.convert(rows("evalplus.jsonl")[5], "e:6"))["oracle"] == "set_eq"  # Mbpp/2
 
