@@ -28,32 +28,24 @@ tree after restoring, from the original with the test patch applied: every test 
 touches), every ``conftest.py``, ``pytest.ini``, ``pyproject.toml``, ``setup.cfg`` and
 ``tox.ini``; such files the agent added are removed, and so are ``sitecustomize.py``,
 ``usercustomize.py`` and ``.pth`` files. The reward is 1 when every FAIL_TO_PASS and PASS_TO_PASS
-test passes. A test suite imports the code under test into its own process, so the verdict is
-computed where the candidate's code runs; what it trusts, and what closes each known forgery
-(docs/envs.md, "What the SWE verdict trusts"):
+test passes. A test suite imports the code under test into its own process, so that code can
+change anything the session holds; no list of the runner's objects can hold there. What holds
+instead (docs/envs.md, "What the SWE verdict trusts"):
 
-- configuration and tests: restored as above (a planted or edited ``conftest.py``, ``addopts``
-  in an ini file, deleted or edited tests change nothing); ``PYTEST_*``/``PYTHON*`` variables
-  are cleared and plugin autoloading is off; a ``conftest.py`` written while the session runs
-  (the package, imported by an early conftest, plants one for a folder not yet collected) or an
-  original one changed on disk is seen by the guard (MODEL_FAIL forbidden);
-- start-up hooks: the sandbox's interpreter runs with ``-I -S``, so ``site`` never runs and no
-  ``sitecustomize``, ``usercustomize`` or ``.pth`` file is read;
-- the runner itself: pytest and its plugins are imported *before* the tree is on ``sys.path``,
-  then every object of ``_pytest``, ``pytest``, ``pluggy``, ``builtins``, ``os``, ``json`` and
-  the recorder is noted (`pytest_judge.RunnerGuard`) and compared after collection, after each
-  test and at the end: patching any of them (from a package's ``__init__`` or a test call), or a
-  runner module loaded from the tree, is MODEL_FAIL (forbidden);
-- the report: a random nonce goes in on stdin, is read and stdin closed before any of the tree
-  is imported; the only report read is the one line starting with it, written to a copy of
-  stdout taken before pytest ran (the tests' own output goes to /dev/null). ``os._exit(0)``,
-  a crash or a timeout leaves no such line (MODEL_FAIL); nothing is read from files;
-- outcomes: per node id from pytest's reports; a required id not reported ``passed`` (missing,
-  not collected, skipped, failed) fails the task.
-
-Not closed: code that searches the interpreter's memory for the runner's live objects (the
-recorder's dict, the nonce in its closure) and rewrites them. The verdict trusts that the code
-under test does not do that; `posttrain env-audit` checks the named forgeries on every task.
+- **a forged "passed" shows**: before each verdict the required tests get fresh random names and
+  must-fail copies of some of them (sentinels) are mixed in, on the host
+  (`posttrain.envs.swe_sentinels`); the sandbox sees only the random names, and a report in
+  which a sentinel passed, or vanished while its original passed, is MODEL_FAIL (forbidden);
+- **no bytecode from the tree**: none is written, and the cache prefix is a path under
+  ``/dev/null`` where no folder can exist, so neither Python nor pytest's assertion rewriter
+  reads a ``.pyc`` the code under test planted; pytest's cache plugin is off;
+- **configuration and tests**: restored as above; ``PYTEST_*``/``PYTHON*`` variables cleared,
+  plugin autoloading off; the interpreter runs with ``-I -S`` (no ``sitecustomize``,
+  ``usercustomize`` or ``.pth`` file is read);
+- **the report**: one line starting with a random nonce (read and stdin closed before the tree
+  is importable) on a copy of stdout taken before pytest ran; ``os._exit(0)``, a crash or a
+  timeout leaves none (MODEL_FAIL no_verdict). The code under test can find the nonce and write
+  a report of its own: the sentinels are what make such a report detectable.
 
 Outcomes: PASS; MODEL_FAIL (wrong_answer with the F2P/P2P fractions, forbidden, no_verdict,
 timeout); TASK_FAIL when the record is malformed or its patches do not apply (`EnvTaskError`);
@@ -74,6 +66,7 @@ from pathlib import Path
 
 from posttrain.envs.base import EnvTaskError, StepResult
 from posttrain.envs.repo import PathError, RepoEnv, check_path
+from posttrain.envs.swe_sentinels import Hidden, hide
 from posttrain.outcome import Outcome, OutcomeClass
 from posttrain.sandbox.trees import Tree, overlay
 from posttrain.sandbox.zygote import SITE_DIR, TREE_DIR
@@ -303,10 +296,12 @@ def _write_tree(changes, root, ini, blank_ini):
 '''
 
 # Runs in the sandbox with the nonce on stdin. Order matters: the nonce is read and stdin closed,
-# stdout kept aside and the runner imported before any file of the tree is importable.
+# stdout kept aside and the runner imported before any file of the tree is importable. No bytecode
+# is written, and none is read from the tree: the cache prefix is a path under /dev/null, where no
+# folder can ever be made (pytest reads its rewritten test modules' cache from there too).
 _VERDICT = _WRITE_TREE + '''
 
-def _verdict(changes, conftests, ids, ini, roots, site):
+def _verdict(changes, ids, ini, roots, site):
     import json, os, sys, time
     nonce = sys.stdin.readline().strip()
     sys.stdin.close()
@@ -317,6 +312,7 @@ def _verdict(changes, conftests, ids, ini, roots, site):
     for key in [k for k in os.environ if k.startswith(("PYTEST", "PYTHON"))]:
         del os.environ[key]
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    sys.dont_write_bytecode, sys.pycache_prefix = True, "/dev/null/pycache"
     sys.path.append("/sandbox/lib")
     import posttrain_pytest_judge as pj
     for name in ("iniconfig", "packaging.version", "pygments"):
@@ -327,13 +323,6 @@ def _verdict(changes, conftests, ids, ini, roots, site):
     pj.warm()
     ini = _write_tree(changes, ROOT, ini, "/tmp/.verdict.ini")
     os.chdir(ROOT)
-    guard = pj.RunnerGuard(conftests)
-    # The final check trusts only what is held here: the guard's own functions and the builtins,
-    # compared by identity with plain syntax and dict methods (which no module can replace).
-    import builtins
-    held = {name: pj.__dict__[name] for name in ("runner_state", "runner_changes", "_note", "_origins")}
-    codes = {name: f.__code__ for name, f in held.items()}
-    names, mutable = dict(builtins.__dict__), pj.MUTABLE_BUILTINS
     sys.path[:0] = roots
     sys.path += site
     args = pj.pytest_args(ids, rootdir=ROOT, ini=ini, basetemp="/tmp/.pytest-base", conftest=True,
@@ -341,19 +330,11 @@ def _verdict(changes, conftests, ids, ini, roots, site):
     clock = time.perf_counter
     t0 = clock()
     try:
-        run = pj.run_pytest(args, lambda excinfo: "failed", plugins=(guard,))
+        run = pj.run_pytest(["-p", "no:cacheprovider", *args], lambda excinfo: "failed")
         outcomes, code = dict(run.outcomes), run.exit_code
     except BaseException as e:
         outcomes, code = {}, "session broke: " + type(e).__name__
-    seconds = clock() - t0
-    tampered = [n for n, f in held.items() if pj.__dict__.get(n) is not f or f.__code__ is not codes[n]]
-    tampered += [n for n, v in names.items() if builtins.__dict__.get(n) is not v and n not in mutable]
-    if tampered:
-        tampered = ["the runner's guard or builtins: " + ", ".join(tampered[:5])]
-    else:
-        guard.check("at the end")
-        tampered = guard.changes or held["runner_changes"](guard.before)[:5]
-    line = dumps({"outcomes": outcomes, "exit_code": code, "tampered": tampered, "pytest_s": seconds})
+    line = dumps({"outcomes": outcomes, "exit_code": code, "pytest_s": clock() - t0})
     write(out, (nonce + " " + line + "\\n").encode())
     leave(0)
 '''
@@ -372,29 +353,31 @@ def tree_job(program: str, base: Tree, view: dict[str, str], stdin: str, timeout
 def verdict_program(files: dict[str, str], ids: list[str], site: bool = False) -> str:
     """For `tree_job` on ``files``. ``site``: the venv's site-packages (`SITE_DIR`) goes on the
     path after the tree."""
-    conftests = {f"{ROOT}/{p}": t for p, t in files.items() if p.rsplit("/", 1)[-1] == "conftest.py"}
-    return (_VERDICT + f"\n_verdict(CHANGES, {conftests!r}, {ids!r}, {ini_file(files)!r}, "
-            f"{import_roots(files)!r}, {[SITE_DIR] * site!r})\n")
+    return (_VERDICT + f"\n_verdict(CHANGES, {ids!r}, {ini_file(files)!r}, {import_roots(files)!r}, "
+            f"{[SITE_DIR] * site!r})\n")
 
 
-def read_verdict(stdout: str, nonce: str, f2p: list[str], p2p: list[str]) -> tuple[Outcome, dict]:
-    """The outcome from the verdict program's output, and the F2P/P2P fractions."""
+def read_verdict(stdout: str, nonce: str, f2p: list[str], p2p: list[str],
+                 hidden: Hidden | None = None) -> tuple[Outcome, dict]:
+    """The outcome from the verdict program's output, and the F2P/P2P fractions. ``hidden``: the
+    renamed tests and sentinels the program ran (`swe_sentinels.hide`)."""
     lines = [ln for ln in stdout.splitlines() if ln.startswith(nonce + " ")]
     if len(lines) != 1:
         return Outcome.model_fail("no_verdict", detail="the test session ended without its report"), {}
     report = json.loads(lines[0][len(nonce) + 1:])
-    outcomes = report["outcomes"]
+    reported = report["outcomes"] if isinstance(report.get("outcomes"), dict) else {}
+    outcomes = hidden.outcomes(reported) if hidden else reported
     passed = {k: outcomes.get(k) == "passed" for k in f2p + p2p}
     fractions = {"fail_to_pass": sum(passed[k] for k in f2p) / len(f2p),
                  "pass_to_pass": sum(passed[k] for k in p2p) / len(p2p) if p2p else 1.0,
                  "pytest_s": float(report.get("pytest_s") or 0.0)}
-    if report["tampered"]:
-        return Outcome.model_fail("forbidden", detail="the test runner was changed: "
-                                  + "; ".join(report["tampered"])), fractions
+    tampered = hidden.tampered(reported) if hidden else []
+    if tampered:
+        return Outcome.model_fail("forbidden", detail="the report cannot be true: " + "; ".join(tampered[:3])), fractions
     failing = [k for k, ok in passed.items() if not ok]
     if failing:
         detail = (f"FAIL_TO_PASS {fractions['fail_to_pass']:.0%}, PASS_TO_PASS {fractions['pass_to_pass']:.0%}; "
-                  f"not passing: {', '.join(failing[:5])} (pytest exit {report['exit_code']})")
+                  f"not passing: {', '.join(failing[:5])} (pytest exit {report.get('exit_code')})")
         return Outcome.model_fail("wrong_answer", detail=detail), fractions
     return Outcome.passed(detail=f"{len(passed)} tests pass"), fractions
 
@@ -566,15 +549,15 @@ class SweEnv(RepoEnv):
     # ------------------------------------------------------------------------------ the verdict
     def judge(self, text: str) -> Outcome:
         """FAIL_TO_PASS and PASS_TO_PASS on the working copy, tests and configuration restored."""
-        nonce = secrets.token_hex(16)
-        ids = list(dict.fromkeys(self.task["fail_to_pass"] + self.task["pass_to_pass"]))
+        nonce, f2p, p2p = secrets.token_hex(16), self.task["fail_to_pass"], self.task["pass_to_pass"]
         view = verdict_files(self.task, self.files())
-        program = verdict_program(view, ids, bool(self.site))
+        hidden = hide(view, f2p, p2p)  # fresh names and sentinels for every verdict
+        view.update(hidden.files)
+        program = verdict_program(view, hidden.ids, bool(self.site))
         outcome = self._run(tree_job(program, self.task["tree"], view, nonce + "\n", self.timeout_s))
         if outcome.cls is not OutcomeClass.PASS:
             return outcome
-        outcome, self.fractions = read_verdict(outcome.detail, nonce, self.task["fail_to_pass"],
-                                               self.task["pass_to_pass"])
+        outcome, self.fractions = read_verdict(outcome.detail, nonce, f2p, p2p, hidden)
         return outcome
 
     def step(self, text: str) -> StepResult:

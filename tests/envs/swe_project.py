@@ -2,7 +2,9 @@
 
 The project ``calc`` (a src layout, pytest configured in pyproject.toml, a conftest that imports
 the package and has a fixture) has a bug in ``add``; the gold patch fixes it, the test patch adds the test that
-catches it (FAIL_TO_PASS) next to the suite that already passes (PASS_TO_PASS)."""
+catches it (FAIL_TO_PASS) next to the suite that already passes (PASS_TO_PASS). `UNITTEST` is the
+same project written the unittest way (a flat layout, no pytest configuration, ``TestCase``
+classes, the package imported by ``tests/__init__.py`` before any test module)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,23 @@ HIDDEN = {"tests/hidden/test_add.py": ("from calc import add, total\n\n\ndef tes
                                 "def test_total():\n    assert total([1, 2, 3]) == 6\n")}
 F2P = ["tests/hidden/test_add.py::test_add", "tests/hidden/test_add.py::test_total"]
 P2P = ["tests/test_mul.py::test_mul", "tests/test_mul.py::test_mul_zero"]
+
+_OPS = FILES["src/calc/ops.py"]
+UNITTEST = {
+    "files": {"calc/__init__.py": "from calc.ops import add, mul, total\n", "calc/ops.py": _OPS,
+              "tests/__init__.py": "import calc  # noqa: F401  (imported before any test module)\n",
+              "tests/test_mul.py": ("import unittest\n\nfrom calc import mul\n\n\nclass TestMul(unittest.TestCase):\n"
+                                    "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n\n"
+                                    "    def test_mul_zero(self):\n        self.assertEqual(mul(0, 5), 0)\n")},
+    "fix": {"calc/ops.py": _OPS.replace("return a - b", "return a + b")},
+    "hidden": {"tests/hidden/__init__.py": "",
+               "tests/hidden/test_add.py": ("import unittest\n\nfrom calc import add, total\n\n\n"
+                                            "class TestAdd(unittest.TestCase):\n"
+                                            "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+                                            "    def test_total(self):\n        self.assertEqual(total([1, 2, 3]), 6)\n")},
+    "f2p": ["tests/hidden/test_add.py::TestAdd::test_add", "tests/hidden/test_add.py::TestAdd::test_total"],
+    "p2p": ["tests/test_mul.py::TestMul::test_mul", "tests/test_mul.py::TestMul::test_mul_zero"],
+}
 
 
 def _git(repo: Path, *args: str) -> str:

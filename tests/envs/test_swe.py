@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
-from posttrain.envs.audit import audit_tasks, pass_rates, swe_policies
+from posttrain.envs.audit import IN_PROCESS, audit_tasks, pass_rates, swe_policies
 from posttrain.envs.base import EnvTaskError
 from posttrain.envs.swe import SweEnv, load_task, verdict_files
 from posttrain.envs.tools import format_call
@@ -106,11 +106,13 @@ def test_a_fix_that_breaks_a_passing_test_fails_on_pass_to_pass(pool, record):
 # The forgeries that pass the same tree under plain pytest on the host (exit 0): without the
 # verdict's defences each would score.
 FORGING_ON_PLAIN_PYTEST = ("conftest_planted", "conftest_edited", "addopts", "startup_files", "patch_pytest",
-                           "patch_guard", "conftest_at_run", "os_exit", "forged_report")
+                           "conftest_at_run", "os_exit", "forged_report", *IN_PROCESS)
 EXPECTED = {"null": "wrong_answer", "conftest_planted": "wrong_answer", "conftest_edited": "wrong_answer",
             "addopts": "wrong_answer", "startup_files": "wrong_answer", "patch_pytest": "forbidden",
-            "patch_builtins": "forbidden", "patch_guard": "forbidden", "conftest_at_run": "forbidden", "os_exit": "no_verdict", "delete_tests": "wrong_answer",
-            "forged_report": "no_verdict"}
+            "patch_builtins": "wrong_answer", "conftest_at_run": "forbidden", "os_exit": "no_verdict",
+            "delete_tests": "wrong_answer", "forged_report": "no_verdict",
+            **{name: "forbidden" for name in IN_PROCESS}, "unittest_run": "wrong_answer",
+            "plant_bytecode": "wrong_answer"}
 
 
 def _plain_pytest(env: SweEnv, tmp: Path) -> int:
@@ -160,14 +162,16 @@ OVERRIDE = """def add(a, b):
 """
 
 
-@pytest.mark.parametrize("body", [SELF_RESTORING, OVERRIDE], ids=["self_restoring_patch", "inherited_override"])
-def test_patching_the_runner_from_a_test_call_is_seen(pool, record, body):
+@pytest.mark.parametrize("body, reason", [(SELF_RESTORING, "forbidden"), (OVERRIDE, "wrong_answer")],
+                         ids=["self_restoring_patch", "inherited_override"])
+def test_patching_the_runner_from_a_test_call_is_seen(pool, record, body, reason):
     """Not at import: the code under test patches pytest's report when a test calls it — a patch
-    that undoes itself once used, or an attribute added to a class over an inherited one."""
+    that undoes itself once used (the sentinel copy of the test calls it too, and passes), or
+    properties added over the report's outcome (the verdict reads the outcome itself: no effect)."""
     env = episode(pool, record)
     tool(env, "replace", path="src/calc/ops.py", old="def add(a, b):\n    return a - b\n", new=body)
     result = env.step(format_call("submit", {}))
-    assert (result.outcome.cls, result.outcome.reason) == (OutcomeClass.MODEL_FAIL, "forbidden"), result.outcome
+    assert (result.outcome.cls, result.outcome.reason) == (OutcomeClass.MODEL_FAIL, reason), result.outcome
 
 
 @pytest.mark.slow

@@ -1,0 +1,60 @@
+"""Forgeries of the SWE verdict from inside the test session's own process (a plugin on the live
+plugin manager, an import hook, unittest's run patched, test files or pytest's bytecode rewritten
+on disk, the report forged by stack walking), each played on a pytest-style and a unittest-style
+project made here: every one is MODEL_FAIL, and the oracle of both projects passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.envs.audit import IN_PROCESS, swe_policies
+from posttrain.envs.swe import SweEnv, load_task
+from posttrain.outcome import OutcomeClass
+from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+from posttrain.sandbox.worker import SandboxConfig
+from tests.envs.swe_project import UNITTEST, make_record
+
+
+@pytest.fixture(scope="module")
+def pool():
+    try:
+        p = SandboxPool(SandboxConfig(workers=1, timeout_s=30.0))
+    except SandboxUnavailable as e:
+        pytest.skip(str(e))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    return {"pytest": make_record(tmp_path_factory.mktemp("swe-pytest")),
+            "unittest": make_record(tmp_path_factory.mktemp("swe-unittest"), **UNITTEST)}
+
+
+def verdict(pool, record, policy: str):
+    env = SweEnv(pool=pool)
+    env.reset(record)
+    for turn in swe_policies(load_task(record))[policy]:
+        result = env.step(turn)
+        if result.done:
+            return result.outcome
+    raise AssertionError("the policy never submitted")
+
+
+@pytest.mark.parametrize("style", ["pytest", "unittest"])
+def test_the_oracle_passes_and_null_fails(pool, records, style):
+    assert verdict(pool, records[style], "oracle").cls is OutcomeClass.PASS
+    assert verdict(pool, records[style], "null").reason == "wrong_answer"
+
+
+# Where nothing is forged, the honest verdict: no TestCase in a pytest-style suite; pytest's cached
+# bytecode is never read from the tree.
+HONEST = {("pytest", "unittest_run"), ("pytest", "plant_bytecode"), ("unittest", "plant_bytecode")}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PROCESS))
+@pytest.mark.parametrize("style", ["pytest", "unittest"])
+def test_a_forgery_from_inside_the_session_is_tampering(pool, records, style, name):
+    outcome = verdict(pool, records[style], name)
+    want = "wrong_answer" if (style, name) in HONEST else "forbidden"
+    assert (outcome.cls, outcome.reason) == (OutcomeClass.MODEL_FAIL, want), outcome
