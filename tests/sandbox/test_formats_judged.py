@@ -4,6 +4,7 @@ them, the code verifier on completions, and `posttrain sandbox check` on publish
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from posttrain.data.records import load_tasks
 from posttrain.sandbox.audit import audit
 from posttrain.sandbox.records import to_job
 from posttrain.verifiers.code import build_job
+from tests.data.test_evalplus import real_records, write_slice
 
 FIXTURES = Path(__file__).parents[1] / "data" / "formats"
 
@@ -123,6 +125,12 @@ def test_check_names_file_and_line_of_a_record_without_program(make_pool, tmp_pa
      [], ":1: cannot tell the dataset format from the fields ['id']"),
     ('{"prompt": "p"}\n', ["--format", "leetcode"], ": unknown dataset format 'leetcode'"),
     ('{"question_content": "q", "public_test_cases": "[]", "contest_date": "soon"}\n', [], ":1: contest_date 'soon' is not an ISO date"),
+    ('{"question_content": "q", "contest_date": "2024-01-01"}\n', ["--format", "livecodebench"],
+     ":1: a livecodebench record needs the field 'public_test_cases'"),
+    ('{"task_id": "Mbpp/2", "prompt": "", "entry_point": "f", "canonical_solution": "", "base_input": "[[1]",'
+     ' "plus_input": []}\n', [], ":1: field 'base_input' of an evalplus record is not JSON"),
+    ('{"test_list": ["assert f() == 1"], "code": "def f(): return 1", "text": "t", "test_setup_code": ["x"]}\n',
+     [], ":1: field 'test_setup_code' of a mbpp record must be a string"),
 ])
 def test_bad_published_records_exit_2_naming_file_and_line(tmp_path, capsys, action, content, extra, message):
     """Read before any sandbox starts: one line naming the file (and line), exit status 2."""
@@ -132,3 +140,53 @@ def test_bad_published_records_exit_2_naming_file_and_line(tmp_path, capsys, act
     assert main(["sandbox", action, str(path), *extra, *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"posttrain sandbox: error: {path}{message}") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- evalplus as published
+MBPP_SLICE = ["Mbpp/106", "Mbpp/124", "Mbpp/252", "Mbpp/580", "Mbpp/596", "Mbpp/720", "Mbpp/737", "Mbpp/787",
+              "Mbpp/794", "Mbpp/793"]
+
+
+def test_mbpp_plus_canonicals_pass_and_trivial_programs_do_not(pool, tmp_path):
+    """Tuples/sets/complex inputs, the "is not None" oracle, ``plus_input: {}``: real MBPP+ records."""
+    path = write_slice(tmp_path / "MbppPlus.jsonl.gz", "MbppPlus", MBPP_SLICE)
+    rows = audit([{**t, "_where": w} for w, t in load_tasks(path)], pool, str(path))
+    assert [(r["id"], r["flags"]) for r in rows] == [(i, []) for i in MBPP_SLICE]
+
+
+def made_task(canonical: str, inputs: list) -> dict:
+    rec = {"task_id": "Mbpp/9001", "prompt": "", "entry_point": "f", "atol": 0, "canonical_solution": canonical,
+           "base_input": inputs, "plus_input": []}
+    return convert(rec, "made", "evalplus")
+
+
+def test_reference_time_is_not_charged_and_each_input_has_its_limit(pool):
+    """The pool gives a program 2 s; the reference alone takes 3 s, an O(1) program passes; one
+    slower than max(1 s, 4 x the reference) on an input times out there."""
+    task = made_task("import time\ndef f(x):\n    time.sleep(0.3)\n    return x\n", [[i] for i in range(10)])
+    assert judge(pool, task, "def f(x):\n    return x\n") == ("PASS", "")
+    assert judge(pool, task, "import time\ndef f(x):\n    time.sleep(0.3 if x < 3 else 2.0)\n    return x\n") \
+        == ("MODEL_FAIL", "timeout")
+
+
+@pytest.mark.parametrize("canonical", ["def f(x):\n    return 1 // x\n",
+                                       "def f(x):\n    return bytearray(1 << 40)\n"])
+def test_a_reference_that_fails_on_its_inputs_is_task_fail(pool, canonical):
+    """Raising, or running the judge out of memory, is the task's fault: masked, never a zero reward."""
+    assert judge(pool, made_task(canonical, [[1], [0]]), "def f(x):\n    return 1\n")[0] == "TASK_FAIL"
+
+
+def test_check_and_audit_read_the_release_file_gzipped(make_pool, tmp_path, capsys):
+    make_pool().close()
+    recs = real_records("MbppPlus", ["Mbpp/737", "Mbpp/793"])
+    programs = ["import re\ndef check_str(s):\n    return re.match('^[aeiouAEIOU][A-Za-z0-9_]*', s)\n",
+                "def last(arr, x):\n    return len(arr) - 1 - arr[::-1].index(x) if x in arr else -1\n"]
+    path = tmp_path / "MbppPlus.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps({**r, "program": p}) + "\n" for r, p in zip(recs, programs))
+    assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(o["id"], o["outcome"], o["base"]["outcome"]) for o in out] == [("Mbpp/737", "PASS", "PASS"),
+                                                                           ("Mbpp/793", "PASS", "PASS")]
+    assert main(["sandbox", "audit", str(path), "--workers", "1", "--out", str(tmp_path / "a")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"records": 2, "clean": 2, "flags": {}}

@@ -156,6 +156,8 @@ def run_task(msg: dict, call_fd: int, reply_fd: int) -> dict:
         return verdict("MODEL_FAIL", reason, str(e))
     except AssertionError as e:
         return verdict("MODEL_FAIL", "wrong_answer", f"assertion failed after {calls[0]} calls {e}")
+    except TimeoutError as e:  # the tests' own limit on a call (evalplus' per-input limits)
+        return verdict("MODEL_FAIL", "timeout", f"after {calls[0]} calls: {e}")
     except BaseException as e:
         return verdict("MODEL_FAIL", "wrong_answer", f"test raised {type(e).__name__}: {e}")
     return verdict("PASS", "", f"{calls[0]} calls")
