@@ -138,7 +138,8 @@ def build_job(completion: str, example: dict) -> Job | Outcome:
         program = code
     else:
         return Outcome.model_fail("format", detail="no code in the completion")
-    return Job(program, entry, tests, prelude)
+    timeout_s = example.get("timeout_s")  # the task's own bound (evalplus: room for its per-input limits)
+    return Job(program, entry, tests, prelude, timeout_s=timeout_s if isinstance(timeout_s, (int, float)) else None)
 
 
 def _program_of(completion: str, example: dict) -> str:
@@ -157,7 +158,7 @@ def _task_job(code: str, example: dict) -> Job | Outcome:
     if not code.strip():
         return Outcome.model_fail("format", detail="no code in the completion")
     rec = {k: example[k] for k in ("tests", "module", "entry_point", "prelude", "io", "compare",
-                                   "program_prefix", "program_suffix") if k in example}
+                                   "program_prefix", "program_suffix", "timeout_s") if k in example}
     try:
         return to_job({**rec, "program": code}, f"task {example.get('id', '?')}")
     except UserError as e:

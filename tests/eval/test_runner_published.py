@@ -10,6 +10,7 @@ import pytest
 from posttrain.data.records import load_tasks
 from posttrain.eval.runner import BenchmarkConfig, load_problems, run_eval
 from posttrain.sandbox.worker import probe
+from tests.data.test_evalplus import write_slice
 from tests.eval.test_runner_code import OracleEngine, config
 
 pytestmark = pytest.mark.skipif(not (probe()["bwrap"] and probe()["root"]), reason="no sandbox here")
@@ -50,3 +51,14 @@ def test_livecodebench_difficulty_and_window():
 def test_mbpp_problems_carry_their_tests():
     (first, *_) = load_problems(BenchmarkConfig(kind="mbpp", path=str(FIXTURES / "mbpp_sanitized.jsonl")), seed=0)
     assert first["id"] == "611" and first["entry_point"] == "volume_sphere" and "import math" in first["tests"]
+
+
+def test_mbpp_plus_release_file_as_published(tmp_path, tokenizer):
+    """The release file gzipped, ``plus_input: {}`` (Mbpp/793), tuple inputs (Mbpp/106) and the
+    "is not None" oracle (Mbpp/737): each canonical answer passes, as under evalplus."""
+    path = write_slice(tmp_path / "MbppPlus.jsonl.gz", "MbppPlus", ["Mbpp/106", "Mbpp/737", "Mbpp/793"])
+    answers = {t["prompt"]: t["completion"] for _, t in load_tasks(path)}
+    benches = f'benchmarks=[{{"name": "mbpp_plus", "kind": "evalplus", "path": "{path}"}}]'
+    results = run_eval(config(tmp_path, benches), engine=OracleEngine(tokenizer, answers), tokenizer=tokenizer,
+                       show_progress=False)
+    assert [(r.benchmark, r.outcomes["PASS"], r.num_problems) for r in results] == [("mbpp_plus", 3, 3)]
