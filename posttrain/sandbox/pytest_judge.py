@@ -410,6 +410,45 @@ def warm() -> None:
             __import__(f"_pytest.{name}")
         except ImportError:
             pass
+    scan_plugin_fixtures_once()
+
+
+def scan_plugin_fixtures_once() -> None:
+    """Make each session's fixture manager read a plugin module's fixtures from a list made once.
+
+    A fresh session parses every registered plugin for fixtures, walking all of each module's
+    names and unwrapping each one (pytest 9 looks for fixtures hidden behind decorators, to warn):
+    about half of a one-test session. The plugins are the same modules every session, so their
+    fixtures are listed once and the manager parses just those (registered exactly as before); a
+    plugin object whose class holds no fixture is skipped, any other plugin and every
+    ``conftest.py`` is parsed as pytest parses it."""
+    from _pytest import fixtures
+
+    original = fixtures.FixtureManager.pytest_plugin_registered
+    if getattr(original, "scans_once", False):
+        return
+    stubs: dict[int, tuple[types.ModuleType, types.ModuleType]] = {}
+    plain: dict[type, bool] = {}
+    fixture_types = (fixtures.FixtureFunctionDefinition, staticmethod, classmethod)
+
+    def pytest_plugin_registered(self, plugin, plugin_name):
+        if plugin_name and plugin_name.endswith("conftest.py"):
+            return original(self, plugin, plugin_name)
+        if type(plugin) is types.ModuleType:
+            kept = stubs.get(id(plugin))
+            if kept is None or kept[0] is not plugin:
+                stub = types.ModuleType(plugin.__name__)
+                stub.__dict__.update({k: v for k, v in list(vars(plugin).items())
+                                      if type(v) is fixtures.FixtureFunctionDefinition})
+                kept = stubs[id(plugin)] = (plugin, stub)
+            return self.parsefactories(holder=kept[1], node=self.session)
+        cls = type(plugin)
+        if cls not in plain:
+            plain[cls] = not any(type(v) in fixture_types for k in cls.__mro__ for v in vars(k).values())
+        return None if plain[cls] else original(self, plugin, plugin_name)
+
+    pytest_plugin_registered.scans_once = True
+    fixtures.FixtureManager.pytest_plugin_registered = pytest_plugin_registered
 
 
 def imported_names(tests: str) -> tuple[set[str], set[str]]:
