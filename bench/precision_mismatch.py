@@ -3,7 +3,7 @@
 For each model (the embedded tiny Llama; ``--models tiny,qwen3`` adds the Qwen3-shaped one of the
 same size) and seed, runs the same GRPO recipe from the same random start: once with a float32
 engine and no correction (the reference: sampler and trainer agree to ~1e-6), then with a bf16
-engine under each correction (`correction.kind`: none, truncated, masked, icepop, geo_mask,
+engine under each correction (`correction.kind`: none, truncated, mis, rejection, icepop, geo_mask,
 k3_mask, and geo_mask at verl's ±0.1% bounds). The reward is dense (the fraction of letters in the completion, as in the tests), so a
 random start climbs within a few steps; the held-out reward is the mean reward of 4 samples per
 held-out prompt drawn by a float32 engine holding the trained weights, so every arm is judged the
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-CORRECTIONS = ("none", "truncated", "masked", "icepop", "geo_mask", "k3_mask")
+CORRECTIONS = ("none", "truncated", "mis", "rejection", "icepop", "geo_mask", "k3_mask")
 # (label, engine dtype, correction overrides); the last arm is verl's geometric preset (bounds ±0.1%),
 # tight enough to bind at a bf16 gap this small, where the defaults here (±1%) drop nothing
 ARMS = [("float32/none", "float32", ["correction.kind=none"])] + \

@@ -15,7 +15,7 @@ _WHERE = {
     "advantages": ["ADVANTAGES", "dr_grpo", "gae", "grpo", "grpo_advantages", "reinforce_pp", "rloo"],
     "aggregate": ["AGGREGATIONS", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token_mean"],
     "correction": ["IS_CORRECTIONS", "geo_mask", "geo_mean_seq_ratio", "icepop", "k3_mask", "masked_is",
-                   "mismatch_metrics", "no_is", "rejection_metrics", "truncated_is"],
+                   "mismatch_metrics", "no_is", "rejection_is", "rejection_metrics", "truncated_is"],
     "distill": ["distill_reward", "reverse_kl_full", "reverse_kl_sampled"],
     "kl": ["KL_ESTIMATORS", "kl_k1", "kl_k2", "kl_k3"],
     "logprobs": ["entropy_from_logits", "token_logprobs"],

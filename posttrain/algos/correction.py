@@ -4,8 +4,7 @@ The rollout engine (sampler) and the trainer compute log π for the same tokens 
 kernels, precisions, or a stale policy version, so the data is slightly off-policy for the
 trainer. Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
 Training", correct with an importance weight ``ρ = π_trainer(x) / π_sampler(x)`` that is
-truncated (TIS) or used to mask tokens whose mismatch is too large (MIS; as in IcePop and verl's
-rollout-IS "mask" mode).
+truncated (TIS), kept only where it is small enough (MIS), or replaced by a rejection mask.
 
 Uniform signature: ``fn(trainer_logp_BT, sampler_logp_BT, mask_BT, *, level, ...) -> (w_BT,
 metrics)``; ``w_BT`` is detached and multiplies the per-token policy loss (``is_weights_BT``).
@@ -16,16 +15,15 @@ Levels (where the ratio is formed):
   there, so long sequences cannot overflow; every token of the sequence gets the same weight.
 * ``"geometric"``: exp(mean_t log ρ_t), the per-token geometric mean (length-independent).
 
-``masked_is`` gives weight 1 inside [low, high] and 0 outside (a rejection mask, not a
-reweighting); compose it with ``truncated_is`` by multiplying the two weights if both are wanted.
+Each is named for what it computes, per unit (token, or sequence):
 
-The named variants peers ship, each one of these or a small rule beside them:
-
-* token TIS / sequence TIS: ``truncated_is`` at level ``token`` / ``sequence``;
-* token MIS / sequence MIS: ``masked_is`` at level ``token`` / ``sequence``;
-* ``icepop``: per token, the ratio itself inside [1/β, β] and 0 outside;
-* ``geo_mask``: a sequence kept iff its geometric-mean ratio is inside [low, high]
-  (``masked_is`` at level ``geometric``);
+* TIS, ``truncated_is``: ``min(ρ, C)``;
+* MIS as published, ``masked_is``: ``ρ · 1{ρ ≤ C}`` (the ratio, or 0 above C);
+* pure rejection, ``rejection_is``: ``1{low ≤ ρ ≤ high}`` (weight 1 on what is kept: verl's
+  rollout rejection; multiply by ``truncated_is``'s weight if both are wanted);
+* ``icepop``: per token, ``ρ · 1{low ≤ ρ ≤ high}``;
+* ``geo_mask``: a sequence kept (weight 1) iff its geometric-mean ratio is inside [low, high]
+  (``rejection_is`` at level ``geometric``);
 * ``k3_mask``: a sequence kept iff its mean per-token k3, ``ρ - 1 - log ρ``, is at most ``max_kl``.
 
 Metrics: ``is/ratio_mean``, ``is/ratio_max`` (over the level's units: tokens or sequences; the
@@ -48,6 +46,12 @@ _MAX_LOG_RATIO = 20.0
 LEVELS = ("token", "sequence", "geometric")
 
 
+def _log_ratio(trainer_logp_BT: torch.Tensor, sampler_logp_BT: torch.Tensor) -> torch.Tensor:
+    """``log ρ`` detached, in float32 at least (float64 inputs stay float64: reference checks)."""
+    d_BT = trainer_logp_BT.detach() - sampler_logp_BT.detach()
+    return d_BT.to(torch.promote_types(d_BT.dtype, torch.float32))
+
+
 def mismatch_metrics(
     trainer_logp_BT: torch.Tensor, sampler_logp_BT: torch.Tensor, mask_BT: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -58,7 +62,7 @@ def mismatch_metrics(
     is the fraction of tokens whose ratio is outside [1/2, 2], the default bounds of the
     corrections: how much of the step a rejection at those bounds would drop, whichever is on.
     """
-    d_BT = (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float()
+    d_BT = _log_ratio(trainer_logp_BT, sampler_logp_BT)
     d_clamped = d_BT.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return {
         "mismatch/kl": masked_mean(torch.expm1(d_clamped) - d_clamped, mask_BT),
@@ -82,7 +86,7 @@ def seq_mean_log_ratio(trainer_logp_BT, sampler_logp_BT, mask_BT) -> torch.Tenso
     """(B,) mean of ``log ρ_t`` over each sequence's valid tokens, detached and clamped to ±20;
     0 for a sequence without valid tokens (GSPO's length-normalised log-ratio too)."""
     m = mask_BT.bool()
-    d_BT = torch.where(m, (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float(), 0.0)
+    d_BT = torch.where(m, _log_ratio(trainer_logp_BT, sampler_logp_BT), 0.0)
     return (d_BT.sum(-1) / m.sum(-1).clamp(min=1)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
 
 
@@ -92,10 +96,10 @@ def _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, level):
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     m_BT = mask_BT.bool()
     if level == "token":
-        d_BT = (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float()
+        d_BT = _log_ratio(trainer_logp_BT, sampler_logp_BT)
         return torch.where(m_BT, d_BT, 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO), m_BT
     if level == "sequence":
-        d_BT = torch.where(m_BT, (trainer_logp_BT.detach() - sampler_logp_BT.detach()).float(), 0.0)
+        d_BT = torch.where(m_BT, _log_ratio(trainer_logp_BT, sampler_logp_BT), 0.0)
         d_B = d_BT.sum(-1).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     else:
         d_B = seq_mean_log_ratio(trainer_logp_BT, sampler_logp_BT, mask_BT)
@@ -135,7 +139,7 @@ def truncated_is(
     return w_BT, metrics
 
 
-def masked_is(
+def rejection_is(
     trainer_logp_BT: torch.Tensor,
     sampler_logp_BT: torch.Tensor,
     mask_BT: torch.Tensor,
@@ -144,21 +148,52 @@ def masked_is(
     high: float = 2.0,
     level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Masked importance sampling (MIS): ``w = 1`` if ``low ≤ ρ ≤ high`` else 0.
+    """Pure rejection: ``w = 1`` if ``low ≤ ρ ≤ high`` else 0 (the ratio itself is not a weight).
 
-    Token MIS drops single tokens; sequence MIS drops a whole sequence whose product ratio leaves
-    the bounds (verl's ``rollout_rs``; TRL's ``vllm_importance_sampling_mode`` ``*_mask``).
+    Per token it drops single tokens; per sequence a whole sequence whose product ratio leaves the
+    bounds. Source: verl's rollout rejection sampling (``rollout_rs: token`` / ``sequence``, weight 1
+    on what is kept). This is not the published MIS, which keeps the ratio as weight (`masked_is`).
     """
     if not 0 < low <= high:
         raise ValueError(f"need 0 < low <= high, got low={low}, high={high}")
     log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, level)
     above_BT, below_BT = log_ratio_BT > math.log(high), log_ratio_BT < math.log(low)
     inside_BT = ~(above_BT | below_BT)
-    w_BT = (inside_BT & mask_BT.bool()).float()
+    w_BT = (inside_BT & mask_BT.bool()).to(log_ratio_BT.dtype)
     metrics = _ratio_metrics(log_ratio_BT, units)
     metrics["is/masked_frac"] = masked_mean(_per_unit(~inside_BT, units).float(), units)
     metrics |= _bound_metrics(_per_unit(above_BT, units), _per_unit(below_BT, units), units)
     metrics |= rejection_metrics(inside_BT, mask_BT)
+    metrics.update(mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT))
+    return w_BT, metrics
+
+
+def masked_is(
+    trainer_logp_BT: torch.Tensor,
+    sampler_logp_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    cap: float = 2.0,
+    level: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Masked importance sampling (MIS) as published: ``w = ρ · 1{ρ ≤ cap}``: the ratio is the
+    weight where it is at most C, and a unit above C is dropped instead of truncated (TIS keeps it
+    at weight C).
+
+    Source: Liu, Li et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+    Training-Inference Mismatch", token-level and sequence-level MIS (``ρ`` per token, or the
+    product over the sequence given to each of its tokens).
+    """
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, level)
+    above_BT = log_ratio_BT > math.log(cap)
+    keep_BT = ~above_BT & mask_BT.bool()
+    w_BT = torch.where(keep_BT, torch.exp(log_ratio_BT), 0.0)
+    metrics = _ratio_metrics(log_ratio_BT, units)
+    above_frac = masked_mean(_per_unit(above_BT, units).float(), units)
+    metrics |= {"is/masked_frac": above_frac, "is/above_frac": above_frac}
+    metrics |= rejection_metrics(keep_BT, mask_BT)
     metrics.update(mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT))
     return w_BT, metrics
 
@@ -187,24 +222,22 @@ def icepop(
     sampler_logp_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     *,
-    beta: float = 2.0,
-    low: float | None = None,
+    low: float = 0.5,
+    high: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """IcePop: per token, ``w_t = ρ_t`` if ``1/β ≤ ρ_t ≤ β`` else 0: the ratio corrects where the
+    """IcePop: per token, ``w_t = ρ_t`` if ``low ≤ ρ_t ≤ high`` else 0: the ratio corrects where the
     two engines roughly agree, and a token where they disagree badly is dropped instead of
     weighted, so neither a huge weight nor a vanishing one reaches the gradient.
 
     Source: Ling Team (inclusionAI) 2025, "Every Step Evolves: Scaling Reinforcement Learning for
     Trillion-Scale Thinking Model" (Ring-1T), and its blog "Small Leak Can Sink a Great Ship —
     Boost RL Training on MoE with IcePop": the mask ``M(k) = k`` on ``[α, β]``, 0 outside, with
-    ``k = π_train/π_infer``. The paper's [α, β] = [0.5, 5] is ``low=0.5, beta=5``; ``low`` None is
-    the symmetric 1/β.
+    ``k = π_train/π_infer``; the paper's [α, β] = [0.5, 5] is ``low=0.5, high=5``.
     """
-    low = 1.0 / beta if low is None else low
-    if not 0 < low <= 1.0 <= beta:
-        raise ValueError(f"need 0 < low <= 1 <= beta, got low={low}, beta={beta}")
+    if not 0 < low <= 1.0 <= high:
+        raise ValueError(f"need 0 < low <= 1 <= high, got low={low}, high={high}")
     log_ratio_BT, units = _log_ratio_at_level(trainer_logp_BT, sampler_logp_BT, mask_BT, "token")
-    above_BT, below_BT = log_ratio_BT > math.log(beta), log_ratio_BT < math.log(low)
+    above_BT, below_BT = log_ratio_BT > math.log(high), log_ratio_BT < math.log(low)
     keep_BT = ~(above_BT | below_BT) & mask_BT.bool()
     w_BT = torch.where(keep_BT, torch.exp(log_ratio_BT), 0.0)
     metrics = _ratio_metrics(log_ratio_BT, units) | _bound_metrics(above_BT, below_BT, units)
@@ -232,7 +265,7 @@ def geo_mask(
     ``off_policy_correction.sequence_mask_metric: geometric`` (``geo_mask_low/high``, 0.99/1.01 in
     its examples, the defaults here).
     """
-    return masked_is(trainer_logp_BT, sampler_logp_BT, mask_BT, low=low, high=high, level="geometric")
+    return rejection_is(trainer_logp_BT, sampler_logp_BT, mask_BT, low=low, high=high, level="geometric")
 
 
 def k3_mask(
@@ -288,11 +321,12 @@ def no_is(
 IS_CORRECTIONS: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
     "none": no_is,
     "truncated": truncated_is,
-    "masked": masked_is,
+    "mis": masked_is,
+    "rejection": rejection_is,
     "icepop": icepop,
     "geo_mask": geo_mask,
     "k3_mask": k3_mask,
 }
-LEVELLED = ("none", "truncated", "masked")
+LEVELLED = ("none", "truncated", "mis", "rejection")
 """The corrections that take ``level``; the others fix their own (icepop per token, geo_mask and
 k3_mask per sequence)."""

@@ -195,74 +195,94 @@ class KLConfig:
                                    "mode=loss, or k1 with mode=reward")
 
 
-CORRECTION_KINDS = ("auto", "truncated", "masked", "icepop", "geo_mask", "k3_mask", "none")
-CORRECTION_KNOBS = {"truncated": ("level", "cap"), "masked": ("level", "low", "high"), "icepop": ("beta",),
-                    "geo_mask": ("geo_low", "geo_high"), "k3_mask": ("k3_max",), "none": ("level",)}
-"""The knobs each correction reads; one set for another kind is refused (it would do nothing)."""
+CORRECTION_KNOBS = {"truncated": {"level": "token", "cap": 2.0}, "mis": {"level": "token", "cap": 2.0},
+                    "rejection": {"level": "token", "low": 0.5, "high": 2.0}, "icepop": {"low": 0.5, "high": 2.0},
+                    "geo_mask": {"geo_low": 0.99, "geo_high": 1.01}, "k3_mask": {"k3_max": 0.01},
+                    "none": {"level": "token"}}
+"""The knobs each correction reads, with their defaults; a knob set for a kind that does not read it
+is refused (it would do nothing), whatever its value."""
+CORRECTION_KINDS = ("auto", *CORRECTION_KNOBS)
+_ALL_KNOBS = ("level", "cap", "low", "high", "geo_low", "geo_high", "k3_max")
 
 
 @dataclasses.dataclass(kw_only=True)
 class CorrectionConfig:
     kind: str = "auto"
     """Sampler-vs-trainer importance correction (`posttrain.algos.IS_CORRECTIONS`, sources in
-    docs/algos.md): truncated (TIS: cap the ratio), masked (MIS: drop tokens or sequences outside
-    [low, high]), icepop (per token: the ratio inside [1/beta, beta], dropped outside), geo_mask
-    (drop sequences whose geometric-mean ratio is outside [geo_low, geo_high]), k3_mask (drop
-    sequences whose mean per-token k3 exceeds k3_max) or none. auto: truncated wherever importance
-    weights enter the loss (sync; async with policy_loss=pg or asynchrony.decoupled_ppo), none where
-    they do not (async's default: the PPO ratio is taken against the sampler's log-probs and its
-    clip bounds stale samples). The resolved kind is what config.yaml records."""
-    level: str = "token"
-    """truncated, masked: token or sequence (product of token ratios)."""
-    cap: float = 2.0
-    """Truncation cap C for truncated IS."""
-    low: float = 0.5
-    """Lower bound for masked IS."""
-    high: float = 2.0
-    """Upper bound for masked IS."""
-    beta: float = 2.0
-    """icepop: a token keeps its ratio as weight inside [1/beta, beta], 0 outside."""
-    geo_low: float = 0.99
-    """geo_mask: lower bound on a sequence's geometric-mean ratio."""
-    geo_high: float = 1.01
-    """geo_mask: upper bound on a sequence's geometric-mean ratio."""
-    k3_max: float = 0.01
-    """k3_mask: largest mean per-token k3 (ρ - 1 - log ρ) a kept sequence may have."""
+    docs/algos.md), per unit (token, or sequence with level=sequence) with ratio ρ: truncated (TIS:
+    min(ρ, cap)), mis (the published MIS: ρ where ρ <= cap, 0 above), rejection (1 inside [low,
+    high], 0 outside: verl's pure rejection), icepop (per token: ρ inside [low, high], 0 outside),
+    geo_mask (1 for sequences whose geometric-mean ratio is inside [geo_low, geo_high], else 0),
+    k3_mask (1 for sequences whose mean per-token k3 is at most k3_max, else 0) or none. auto:
+    truncated wherever importance weights enter the loss (sync; async with policy_loss=pg or
+    asynchrony.decoupled_ppo), none where they do not (async's default: the PPO ratio is taken
+    against the sampler's log-probs and its clip bounds stale samples). The resolved kind and its
+    knobs are what config.yaml records; a knob the kind does not read is refused."""
+    level: str | None = None
+    """truncated, mis, rejection, none: token or sequence (product of token ratios); default token."""
+    cap: float | None = None
+    """truncated, mis: the cap C (>= 1); default 2."""
+    low: float | None = None
+    """rejection, icepop: lower bound on the ratio; default 0.5."""
+    high: float | None = None
+    """rejection, icepop: upper bound on the ratio; default 2 (IcePop's paper: low=0.5, high=5)."""
+    geo_low: float | None = None
+    """geo_mask: lower bound on a sequence's geometric-mean ratio; default 0.99."""
+    geo_high: float | None = None
+    """geo_mask: upper bound on a sequence's geometric-mean ratio; default 1.01."""
+    k3_max: float | None = None
+    """k3_mask: largest mean per-token k3 (ρ - 1 - log ρ) a kept sequence may have; default 0.01."""
 
     def __post_init__(self):
+        if self.kind == "masked":
+            raise ConfigValueError("kind", "masked is now named for what it computes: rejection (weight 1 "
+                                   "inside [low, high]) or mis (the published MIS: ρ where ρ <= cap, 0 above)")
         if self.kind not in CORRECTION_KINDS:
             raise ConfigValueError("kind", f"must be one of {', '.join(CORRECTION_KINDS)}")
-        if self.level not in ("token", "sequence"):
-            raise ConfigValueError("level", "must be token or sequence")
-        if self.cap < 1.0:
-            raise ConfigValueError("cap", "must be >= 1")
-        if not 0 < self.low <= self.high:
-            raise ConfigValueError("low", "need 0 < low <= high")
-        if self.beta < 1.0:
-            raise ConfigValueError("beta", "must be >= 1 (the bounds are [1/beta, beta])")
-        if not 0 < self.geo_low <= 1.0 <= self.geo_high:
-            raise ConfigValueError("geo_low", "need 0 < geo_low <= 1 <= geo_high")
-        if self.k3_max <= 0:
-            raise ConfigValueError("k3_max", "must be > 0")
         if self.kind != "auto":
             self.check_knobs()
 
+    def knobs_set(self) -> list[str]:
+        """The knobs given a value (in the YAML, an override, or a resolved config.yaml)."""
+        return [k for k in _ALL_KNOBS if getattr(self, k) is not None]
+
+    def knobs(self) -> dict:
+        """The knobs ``kind`` reads, each as set or its default."""
+        return {k: default if getattr(self, k) is None else getattr(self, k)
+                for k, default in CORRECTION_KNOBS[self.kind].items()}
+
     def check_knobs(self) -> None:
-        """Refuse a knob of another kind's, set away from its default: it would do nothing."""
-        unused = [k for k, v in _CORRECTION_DEFAULTS.items() if k not in CORRECTION_KNOBS[self.kind] and getattr(self, k) != v]
+        """Refuse a knob ``kind`` does not read, whatever its value (it would do nothing), and
+        check the values of those it reads."""
+        reads = CORRECTION_KNOBS[self.kind]
+        unused = [k for k in self.knobs_set() if k not in reads]
         if unused:
             raise ConfigValueError(unused[0], f"has no effect with kind={self.kind} (it reads "
-                                   f"{', '.join(CORRECTION_KNOBS[self.kind]) or 'nothing'})")
+                                   f"{', '.join(reads) or 'nothing'})")
+        v = self.knobs()
+        if v.get("level", "token") not in ("token", "sequence"):
+            raise ConfigValueError("level", "must be token or sequence")
+        if v.get("cap", 1.0) < 1.0:
+            raise ConfigValueError("cap", "must be >= 1")
+        if "low" in v and not 0 < v["low"] <= v["high"]:
+            raise ConfigValueError("low", "need 0 < low <= high")
+        if self.kind == "icepop" and not v["low"] <= 1.0 <= v["high"]:
+            raise ConfigValueError("low", "icepop needs low <= 1 <= high (a ratio of 1 is always kept)")
+        if "geo_low" in v and not 0 < v["geo_low"] <= 1.0 <= v["geo_high"]:
+            raise ConfigValueError("geo_low", "need 0 < geo_low <= 1 <= geo_high")
+        if v.get("k3_max", 1.0) <= 0:
+            raise ConfigValueError("k3_max", "must be > 0")
+
+    def resolve(self) -> None:
+        """Record the knobs ``kind`` reads with their values (what config.yaml then shows)."""
+        self.check_knobs()
+        for k, value in self.knobs().items():
+            setattr(self, k, value)
 
     def options(self) -> dict:
         """The keyword arguments of ``kind``'s `IS_CORRECTIONS` entry."""
-        return {"truncated": dict(cap=self.cap, level=self.level), "none": dict(level=self.level),
-                "masked": dict(low=self.low, high=self.high, level=self.level), "icepop": dict(beta=self.beta),
-                "geo_mask": dict(low=self.geo_low, high=self.geo_high), "k3_mask": dict(max_kl=self.k3_max)}[self.kind]
-
-
-_CORRECTION_DEFAULTS = {"level": "token", "beta": 2.0, "geo_low": 0.99, "geo_high": 1.01, "k3_max": 0.01}
-"""The knobs whose use with another kind is refused (cap, low and high predate the check)."""
+        renamed = {"geo_low": "low", "geo_high": "high", "k3_max": "max_kl"}
+        return {renamed.get(k, k): value for k, value in self.knobs().items()}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -496,10 +516,9 @@ class RLConfig:
 
     def check_correction(self) -> None:
         """Resolve ``correction.kind: auto``, and refuse correction knobs that would do nothing."""
-        c, default = self.correction, CorrectionConfig()
+        c = self.correction
         if not self.importance_weighted:
-            changed = [k for k in ("kind", "level", "cap", "low", "high", "beta", "geo_low", "geo_high", "k3_max")
-                       if getattr(c, k) != getattr(default, k) and not (k == "kind" and c.kind == "none")]
+            changed = ["kind"] * (c.kind not in ("auto", "none")) + c.knobs_set()
             if changed:
                 raise ConfigValueError(f"correction.{changed[0]}", "has no effect in async mode with "
                                        "asynchrony.decoupled_ppo=false: the PPO ratio is taken against the "
@@ -512,14 +531,14 @@ class RLConfig:
             return
         if c.kind == "auto":
             c.kind = "truncated"
-            c.check_knobs()
+        c.resolve()
         if self.force_no_correction and not (self.mode == "async" and c.kind == "none"):
             raise ConfigValueError("force_no_correction", "only allows correction.kind=none in async mode")
         if self.mode == "async" and c.kind == "none" and not self.force_no_correction:
             raise ConfigValueError("correction.kind", "none is refused in async mode: samples up to "
                                    "max_staleness versions old, from a sampler whose numerics differ from "
                                    "the trainer's, need importance correction or runs silently diverge; "
-                                   "use another kind (truncated, masked, ...), or set force_no_correction=true to accept that")
+                                   "use another kind (truncated, mis, ...), or set force_no_correction=true to accept that")
 
     @property
     def aggregation_mode(self) -> str:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from posttrain.algos.correction import (IS_CORRECTIONS, LEVELLED, geo_mask, geo_mean_seq_ratio, icepop, k3_mask,
-                                        masked_is, mismatch_metrics, truncated_is)
+                                        masked_is, mismatch_metrics, rejection_is, truncated_is)
 
 # token ratios trainer/sampler = 2, 1, 0.5
 TRAINER = torch.tensor([[math.log(0.5), math.log(0.9), math.log(0.3)]])
@@ -33,11 +33,11 @@ def test_truncated_sequence_and_geometric_levels():
     torch.testing.assert_close(geo_mean_seq_ratio(TRAINER, SAMPLER, FIRST_TWO), torch.tensor([math.sqrt(2)]))
 
 
-def test_masked_is_hand_worked():
-    w, m = masked_is(TRAINER, SAMPLER, ALL, low=0.6, high=1.5)
+def test_rejection_is_hand_worked():
+    w, m = rejection_is(TRAINER, SAMPLER, ALL, low=0.6, high=1.5)
     torch.testing.assert_close(w, torch.tensor([[0.0, 1.0, 0.0]]))
     assert m["is/masked_frac"].item() == pytest.approx(2 / 3)
-    w, m = masked_is(TRAINER, SAMPLER, FIRST_TWO, low=0.6, high=1.5, level="sequence")
+    w, m = rejection_is(TRAINER, SAMPLER, FIRST_TWO, low=0.6, high=1.5, level="sequence")
     torch.testing.assert_close(w, torch.zeros(1, 3))
     assert m["is/masked_frac"].item() == 1.0
 
@@ -85,8 +85,8 @@ SAMPLER2 = torch.tensor([[math.log(0.25), math.log(0.9), math.log(0.6)], [math.l
 MASK2 = torch.tensor([[True, True, True], [True, True, False]])
 
 
-def test_masked_is_rejection_metrics_hand_worked():
-    w, m = masked_is(TRAINER2, SAMPLER2, MASK2, low=0.6, high=1.5)
+def test_rejection_is_metrics_hand_worked():
+    w, m = rejection_is(TRAINER2, SAMPLER2, MASK2, low=0.6, high=1.5)
     torch.testing.assert_close(w, torch.tensor([[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]]))
     assert m["is/masked_token_frac"].item() == pytest.approx(2 / 5)  # ratios 2 and 0.5 of five tokens
     assert m["is/masked_seq_frac"].item() == pytest.approx(1 / 2)  # the first sequence lost tokens
@@ -94,13 +94,39 @@ def test_masked_is_rejection_metrics_hand_worked():
 
 
 def test_icepop_hand_worked():
-    # beta 1.6: bounds [0.625, 1.6]; 2 and 0.5 are dropped, 1, 1.25 and 0.8 keep their ratio as weight
-    w, m = icepop(TRAINER2, SAMPLER2, MASK2, beta=1.6)
+    # bounds [0.625, 1.6]; 2 and 0.5 are dropped, 1, 1.25 and 0.8 keep their ratio as weight
+    w, m = icepop(TRAINER2, SAMPLER2, MASK2, low=0.625, high=1.6)
     torch.testing.assert_close(w, torch.tensor([[0.0, 1.0, 0.0], [1.25, 0.8, 0.0]]))
     assert m["is/masked_token_frac"].item() == pytest.approx(2 / 5)
     assert m["is/masked_seq_frac"].item() == pytest.approx(1 / 2)
-    w, _ = icepop(TRAINER2, SAMPLER2, MASK2, beta=5.0, low=0.5)  # the paper's [0.5, 5]: all kept
+    w, _ = icepop(TRAINER2, SAMPLER2, MASK2, low=0.5, high=5.0)  # the paper's [0.5, 5]: all kept
     torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.5], [1.25, 0.8, 0.0]]))
+    w, _ = icepop(TRAINER2, SAMPLER2, MASK2, low=0.9, high=5.0)  # the lower bound is read: 0.5 and 0.8 go
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.0], [1.25, 0.0, 0.0]]))
+
+
+def test_published_mis_float64_hand_worked():
+    """MIS (Liu, Li et al. 2025): w = ρ · 1{ρ ≤ C}, worked by hand in float64 with C = 1.5.
+
+    Token ratios 2, 1, 0.5 | 1.25, 0.8: 2 > C is dropped, the others keep their ratio (not 1, as a
+    rejection would give). Per sequence: the product 2·1·0.5 = 1 ≤ C keeps weight 1 on every token;
+    1.25·0.8 = 1 too; with the first two tokens only, 2·1 = 2 > C drops the sequence."""
+    t = torch.tensor([[math.log(0.5), math.log(0.9), math.log(0.3)], [math.log(0.5), math.log(0.4), 0.0]],
+                     dtype=torch.float64)
+    s = torch.tensor([[math.log(0.25), math.log(0.9), math.log(0.6)], [math.log(0.4), math.log(0.5), 0.0]],
+                     dtype=torch.float64)
+    m = MASK2
+    w, met = masked_is(t, s, m, cap=1.5)
+    assert w.dtype == torch.float64
+    want = torch.tensor([[0.0, 1.0, 0.5], [1.25, 0.8, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(w, want, rtol=0, atol=1e-15)
+    assert met["is/masked_token_frac"].item() == pytest.approx(1 / 5)
+    w, _ = masked_is(t, s, m, cap=1.5, level="sequence")
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64),
+                               rtol=0, atol=1e-15)
+    w, _ = masked_is(t, s, torch.tensor([[True, True, False], [True, True, False]]), cap=1.5, level="sequence")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64),
+                               rtol=0, atol=1e-15)
 
 
 def test_geo_mask_hand_worked():
@@ -164,12 +190,16 @@ REFERENCES = {
                         lambda d: [min(math.exp(x), 1.3) for x in d]),
     "truncated/sequence": (lambda t, s, m: truncated_is(t, s, m, cap=1.3, level="sequence")[0],
                            lambda d: [min(math.exp(sum(d)), 1.3)] * len(d)),
-    "masked/token": (lambda t, s, m: masked_is(t, s, m, low=0.8, high=1.2)[0],
-                     lambda d: [1.0 if 0.8 <= math.exp(x) <= 1.2 else 0.0 for x in d]),
-    "masked/sequence": (lambda t, s, m: masked_is(t, s, m, low=0.6, high=1.6, level="sequence")[0],
-                        lambda d: [1.0 if 0.6 <= math.exp(sum(d)) <= 1.6 else 0.0] * len(d)),
-    "icepop": (lambda t, s, m: icepop(t, s, m, beta=1.2)[0],
-               lambda d: [math.exp(x) if 1 / 1.2 <= math.exp(x) <= 1.2 else 0.0 for x in d]),
+    "rejection/token": (lambda t, s, m: rejection_is(t, s, m, low=0.8, high=1.2)[0],
+                        lambda d: [1.0 if 0.8 <= math.exp(x) <= 1.2 else 0.0 for x in d]),
+    "rejection/sequence": (lambda t, s, m: rejection_is(t, s, m, low=0.6, high=1.6, level="sequence")[0],
+                           lambda d: [1.0 if 0.6 <= math.exp(sum(d)) <= 1.6 else 0.0] * len(d)),
+    "mis/token": (lambda t, s, m: masked_is(t, s, m, cap=1.2)[0],
+                  lambda d: [math.exp(x) if math.exp(x) <= 1.2 else 0.0 for x in d]),
+    "mis/sequence": (lambda t, s, m: masked_is(t, s, m, cap=1.6, level="sequence")[0],
+                     lambda d: [math.exp(sum(d)) if math.exp(sum(d)) <= 1.6 else 0.0] * len(d)),
+    "icepop": (lambda t, s, m: icepop(t, s, m, low=0.9, high=1.2)[0],
+               lambda d: [math.exp(x) if 0.9 <= math.exp(x) <= 1.2 else 0.0 for x in d]),
     "geo_mask": (lambda t, s, m: geo_mask(t, s, m, low=0.97, high=1.03)[0],
                  lambda d: [1.0 if 0.97 <= math.exp(sum(d) / len(d)) <= 1.03 else 0.0] * len(d)),
     "k3_mask": (lambda t, s, m: k3_mask(t, s, m, max_kl=0.008)[0],

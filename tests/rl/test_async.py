@@ -223,7 +223,7 @@ def test_async_with_importance_weights_refuses_correction_off_unless_forced(rl_o
     assert load_config(RLConfig, None, rl_overrides()).correction.kind == "truncated"  # sync too
 
 
-@pytest.mark.parametrize("override", ["correction.kind=truncated", "correction.kind=masked", "correction.cap=1.5",
+@pytest.mark.parametrize("override", ["correction.kind=truncated", "correction.kind=mis", "correction.cap=1.5",
                                       "correction.level=sequence", "force_no_correction=true"])
 def test_correction_knobs_that_do_nothing_in_async_anchored_mode_are_refused(rl_overrides, override):
     """Async's default takes the PPO ratio against the sampler: its clip bounds stale samples and no

@@ -23,8 +23,10 @@ _BATCH = types.SimpleNamespace(old_logp_BT=_OLD, behaviour_logp_BT=_SAMPLER, sam
 @pytest.mark.parametrize("kind,knobs,expected", [
     ("truncated", {"cap": 1.5}, [[1.5, 1.0, 0.5], [1.25, 0.8, 0.0]]),
     ("truncated", {"cap": 1.5, "level": "sequence"}, [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]),
-    ("masked", {"low": 0.6, "high": 1.5}, [[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]]),
-    ("icepop", {"beta": 1.6}, [[0.0, 1.0, 0.0], [1.25, 0.8, 0.0]]),
+    ("rejection", {"low": 0.6, "high": 1.5}, [[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]]),
+    ("mis", {"cap": 1.5}, [[0.0, 1.0, 0.5], [1.25, 0.8, 0.0]]),
+    ("icepop", {"low": 0.6, "high": 1.6}, [[0.0, 1.0, 0.0], [1.25, 0.8, 0.0]]),
+    ("icepop", {"low": 0.5, "high": 5.0}, [[2.0, 1.0, 0.5], [1.25, 0.8, 0.0]]),
     ("geo_mask", {"geo_low": 0.99, "geo_high": 1.01}, [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]),
     ("k3_mask", {"k3_max": 0.1}, [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]),
 ])
@@ -46,8 +48,9 @@ def test_unknown_correction_is_refused_in_one_line():
     assert e.value.key == "kind" and "\n" not in str(e.value) and "icepop" in str(e.value)
 
 
-@pytest.mark.parametrize("kind,knob", [("truncated", {"beta": 3.0}), ("icepop", {"k3_max": 0.1}),
-                                       ("masked", {"geo_high": 1.1}), ("geo_mask", {"level": "sequence"}),
+@pytest.mark.parametrize("kind,knob", [("truncated", {"low": 0.5}), ("icepop", {"k3_max": 0.1}),
+                                       ("rejection", {"cap": 2.0}), ("mis", {"high": 2.0}), ("icepop", {"cap": 2.0}),
+                                       ("icepop", {"level": "token"}), ("rejection", {"geo_high": 1.1}), ("geo_mask", {"level": "sequence"}),
                                        ("k3_mask", {"level": "sequence"})])
 def test_a_knob_of_another_correction_is_refused(kind, knob):
     with pytest.raises(ConfigValueError, match=f"no effect with kind={kind}") as e:
@@ -243,3 +246,30 @@ def test_fallback_at_two_colocated_ranks_equals_one_process(rl_overrides, reward
     for a, b in zip(one, two):
         assert b["reward/mean"] == a["reward/mean"]  # the same tokens, in the same precision
         assert (b["mismatch/logprob_abs_diff_max"] < 1e-5) == (b["rollout/precision"] == 32)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["correction.kind=icepop", "correction.cap=2"], "correction.cap"),  # the value is the default: still refused
+    (["correction.kind=rejection", "correction.level=token", "correction.cap=2.0"], "correction.cap"),
+    (["correction.kind=masked"], "correction.kind"),
+    (["correction.kind=icepop", "correction.low=1.5"], "correction.low"),
+])
+def test_the_rl_command_refuses_a_correction_knob_in_one_line(rl_overrides, capsys, overrides, key):
+    from posttrain.cli import main
+
+    assert main(["rl", *rl_overrides(), *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err
+
+
+def test_icepop_reads_both_bounds_from_the_config(rl_overrides):
+    from posttrain.config import load_config
+    from posttrain.rl.config import RLConfig
+
+    cfg = load_config(RLConfig, None, rl_overrides(**{"correction.kind": "icepop", "correction.low": 0.5,
+                                                      "correction.high": 5}))
+    assert cfg.correction.options() == {"low": 0.5, "high": 5.0}
+    w, _ = importance_weights(_BATCH, cfg.correction)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.5], [1.25, 0.8, 0.0]]))
+    resolved = load_config(RLConfig, None, rl_overrides()).correction  # auto: truncated, its knobs recorded
+    assert (resolved.kind, resolved.level, resolved.cap, resolved.low, resolved.high) == ("truncated", "token", 2.0, None, None)
