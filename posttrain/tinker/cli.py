@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"/api/v1/healthz (default: ${API_KEY_ENV}); needed beyond loopback")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--max-models", type=int, default=16, help="most training clients at once (default 16)")
+    parser.add_argument("--max-sessions", type=int, default=256,
+                        help="most SDK sessions open at once; a new one beyond ends the least recently heard from "
+                             "and unloads its training clients (default 256)")
     parser.add_argument("--max-context", type=int, default=None,
                         help="longest datum or prompt+sample in tokens (default: the model's positions)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -213,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port={args.port}: must be in 0..65535")
     if args.max_models < 1:
         raise UserError(f"--max-models={args.max_models}: must be >= 1")
+    if args.max_sessions < 1:
+        raise UserError(f"--max-sessions={args.max_sessions}: must be >= 1")
     if not is_loopback(args.host) and not args.api_key:
         raise UserError(f"--host={args.host}: listening beyond loopback needs an API key (--api-key or ${API_KEY_ENV})")
     root = Path(args.root).expanduser()
@@ -255,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    app = create_app(bases, root, api_key=args.api_key, limits=Limits(max_models=args.max_models))
+    limits = Limits(max_models=args.max_models, max_sessions=args.max_sessions)
+    app = create_app(bases, root, api_key=args.api_key, limits=limits)
     url = _url(sock)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
 

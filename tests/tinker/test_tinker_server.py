@@ -76,6 +76,8 @@ def test_beyond_loopback_needs_key(tmp_path, monkeypatch, capsys):
     assert "needs an API key" in capsys.readouterr().err
     assert main(["tinker-serve", "--root", str(tmp_path / "missing")]) == 2
     assert main(["tinker-serve", "--root", str(tmp_path), "--model", "x=" + str(tmp_path)]) == 2
+    assert main(["tinker-serve", "--root", str(tmp_path), "--max-sessions", "0"]) == 2
+    assert "--max-sessions=0: must be >= 1" in capsys.readouterr().err
 
 
 def fb_body(model_id, loss="cross_entropy", tokens=(3, 4, 5, 6), **inputs):
