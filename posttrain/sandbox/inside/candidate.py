@@ -154,6 +154,10 @@ def _encode_h(x, table: list, depth: int = 0):
     t = type(x)
     if t in _PLAIN:
         return encode(x)
+    try:  # plain data (a Counter, a namedtuple, a large list packed) crosses as data
+        return encode(x, depth)
+    except TypeError:  # something in it is not data: it goes out item by item, with handles
+        pass
     if t in (list, tuple, set, frozenset):
         tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
         return [tag, [_encode_h(v, table, depth + 1) for v in t.__iter__(x)]]

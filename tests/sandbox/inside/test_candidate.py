@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from posttrain.sandbox.pool import Job
 
 # HumanEval/0's signature with `List` never imported: plain Python raises NameError at the def.
@@ -41,3 +43,30 @@ def test_sandbox_check_fails_a_program_using_list_unimported(make_pool, tmp_path
     assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[0])
     assert (line["outcome"], line["reason"]) == ("MODEL_FAIL", "runtime_error")
+
+
+# Values a correct program returns cross the boundary and compare as in Python (`==`), whatever
+# their class in the collections module; a class of the program's own never decides.
+@pytest.mark.parametrize("body, expected", [
+    ("return collections.Counter(x)", "{'a': 2, 'b': 1}"),
+    ("return collections.OrderedDict(sorted(collections.Counter(x).items()))", "{'a': 2, 'b': 1}"),
+    ("d = collections.defaultdict(int)\n    for c in x:\n        d[c] += 1\n    return d", "{'a': 2, 'b': 1}"),
+    ("return collections.namedtuple('Freq', 'a b')(x.count('a'), x.count('b'))", "(2, 1)"),
+])
+def test_collections_values_a_correct_program_returns_pass(pool, body, expected):
+    program = f"import collections\ndef f(x):\n    {body}\n"
+    tests = f"def check(candidate):\n    assert candidate('aba') == {expected}\n"
+    assert verdict(pool, Job(program, "f", tests)) == ("PASS", "")
+
+
+def test_an_object_equal_to_everything_is_still_refused(pool):
+    program = ("class Any(tuple):\n    _fields = ('a',)\n    def __eq__(self, other):\n        return True\n"
+               "def f(x):\n    return Any((0,))\n")
+    tests = "def check(candidate):\n    assert candidate('aba') == (5,)\n"
+    assert verdict(pool, Job(program, "f", tests))[0] == "MODEL_FAIL"
+
+
+def test_a_million_floats_cross(pool):
+    program = "def f(n):\n    return [1, 3] + [i / 2 for i in range(n)]\n"
+    tests = "def check(candidate):\n    out = candidate(10 ** 6)\n    assert out[:3] == [1, 3, 0.0] and type(out[0]) is int and out[-1] == 499999.5\n"
+    assert verdict(pool, Job(program, "f", tests, timeout_s=20)) == ("PASS", "")
