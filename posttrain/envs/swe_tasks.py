@@ -13,7 +13,10 @@ the project's tests catch it.
 3. **Kept** when, with the mutation, some tests of the files whose tests cover the function fail
    that passed before (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS);
    then both trees run exactly those ids, as the verdict will, and only ids that agree stay (a
-   test whose outcome depends on what ran before it is dropped). A mutant that hangs is dropped.
+   test whose outcome depends on what ran before it is dropped). A mutant that hangs, or makes
+   those tests take over three times as long as the original plus a second (`too_slow`), is
+   dropped. Only the project's code is mutated: never a test file, a ``conftest.py`` (the verdict
+   restores every one, so a bug there could not be fixed) or another file the verdict restores.
 4. **Problem statement**: what a user would see — the failing tests' names and their errors
    (pytest's one-line crash message), never the diff.
 5. **Records**: the project goes into ``DIR/repos/NAME`` as a git repository whose first commit is
@@ -42,11 +45,12 @@ import zipfile
 from pathlib import Path
 
 from posttrain.envs.base import EnvTaskError
-from posttrain.envs.swe import _WRITE_TREE, import_roots, ini_file, is_test_path, tree_at, tree_job
+from posttrain.envs.swe import _WRITE_TREE, guarded, import_roots, ini_file, tree_at, tree_job
 from posttrain.errors import UserError
 from posttrain.sandbox.trees import Tree
 
 HELD_OUT_FRAC = 0.2
+SLOW_FACTOR, SLOW_MARGIN_S = 3.0, 1.0
 _SALT = "posttrain-swe-v1"
 # Node ids the verdict can name on pytest's command line as they are.
 _SAFE_ID = re.compile(r"^[\w./-]+\.py(::[\w.\[\]\-+,=]+)+$")
@@ -95,7 +99,7 @@ def _suite(changes, targets, ini, roots, profile):
     os.chdir(ROOT)
     sys.path[:0] = roots
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    results, cover, prefix = {}, {}, ROOT + "/"
+    results, cover, prefix, seconds = {}, {}, ROOT + "/", [0.0]
 
     class Probe:
         @pytest.hookimpl(wrapper=True)
@@ -114,6 +118,7 @@ def _suite(changes, targets, ini, roots, profile):
                 cover[item.nodeid] = sorted(seen)
 
         def pytest_runtest_logreport(self, report):
+            seconds[0] += report.duration
             if report.failed:
                 crash = getattr(report.longrepr, "reprcrash", None)
                 results[report.nodeid] = ["failed", str(getattr(crash, "message", "") or "")[:400]]
@@ -122,7 +127,7 @@ def _suite(changes, targets, ini, roots, profile):
 
     pytest.main(["-q", "-p", "no:cacheprovider", "-c", ini, "--rootdir", ROOT, "--basetemp", "/tmp/.pytest-base",
                  *targets], plugins=[Probe()])
-    os.write(out, json.dumps({"results": results, "cover": cover}).encode())
+    os.write(out, json.dumps({"results": results, "cover": cover, "seconds": seconds[0]}).encode())
     os._exit(0)
 '''
 
@@ -134,7 +139,8 @@ def suite_program(files: dict[str, str], targets: list[str], profile: bool) -> s
 def run_suite(pool, base: Tree, files: dict[str, str], targets: list[str], profile: bool,
               timeout_s: float) -> dict | None:
     """The suite's ``targets`` run on ``files`` (``base`` with a few changes):
-    ``{"results": {node id: [outcome, crash message]}, "cover": {node id: [[path, line], ...]}}``,
+    ``{"results": {node id: [outcome, crash message]}, "cover": {node id: [[path, line], ...]},
+    "seconds": the tests' own time (set-up, call and tear-down of each)}``,
     or None when the run did not finish (a timeout, a crash)."""
     from posttrain.outcome import OutcomeClass
 
@@ -145,6 +151,13 @@ def run_suite(pool, base: Tree, files: dict[str, str], targets: list[str], profi
         return json.loads(outcome.detail)
     except json.JSONDecodeError:
         return None
+
+
+def too_slow(fixed_s: float, mutant_s: float) -> bool:
+    """Whether a mutant makes the task's tests take too long: over `SLOW_FACTOR` times the fixed
+    code's time plus `SLOW_MARGIN_S` (it loops or waits; its verdict would use up the time limit,
+    and a policy would learn about time limits rather than the bug)."""
+    return mutant_s > SLOW_FACTOR * fixed_s + SLOW_MARGIN_S
 
 
 # ------------------------------------------------------------------------------- mutations
@@ -320,7 +333,7 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
                 covering.setdefault((path, line), set()).add(nodeid)
     repo = TaskRepo(out_dir / "repos" / name, files)
     records, tried = {"train": [], "eval": []}, 0
-    for path in sorted(p for p in files if p.endswith(".py") and not is_test_path(p) and not p.endswith("setup.py")):
+    for path in sorted(p for p in files if p.endswith(".py") and not guarded(p, {}) and not p.endswith("setup.py")):
         try:
             fns = functions(files[path])
         except SyntaxError:
@@ -373,7 +386,7 @@ def _try(pool, repo: TaskRepo, name: str, tree: Tree, path: str, fn, kind: str, 
     still = {t for t, (o, _) in bug["results"].items() if o == "passed"}
     f2p = [t for t in f2p if t in ok and t not in still]
     p2p = [t for t in p2p if t in ok and t in still]
-    if not f2p or not p2p:
+    if not f2p or not p2p or too_slow(gold["seconds"], bug["seconds"]):
         return None
     commit, fix = repo.commit_change(path, mutant, f"{kind} in {path}:{fn.name}")
     return {"instance_id": f"{name}__{path}:{fn.name}:{kind}:{commit[:8]}", "repo": name, "base_commit": commit,

@@ -1,7 +1,8 @@
 """`posttrain make-env-data swe`: mutations worked out by hand, and tasks made from a small project
 built here (its own suite run in the sandbox): each kept mutant is caught by its FAIL_TO_PASS tests,
-its statement names tests and errors but never the code, the split is by file, and the tasks'
-gold patch passes while submitting the bug unchanged does not."""
+its statement names tests and errors but never the code, the split is by file, a root conftest.py
+and mutants that make the tests slow are left out, and the tasks' gold patch passes while
+submitting the bug unchanged does not."""
 
 from __future__ import annotations
 
@@ -62,6 +63,17 @@ PROJECT = {
                             "def test_shout():\n    assert shout('hi') == 'HI!'\n\n\n"
                             "def test_vowels():\n    assert vowels('banana') == 3\n"),
     "setup.cfg": "[tool:pytest]\ntestpaths = tests\n",
+    # A helper in the root conftest.py that tests call: the verdict restores conftest.py, so a bug
+    # there could never be fixed; it must not be mutated.
+    "conftest.py": "import pytest\n\n\ndef twice(x):\n    return x + x\n\n\n@pytest.fixture\ndef make_twice():\n"
+                   "    return twice\n",
+    "tests/test_helpers.py": ("def test_twice(make_twice):\n    assert make_twice(3) == 6\n\n\n"
+                              "def test_no_helper():\n    assert len('ab') == 2\n"),
+    # Every mutant of clamp that the tests catch takes 1.5 s more than the original: too slow, dropped.
+    "shapes/timing.py": "import time\n\n\ndef clamp(x):\n    if x < 0:\n        time.sleep(1.5)\n        return -1\n"
+                        "    return x\n",
+    "tests/test_timing.py": ("from shapes.timing import clamp\n\n\ndef test_clamp():\n    assert clamp(0) == 0\n\n\n"
+                             "def test_clamp_positive():\n    assert clamp(5) == 5\n"),
 }
 
 
@@ -76,7 +88,7 @@ def made(tmp_path_factory):
     with tarfile.open(sdist, "w:gz") as tar:
         tar.add(folder, arcname="shapes-1.0")
     out = root / "data"
-    code = main(["make-env-data", "swe", str(out), "--from", str(sdist), "--max-tasks", "6", "--per-function", "1",
+    code = main(["make-env-data", "swe", str(out), "--from", str(sdist), "--max-tasks", "8", "--per-function", "1",
                  "--timeout", "30"])
     if code == 2:
         pytest.skip("no sandbox here")
@@ -89,6 +101,7 @@ def test_tasks_are_made_caught_by_their_tests_and_split_by_file(made):
     _, tasks = made
     rows = tasks["train"] + tasks["eval"]
     assert len(rows) == 5  # one per function: shout's mutants are caught too, vowels' and the rest
+    assert {r["mutation"]["path"] for r in rows} == {"shapes/geometry.py", "shapes/words.py"}  # no conftest, no clamp
     for split, items in tasks.items():
         for r in items:
             assert split_of(r["repo"], r["mutation"]["path"]) == split
