@@ -7,7 +7,8 @@ Plays the oracle (the reference fix), the null policy (submit unchanged) and the
 through ``env.name=swe`` (`posttrain.envs.swe`): the gold patch, null, and the forgeries of a
 pytest verdict (`audit.swe_policies`). Writes ``DIR/clean.jsonl`` (the tasks without flags), ``DIR/audit.jsonl`` (one row
 per task: flags and each policy's verdict) and ``DIR/summary.json``; prints each policy's pass rate
-(oracle 1.0, every other 0.0 on a sound task set). Exit 0 when every task is clean, 1 when some
+(oracle 1.0, every other 0.0 on a sound task set). ``--timeout`` is each run's time limit (the
+verdict's, for SWE records), ``--cpu-limit`` the sandbox's CPU seconds per program. Exit 0 when every task is clean, 1 when some
 were flagged (they are left out of clean.jsonl).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from posttrain.errors import UserError
@@ -26,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=50, help="embedded: number of tasks (default 50)")
     parser.add_argument("--split", choices=("train", "eval"), default="train", help="embedded: split (default train)")
     parser.add_argument("--workers", type=int, default=0, help="parallel sandboxes (default: one per core)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per sandbox run (default 10)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per sandbox run, the verdict's time limit (default 10; SWE records: 60, "
+                             "as env.name=swe)")
+    parser.add_argument("--cpu-limit", type=int, default=None,
+                        help="CPU seconds a sandbox program may use (default: 30, or the timeout + 1 if larger)")
     parser.add_argument("--venv", default="", help="SWE records: the virtual environment the projects' tests "
                                                    "import their dependencies from (env.options.venv)")
 
@@ -62,10 +68,14 @@ def run(args) -> int:
     from posttrain.sandbox.worker import SandboxConfig
     from posttrain.tracking import progress_bar
 
-    if args.timeout <= 0 or args.workers < 0:
+    if (args.timeout is not None and args.timeout <= 0) or args.workers < 0:
         raise UserError("--timeout must be > 0 and --workers >= 0")
+    if args.cpu_limit is not None and args.cpu_limit < 1:
+        raise UserError(f"--cpu-limit must be >= 1 CPU second, got {args.cpu_limit}")
     tasks = read_tasks(args)
     swe = bool(tasks) and is_swe_record(tasks[0])
+    timeout = args.timeout if args.timeout is not None else (60.0 if swe else 10.0)
+    cpu_s = args.cpu_limit if args.cpu_limit is not None else max(30, math.ceil(timeout) + 1)
     if any(is_swe_record(t) != swe for t in tasks):
         raise UserError(f"{args.tasks}: mixes SWE-bench-format records with repository tasks; audit them apart")
     env_class = SweEnv if swe else RepoEnv
@@ -74,14 +84,14 @@ def run(args) -> int:
     options = {"venv": args.venv} if args.venv else {}
     try:
         site = venv_site(args.venv, SandboxConfig().python) if args.venv else ""
-        pool = SandboxPool(SandboxConfig(workers=args.workers, site_packages=site))
+        pool = SandboxPool(SandboxConfig(workers=args.workers, site_packages=site, cpu_s=cpu_s))
     except ValueError as e:
         raise UserError(f"--venv: {str(e).removeprefix('env.options.venv: ')}") from None
     except SandboxUnavailable as e:
         raise UserError(f"{args.tasks}: cannot run the tasks here: {e}") from None
     with pool, progress_bar() as bar:  # off a terminal: a plain line every 30 s
         job = bar.add_task("audit", total=len(tasks), info="")
-        rows = audit_tasks(tasks, lambda: env_class(timeout_s=args.timeout, pool=pool, **options),
+        rows = audit_tasks(tasks, lambda: env_class(timeout_s=timeout, pool=pool, **options),
                            workers=2 * pool.cfg.n_workers, progress=lambda: bar.advance(job),
                            policies_of=(lambda rec: swe_policies(load_task(rec))) if swe else repo_policies)
     summary = write_audit(tasks, rows, Path(args.out))
