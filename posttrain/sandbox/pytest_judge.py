@@ -429,7 +429,7 @@ def scan_plugin_fixtures_once() -> None:
         return
     stubs: dict[int, tuple[types.ModuleType, types.ModuleType]] = {}
     plain: dict[type, bool] = {}
-    fixture_types = (fixtures.FixtureFunctionDefinition, staticmethod, classmethod)
+    is_fixture = fixtures.FixtureFunctionDefinition
 
     def pytest_plugin_registered(self, plugin, plugin_name):
         if plugin_name and plugin_name.endswith("conftest.py"):
@@ -444,7 +444,8 @@ def scan_plugin_fixtures_once() -> None:
             return self.parsefactories(holder=kept[1], node=self.session)
         cls = type(plugin)
         if cls not in plain:
-            plain[cls] = not any(type(v) in fixture_types for k in cls.__mro__ for v in vars(k).values())
+            plain[cls] = not any(type(getattr(v, "__func__", v)) is is_fixture for k in cls.__mro__
+                                 for v in list(vars(k).values()))
         return None if plain[cls] else original(self, plugin, plugin_name)
 
     pytest_plugin_registered.scans_once = True
@@ -668,6 +669,99 @@ def verdict(z, run: PytestRun, calls: int) -> dict:
     return z._verdict("PASS", "", f"{run.passed} tests, {calls} calls")
 
 
+class Sessions:
+    """One pytest configuration for every pytest-style task of this judge process, a fresh session
+    per task. Configuring pytest (its options, registering its plugins) was most of a one-test
+    task's cost; the configuration depends only on the fixed paths below, so it is made once.
+
+    What a session leaves behind is checked after each task: a test that registered a plugin or
+    changed an option drops the configuration (the next task makes a new one). Asserts run plain
+    (``--assert=plain``: no import hook stays in ``sys.meta_path`` between tasks; an assert fails
+    the same either way, only the message is shorter), the log plugin's ``/dev/null`` file is
+    closed (no descriptor stays open between tasks: the judge checks both), and there is no
+    terminal reporter (``-p no:terminal``: its output went nowhere, and it kept each session's
+    state); the outcomes come from the recorder, as before."""
+
+    def __init__(self, folder: str):
+        self.folder, self.config, self.plugins, self.options = folder, None, None, None
+        self.tests, self.ini = os.path.join(folder, "test_task.py"), os.path.join(folder, "pytest.ini")
+
+    def configure(self, pytest) -> None:
+        from _pytest.config import _prepareconfig
+
+        args = pytest_args([self.tests], rootdir=self.folder, ini=self.ini, basetemp=os.path.join(self.folder, "t"))
+        args = [a for a in args if a != "-q"] + ["--assert=plain", "-p", "no:terminal"]
+        config = _prepareconfig(args, plugins=[GeneratorTests(pytest)])
+        config._do_configure()
+        logging_plugin = config.pluginmanager.get_plugin("logging-plugin")
+        if logging_plugin is not None:
+            logging_plugin.log_file_handler.close()
+        self.config, self.plugins = config, set(config.pluginmanager.get_plugins())
+        self.options = dict(vars(config.option))
+        self.history = len(config.hook.pytest_plugin_registered._call_history)
+
+    def run(self, pytest, classify, basetemp: str, open_dir: str) -> PytestRun:
+        """One session over the test module now at ``self.tests``."""
+        from _pytest.main import Failed, Session, _main
+
+        if self.config is None:
+            self.configure(pytest)
+        config, run, before = self.config, PytestRun(), set(sys.modules)
+        factory = config._tmp_path_factory
+        factory._given_basetemp, factory._basetemp = pathlib.Path(basetemp), None
+        recorder = _recorder(pytest, run, classify, open_dir)
+        config.pluginmanager.register(recorder)
+        session = Session.from_config(config)
+        session.exitstatus = pytest.ExitCode.OK
+        umask, version = os.umask(0), os.environ.get("PYTEST_VERSION")
+        os.environ["PYTEST_VERSION"] = pytest.__version__  # as pytest.main sets it
+        started = False
+        try:
+            config.hook.pytest_sessionstart(session=session)
+            started = True
+            session.exitstatus = _main(config, session) or pytest.ExitCode.OK
+        except Failed:  # -x: the first failure stops the session, as under pytest.main
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        except (KeyboardInterrupt, pytest.exit.Exception):  # -x after a collection error, pytest.exit()
+            session.exitstatus = getattr(sys.exc_info()[1], "returncode", None) or pytest.ExitCode.INTERRUPTED
+            config.hook.pytest_keyboard_interrupt(excinfo=pytest.ExceptionInfo.from_current())
+        finally:
+            try:
+                if started:
+                    config.hook.pytest_sessionfinish(session=session, exitstatus=session.exitstatus)
+            finally:
+                self._end(session, recorder, before, umask, version)
+        run.exit_code = int(session.exitstatus)
+        return run
+
+    def _end(self, session, recorder, before: set, umask: int, version: str | None) -> None:
+        os.umask(umask)
+        if version is None:
+            os.environ.pop("PYTEST_VERSION", None)
+        else:
+            os.environ["PYTEST_VERSION"] = version
+        manager = self.config.pluginmanager
+        for plugin in (recorder, session._fixturemanager if hasattr(session, "_fixturemanager") else None, session):
+            if plugin is not None and manager.is_registered(plugin):
+                manager.unregister(plugin)
+        for name in set(sys.modules) - before:
+            if not name.startswith(("_pytest", "pytest", "pluggy")):
+                del sys.modules[name]
+        # Each registration is kept to be replayed to every later plugin (a historic hook): the
+        # session's own, unregistered above, go, or every next session would parse them again.
+        del self.config.hook.pytest_plugin_registered._call_history[self.history:]
+        capture = manager.get_plugin("capturemanager")
+        if capture is not None and capture._global_capturing is None:  # an interrupted session stops it
+            capture.start_global_capturing()
+            capture.suspend_global_capture()
+        if set(manager.get_plugins()) != self.plugins or dict(vars(self.config.option)) != self.options:
+            self.config._ensure_unconfigure()
+            self.config = None
+
+
+_SESSIONS: list[Sessions] = []  # this process's, made at its first pytest-style task
+
+
 def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     """Run ``msg["tests"]`` (a pytest module) against the candidate; return the verdict."""
     import shutil
@@ -682,7 +776,13 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
         return failed
     remote = Remote(z, call_fd, reply_fd)
     remote.output_limit = int(msg.get("output_limit") or remote.output_limit)
-    task = tempfile.mkdtemp(dir=z.JUDGE_DIR if os.path.isdir(z.JUDGE_DIR) else None)
+    base = z.JUDGE_DIR if os.path.isdir(z.JUDGE_DIR) else tempfile.gettempdir()
+    if not _SESSIONS:
+        _SESSIONS.append(Sessions(tempfile.mkdtemp(dir=base)))
+    sessions = _SESSIONS[0]
+    task = sessions.folder
+    shutil.rmtree(task, ignore_errors=True)  # /judge may also have been mounted afresh since
+    os.makedirs(task, 0o700, exist_ok=True)
     try:
         shared = tempfile.mkdtemp(prefix="pytest-", dir="/tmp")
         os.chmod(shared, 0o711)  # the program may enter tmp_path below, not list or plant here
@@ -694,15 +794,13 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     cwd = os.path.join(task, "cwd")  # KodCode's tests write files by relative names
     os.mkdir(cwd, 0o700)
     basetemp = os.path.join(shared, "t")
-    args = pytest_args([os.path.join(task, "test_task.py")], rootdir=task, ini=os.path.join(task, "pytest.ini"),
-                       basetemp=basetemp)
     sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
     import pytest
 
     home = os.getcwd()
     try:
         os.chdir(cwd)
-        result = run_pytest(args, _classify(z), open_dir=basetemp, plugins=(GeneratorTests(pytest),))
+        result = sessions.run(pytest, _classify(z), basetemp, open_dir=basetemp)
     except (Exception, z.CandidateGone, OutputLimit) as e:  # pytest keeps its own errors; what escapes came with the program's data
         return z._verdict("MODEL_FAIL", "no_verdict", f"the test session broke: {type(e).__name__}: {e}")
     finally:
