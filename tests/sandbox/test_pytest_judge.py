@@ -247,3 +247,31 @@ def test_real_kodcode_records_that_rely_on_the_harness(pool):
         assert run(pool, task["reference"], task["tests"]) == ("PASS", ""), task["id"]
         wrong = "".join(f"def {name}(*args, **kwargs):\n    return None\n" for name in task["entry_points"])
         assert run(pool, wrong, task["tests"])[0] == "MODEL_FAIL", task["id"]
+
+
+def test_one_configuration_many_sessions_nothing_carried_over(tmp_path, monkeypatch):
+    """`Sessions` alone (no sandbox): tasks share one pytest configuration, each runs in a fresh
+    session, and nothing a task's tests defined or registered reaches the next task."""
+    import pytest
+
+    from posttrain.sandbox.pytest_judge import Sessions, scan_plugin_fixtures_once
+
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    scan_plugin_fixtures_once()
+    sessions = Sessions(str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "pytest.ini").write_text("[pytest]\n")
+
+    def task(text: str):
+        (tmp_path / "run" / "test_task.py").write_text(text)
+        return sessions.run(pytest, lambda excinfo: excinfo.type.__name__, str(tmp_path / "bt"), None)
+
+    first = task("import pytest\n\n@pytest.fixture\ndef thing():\n    return 1\n\ndef test_a(thing, tmp_path):\n    assert thing == 1\n")
+    config, history = sessions.config, len(sessions.config.hook.pytest_plugin_registered._call_history)
+    second = task("def test_b(thing):\n    assert thing == 1\n")  # the fixture was the last task's
+    assert (first.exit_code, first.passed, second.exit_code, second.passed) == (0, 1, 1, 0)
+    assert [reason for reason, _ in second.failures] == ["FixtureLookupError"]
+    assert sessions.config is config and len(config.hook.pytest_plugin_registered._call_history) == history
+    task("def test_c(request):\n    request.config.pluginmanager.register(object(), 'left-behind')\n")
+    assert sessions.config is None  # a configuration a test changed is not used again
+    assert task("def test_d():\n    assert 1\n").passed == 1 and sessions.config.pluginmanager.get_plugin("left-behind") is None
