@@ -4,7 +4,8 @@ The project ``calc`` (a src layout, pytest configured in pyproject.toml, a conft
 the package and has a fixture) has a bug in ``add``; the gold patch fixes it, the test patch adds the test that
 catches it (FAIL_TO_PASS) next to the suite that already passes (PASS_TO_PASS). `UNITTEST` is the
 same project written the unittest way (a flat layout, no pytest configuration, ``TestCase``
-classes, the package imported by ``tests/__init__.py`` before any test module)."""
+classes, the package imported by ``tests/__init__.py`` before any test module); `DOCTEST` the
+pytest-style one with ``--doctest-modules`` and a doctest among the FAIL_TO_PASS tests."""
 
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ UNITTEST = {
                                             "    def test_total(self):\n        self.assertEqual(total([1, 2, 3]), 6)\n")},
     "f2p": ["tests/hidden/test_add.py::TestAdd::test_add", "tests/hidden/test_add.py::TestAdd::test_total"],
     "p2p": ["tests/test_mul.py::TestMul::test_mul", "tests/test_mul.py::TestMul::test_mul_zero"],
+}
+
+# The pytest-style project with its doctests collected too (``--doctest-modules``): one of them
+# is a FAIL_TO_PASS test.
+_DOC_OPS = _OPS.replace("def add(a, b):\n", 'def add(a, b):\n    """\n    >>> add(2, 3)\n    5\n    """\n')
+DOCTEST = {
+    "files": {**FILES, "src/calc/ops.py": _DOC_OPS,
+              "pyproject.toml": FILES["pyproject.toml"].replace('addopts = "-ra"', 'addopts = "-ra --doctest-modules"')},
+    "fix": {"src/calc/ops.py": _DOC_OPS.replace("return a - b", "return a + b")},
+    "f2p": [*F2P, "src/calc/ops.py::calc.ops.add"],
 }
 
 

@@ -1,7 +1,8 @@
 """Forgeries of the SWE verdict from inside the test session's own process (a plugin on the live
 plugin manager, an import hook, unittest's run patched, test files or pytest's bytecode rewritten
 on disk, the report forged by stack walking), each played on a pytest-style and a unittest-style
-project made here: every one is MODEL_FAIL, and the oracle of both projects passes."""
+project made here: every one is MODEL_FAIL, and the oracle passes on both, and on a project whose
+doctests are among its tests."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from posttrain.envs.swe import SweEnv, load_task
 from posttrain.outcome import OutcomeClass
 from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
 from posttrain.sandbox.worker import SandboxConfig
-from tests.envs.swe_project import UNITTEST, make_record
+from tests.envs.swe_project import DOCTEST, UNITTEST, make_record
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def pool():
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     return {"pytest": make_record(tmp_path_factory.mktemp("swe-pytest")),
-            "unittest": make_record(tmp_path_factory.mktemp("swe-unittest"), **UNITTEST)}
+            "unittest": make_record(tmp_path_factory.mktemp("swe-unittest"), **UNITTEST),
+            "doctest": make_record(tmp_path_factory.mktemp("swe-doctest"), **DOCTEST)}
 
 
 def verdict(pool, record, policy: str):
@@ -41,7 +43,7 @@ def verdict(pool, record, policy: str):
     raise AssertionError("the policy never submitted")
 
 
-@pytest.mark.parametrize("style", ["pytest", "unittest"])
+@pytest.mark.parametrize("style", ["pytest", "unittest", "doctest"])
 def test_the_oracle_passes_and_null_fails(pool, records, style):
     assert verdict(pool, records[style], "oracle").cls is OutcomeClass.PASS
     assert verdict(pool, records[style], "null").reason == "wrong_answer"
