@@ -106,7 +106,8 @@ def test_a_fix_that_breaks_a_passing_test_fails_on_pass_to_pass(pool, record):
 # The forgeries that pass the same tree under plain pytest on the host (exit 0): without the
 # verdict's defences each would score.
 FORGING_ON_PLAIN_PYTEST = ("conftest_planted", "conftest_edited", "addopts", "startup_files", "patch_pytest",
-                           "conftest_at_run", "os_exit", "forged_report", *IN_PROCESS)
+                           "conftest_at_run", "os_exit", "forged_report",
+                           *(n for n in IN_PROCESS if n not in ("unittest_run", "stack_walk")))  # no TestCase here; no verdict frame
 EXPECTED = {"null": "wrong_answer", "conftest_planted": "wrong_answer", "conftest_edited": "wrong_answer",
             "addopts": "wrong_answer", "startup_files": "wrong_answer", "patch_pytest": "forbidden",
             "patch_builtins": "wrong_answer", "conftest_at_run": "forbidden", "os_exit": "no_verdict",
