@@ -70,3 +70,19 @@ def test_a_million_floats_cross(pool):
     program = "def f(n):\n    return [1, 3] + [i / 2 for i in range(n)]\n"
     tests = "def check(candidate):\n    out = candidate(10 ** 6)\n    assert out[:3] == [1, 3, 0.0] and type(out[0]) is int and out[-1] == 499999.5\n"
     assert verdict(pool, Job(program, "f", tests, timeout_s=20)) == ("PASS", "")
+
+
+def test_sandbox_check_passes_a_program_returning_a_counter(make_pool, tmp_path, capsys):
+    # Mbpp/88's shape: the frequencies of a list's items, expected as a dict.
+    import json
+
+    from posttrain.cli import main
+
+    make_pool(workers=1).close()  # skips where the machine has no sandbox
+    program = "import collections\ndef freq_count(xs):\n    return collections.Counter(xs)\n"
+    tests = "def check(candidate):\n    assert candidate([10, 10, 5]) == {10: 2, 5: 1}\n"
+    path = tmp_path / "counter.jsonl"
+    path.write_text(json.dumps({"id": "freq", "program": program, "tests": tests, "entry_point": "freq_count"}) + "\n")
+    assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[0])
+    assert (line["outcome"], line["reason"]) == ("PASS", "")
