@@ -44,12 +44,14 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
     return reward_plugin
 
 
+# Each case is a 2-rank launch (most of this file's time), so knobs that touch different parts of the
+# step share one: a broken part still makes its case differ from the one process. Plain GRPO with
+# one bucket is every other test's run here (equal rewards at every step need each rank's engine synced).
 @pytest.mark.parametrize("extra", [
-    {"algorithm": "grpo"},
     {"algorithm": "grpo", "rollout.sync_bucket_mb": 0.05},  # weights streamed to the ranks in ~20 buckets
     {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
-    {"algorithm": "grpo", "ppo_epochs": 2, "micro_batch_tokens": 64},  # off-policy 2nd epoch: ratios leave 1
-    {"algorithm": "grpo", "mini_batches": 2},  # the step's mini-batches, whichever rank holds their rows
+    # off-policy 2nd epoch (ratios leave 1), and the step's mini-batches, whichever rank holds their rows
+    {"algorithm": "grpo", "ppo_epochs": 2, "mini_batches": 2, "micro_batch_tokens": 64},
     {"algorithm": "grpo", "rollout.colocate": False, "rollout.sync_bucket_mb": 0.05},  # rank 0 generates the step
 ])
 def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
