@@ -294,9 +294,30 @@ def describe_config(cls: type, prefix: str = "", defaults=None) -> str:
         if dataclasses.is_dataclass(tp):
             lines.append(describe_config(tp, f"{prefix}{f.name}.", default if dataclasses.is_dataclass(default) else None))
             continue
+        item = (typing.get_args(tp) or [None])[0] if typing.get_origin(tp) is list else None
+        if dataclasses.is_dataclass(item):  # a list of sections: the list, then each entry's keys
+            lines.append(f"  {prefix}{f.name} (list of {item.__name__} mappings, default {_entries(default)})\n"
+                         f"      {docs.get(f.name, '')} Each entry's keys:")
+            lines.append(describe_config(item, f"{prefix}{f.name}[].", None))
+            continue
         tname = str(tp).replace("typing.", "") if typing.get_origin(tp) else _type_name(tp)
         lines.append(f"  {prefix}{f.name} ({tname}, default {default!r})\n      {docs.get(f.name, '')}")
     return "\n".join(lines)
+
+
+def _entries(default) -> str:
+    """A list of sections' default, each entry as the keys it sets away from its class's defaults."""
+    if not isinstance(default, list):
+        return repr(default)
+    out = []
+    for entry in default:
+        try:
+            plain = type(entry)()
+        except Exception:  # an entry class with required keys: show every key
+            plain = None
+        out.append({k: v for k, v in to_dict(entry).items()
+                    if plain is None or v != to_dict(plain)[k]})
+    return repr(out)
 
 
 def add_recipe_arguments(parser, cls: type, example: str) -> None:

@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "mid-training on Python source, SFT, GRPO and Dr. GRPO, the seed's table; docs/seed.md)")
     parser.add_argument("--profile", choices=list(PROFILES), default="full",
                         help="full (the real demo) or quick (a smoke run in seconds)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of data, models and sampling (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", help="folder to write the JSONL files into (created if missing)")
     parser.add_argument("--n-train", type=int, default=2000, help="training examples (default 2000)")
     parser.add_argument("--n-eval", type=int, default=200, help="held-out examples (default 200)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the examples drawn (default 0)")
     parser.add_argument("--digits", default="3,3", help="calculator: digits of the two operands (default 3,3)")
     parser.add_argument("--tools-style", default="compact", choices=["json", "compact", "none"],
                         help="calculator, repo: how the traces offer the tools, as env.tools_style offers it in rl and "

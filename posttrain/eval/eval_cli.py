@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import argparse
 
-from posttrain.config import load_config
+from posttrain.config import add_recipe_arguments, load_recipe
 from posttrain.eval.runner import EvalConfig, run_eval
 from posttrain.outcome import UNGRADED_MARK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", default=None, help="YAML config (optional: overrides alone work)")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model=runs/rl out_dir=evals/after")
+    parser.description = __doc__
+    add_recipe_arguments(parser, EvalConfig, "posttrain eval model=runs/rl out_dir=evals/after "
+                                             "'benchmarks=[{kind: humaneval}]' 'profiles=[{name: greedy}]'")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config:  # no YAML given: the first argument is an override
-        config, overrides = None, [config] + overrides
-    cfg = load_config(EvalConfig, config, overrides)
+    cfg = load_recipe(EvalConfig, args)
     results = run_eval(cfg, show_progress=not args.no_progress)
     for r in results:
         first = r.pass_at_k[0]

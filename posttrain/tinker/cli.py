@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and unloads its training clients (default 256)")
     parser.add_argument("--max-context", type=int, default=None,
                         help="longest datum or prompt+sample in tokens (default: the model's positions)")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="the HTTP server's log level (default warning)")
     vllm = parser.add_argument_group("sampling on vLLM (--sampler vllm; docs/tinker.md)")
     vllm.add_argument("--sampler", default="torch", choices=["torch", "ray", "vllm"],
                       help="the engine samples come from: the in-process TorchEngine (default), TorchEngine "
