@@ -1,8 +1,8 @@
 """The code sandbox: run untrusted programs in isolation and judge them outside their reach.
 
 What is isolated, and how (each worker is one bubblewrap sandbox holding a warm zygote; each
-program runs in a fresh process forked from it — see `zygote`, `worker`, `pool`,
-`seccomp_filter`):
+program runs in a fresh process forked from it — see `inside` (one module per process in the
+sandbox, and the boundaries between them), `worker`, `pool`, `seccomp_filter`):
 
 - **Network**: own network namespace, loopback only; the host's listeners and DNS are unreachable.
 - **Processes**: own PID namespace; after every program the zygote sends SIGKILL to every
@@ -18,11 +18,12 @@ program runs in a fresh process forked from it — see `zygote`, `worker`, `pool
   queues (state that would outlive the program) fail with EPERM; a foreign-ABI call kills the
   process. Without libseccomp the pool refuses to start.
 - **Files**: a new root holding read-only binds of ``/usr`` (and ``/etc/alternatives``), the
-  zygote's source and the pytest library the judge runs (``/sandbox``, ``/sandbox/lib``) only —
+  sandbox's own modules and the pytest library the judge runs (``/sandbox``, ``/sandbox/lib``) only —
   no ``/etc/shadow``, ``/root``, ``/home``, project or test files. ``/tmp`` and ``/dev/shm``
   are size-capped tmpfs (``tmpfs_mb``, 4096 inodes); after a program that touched one, the
   zygote replaces it with a fresh one, so nothing passes from one episode to the next. The
-  judge writes test modules to its own tmpfs, ``/judge``, mode 0700 for its uid.
+  judge writes test modules to its own tmpfs, ``/judge``, mode 0700 for its uid, mounted afresh
+  after any task that changed it.
 - **Identity**: the program drops to an unprivileged uid unique to its worker (no effective
   capabilities, ``no_new_privs`` set, so setuid binaries cannot raise it); the judge runs as a
   second uid, so the program can neither signal nor read it.
