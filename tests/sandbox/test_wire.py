@@ -56,7 +56,8 @@ def test_too_deep_is_refused():
                                   ["f", "nope"], ["A", "l", "d", "!!!!"], ["A", "l", "d", "AAAA"],
                                   ["A", "l", "m", "AAAAAAAA8D8=", [1]], ["A", "l", "m", "AAAAAAAA+D8=", [0]],
                                   ["A", "x", "d", "AAAAAAAA8D8="], ["T", "1bad", ["x"], [1]], ["T", "P", ["_x"], [1]],
-                                  ["T", "P", ["x"], [1, 2]], ["D", "eval", []], ["d", ["ab"]], ["C", [[["l", []], 1]]]])
+                                  ["T", "P", ["x"], [1, 2]], ["D", "eval", []], ["d", ["ab"]], ["C", [[["l", []], 1]]],
+                                  ["T", "P", [f"f{i}" for i in range(300)], list(range(300))]])
 def test_malformed_values_raise_value_error(wire):
     with pytest.raises(ValueError):
         decode(wire)

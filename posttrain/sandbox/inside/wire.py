@@ -285,8 +285,8 @@ def _tuple_type(name: str, fields: list):
     key = (name, tuple(fields))
     cls = _TUPLES.get(key)
     if cls is None:
-        if not all(type(f) is str for f in fields):
-            raise ValueError("namedtuple fields must be names")
+        if len(fields) > 256 or not all(type(f) is str for f in fields):  # bounded: a class is compiled per type
+            raise ValueError("namedtuple fields must be at most 256 names")
         import collections
 
         cls = collections.namedtuple(name, fields)
