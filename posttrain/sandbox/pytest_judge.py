@@ -437,11 +437,12 @@ def scan_plugin_fixtures_once() -> None:
         if type(plugin) is types.ModuleType:
             kept = stubs.get(id(plugin))
             if kept is None or kept[0] is not plugin:
-                stub = types.ModuleType(plugin.__name__)
-                stub.__dict__.update({k: v for k, v in list(vars(plugin).items())
-                                      if type(v) is fixtures.FixtureFunctionDefinition})
+                found = {k: v for k, v in list(vars(plugin).items()) if type(v) is fixtures.FixtureFunctionDefinition}
+                stub = types.ModuleType(plugin.__name__) if found else None  # most plugins define none
+                if stub is not None:
+                    stub.__dict__.update(found)
                 kept = stubs[id(plugin)] = (plugin, stub)
-            return self.parsefactories(holder=kept[1], node=self.session)
+            return None if kept[1] is None else self.parsefactories(holder=kept[1], node=self.session)
         cls = type(plugin)
         if cls not in plain:
             plain[cls] = not any(type(getattr(v, "__func__", v)) is is_fixture for k in cls.__mro__
