@@ -60,3 +60,19 @@ def test_a_forgery_from_inside_the_session_is_tampering(pool, records, style, na
     outcome = verdict(pool, records[style], name)
     want = "wrong_answer" if (style, name) in HONEST else "forbidden"
     assert (outcome.cls, outcome.reason) == (OutcomeClass.MODEL_FAIL, want), outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", ["pytest", "unittest"])
+def test_env_audit_oracle_all_and_every_forgery_none(records, style, tmp_path, capsys):
+    """Through the command a user runs: oracle 100%, null and every forgery 0%."""
+    import json
+
+    from posttrain.cli import main
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(records[style]) + "\n")
+    assert main(["env-audit", str(path), "--out", str(tmp_path / "audit"), "--workers", "1", "--timeout", "30"]) == 0
+    rates = json.loads((tmp_path / "audit" / "summary.json").read_text())["pass_rate"]
+    assert rates.pop("oracle") == 1.0 and set(IN_PROCESS) <= set(rates)
+    assert all(rate == 0.0 for rate in rates.values()), rates

@@ -136,6 +136,17 @@ def test_made_tasks_oracle_passes_and_null_fails(made):
             assert result.outcome.cls is OutcomeClass.PASS, result.outcome
 
 
+@pytest.mark.slow
+def test_env_audit_of_made_tasks(made, tmp_path):
+    """`posttrain env-audit` on tasks `make-env-data swe` made: oracle 100%, null and every forgery 0%."""
+    out, tasks = made
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (tasks["train"] + tasks["eval"])[:2]))
+    assert main(["env-audit", str(path), "--out", str(tmp_path / "audit"), "--workers", "1", "--timeout", "30"]) == 0
+    rates = json.loads((tmp_path / "audit" / "summary.json").read_text())["pass_rate"]
+    assert rates.pop("oracle") == 1.0 and len(rates) >= 20 and all(r == 0.0 for r in rates.values()), rates
+
+
 def test_make_env_data_swe_needs_a_project(tmp_path, capsys):
     assert main(["make-env-data", "swe", str(tmp_path / "o")]) == 2
     assert "--from SDIST|FOLDER is required" in capsys.readouterr().err
