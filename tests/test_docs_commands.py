@@ -197,27 +197,51 @@ def docs_root():
         yield Path(root)
 
 
-@pytest.fixture(scope="session")
-def first_session(docs_root) -> Path:
-    """The README's first session (its SFT part), once: what every page assumes was done."""
-    ws = _workspace(docs_root / "first-session")
-    r = _run(_preamble() + first_session_sft(), ws, _env())
-    assert r.returncode == 0, r.stdout[-3000:]
-    return ws / "runs"
+README = ROOT / "README.md"
+FIRST_SESSION = ("tiny-model", "arith-data", "sft-arith")  # what first_session_sft() writes under runs/
+
+
+class Workspaces:
+    """A workspace per page, made when its first block runs. Every page but the README starts with
+    the README's first session done: the README's own block runs it (pages run in order), and its
+    outputs are copied rather than trained a second time; when that block did not pass (or was not
+    selected), the first session runs here on its own."""
+
+    def __init__(self, root: Path):
+        self.root, self.made, self.first, self.readme_passed = root, {}, None, False
+
+    def get(self, page: Path) -> Path:
+        if page not in self.made:
+            ws = _workspace(self.root / page.stem)
+            if page != README:
+                shutil.copytree(self.first_session(), ws / "runs", symlinks=True)
+            self.made[page] = ws
+        return self.made[page]
+
+    def first_session(self) -> Path:
+        if self.first is None:
+            self.first = self._from_readme() or self._run()
+        return self.first
+
+    def _from_readme(self) -> Path | None:
+        runs = self.made[README] / "runs" if README in self.made else None
+        if not self.readme_passed or not all((runs / name).is_dir() for name in FIRST_SESSION):
+            return None
+        out = self.root / "first-session" / "runs"
+        for name in FIRST_SESSION:  # the README's later commands add a report and runs no page assumes
+            shutil.copytree(runs / name, out / name, symlinks=True, ignore=shutil.ignore_patterns("report.html"))
+        return out
+
+    def _run(self) -> Path:
+        ws = _workspace(self.root / "first-session")
+        r = _run(_preamble() + first_session_sft(), ws, _env())
+        assert r.returncode == 0, r.stdout[-3000:]
+        return ws / "runs"
 
 
 @pytest.fixture(scope="session")
-def workspaces(docs_root, first_session) -> dict:
-    made: dict[Path, Path] = {}
-
-    def get(page: Path) -> Path:
-        if page not in made:
-            ws = _workspace(docs_root / page.stem)
-            if page.name != "README.md":  # the README is where the first session is done
-                shutil.copytree(first_session, ws / "runs", symlinks=True)
-            made[page] = ws
-        return made[page]
-    return get
+def workspaces(docs_root) -> Workspaces:
+    return Workspaces(docs_root)
 
 
 ALL = blocks()
@@ -229,8 +253,10 @@ def test_documented_block_runs(page, line, body, why, workspaces):
     if why:
         pytest.skip(why)
     script = _preamble() + body.replace(".venv/bin/posttrain", "posttrain")
-    r = _run(script, workspaces(page), _env())
+    r = _run(script, workspaces.get(page), _env())
     assert r.returncode == 0, f"{page.relative_to(ROOT)}:{line} exited {r.returncode}:\n{r.stdout[-4000:]}"
+    if page == README and "posttrain sft" in body:
+        workspaces.readme_passed = True
 
 
 if __name__ == "__main__":
