@@ -109,3 +109,23 @@ def test_the_program_of_a_closing_fence_answer_has_no_prose_and_no_example_call(
 def test_a_closing_fence_answer_with_correct_code_passes():
     got = score_batch(VERIFIERS["code"], [CLOSING_FENCE, CLOSING_FENCE.replace("x * x", "x + x")], [HE, EX])
     assert [(o.cls.value, o.reason) for o in got] == [("PASS", ""), ("MODEL_FAIL", "wrong_answer")]
+
+
+@needs_sandbox
+def test_a_real_closing_fence_answer_is_judged_on_its_code_not_its_prose():
+    """SmolLM2-135M-Instruct's raw answer to HumanEval/0: code, example prints, a stray closing fence,
+    prose. Its code is wrong (it compares each number with the threshold): wrong_answer, where the
+    prose used to make it a runtime_error whatever the code did."""
+    import json
+    from pathlib import Path
+
+    from posttrain.sandbox.records import humaneval_records
+
+    answers = Path(__file__).parents[1] / "data" / "chat_answers" / "smollm2_humaneval.jsonl"
+    answer = next(a for a in map(json.loads, answers.read_text().splitlines()) if a["task_id"] == "HumanEval/0")
+    rec = next(r for r in humaneval_records() if r["id"] == "HumanEval/0")
+    example = {"tests": rec["tests"], "entry_point": rec["entry_point"], "prelude": rec["prelude"]}
+    fixed = answer["answer"].replace("any(num - threshold <= 0 for num in numbers)",
+                                     "any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[:i])")
+    got = score_batch(VERIFIERS["code"], [answer["answer"], fixed], [example, example])
+    assert [(o.cls.value, o.reason) for o in got] == [("MODEL_FAIL", "wrong_answer"), ("PASS", "")]
