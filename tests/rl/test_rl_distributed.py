@@ -47,11 +47,15 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
 # Each case is a 2-rank launch (most of this file's time), so knobs that touch different parts of the
 # step share one: a broken part still makes its case differ from the one process. Plain GRPO with
 # one bucket is every other test's run here (equal rewards at every step need each rank's engine synced).
+# The default suite keeps one two-rank run of each path (sync, PPO's critic, distillation, dynamic
+# sampling, uneven shares, checkpointing); the slow lane adds the other algorithms and batch shapes.
 @pytest.mark.parametrize("extra", [
     {"algorithm": "grpo", "rollout.sync_bucket_mb": 0.05},  # weights streamed to the ranks in ~20 buckets
-    {"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"},  # statistics over the whole batch
+    # statistics over the whole batch
+    pytest.param({"algorithm": "reinforce_pp", "kl.coef": 0.1, "kl.mode": "reward"}, marks=pytest.mark.slow),
     # off-policy 2nd epoch (ratios leave 1), and the step's mini-batches, whichever rank holds their rows
-    {"algorithm": "grpo", "ppo_epochs": 2, "mini_batches": 2, "micro_batch_tokens": 64},
+    pytest.param({"algorithm": "grpo", "ppo_epochs": 2, "mini_batches": 2, "micro_batch_tokens": 64},
+                 marks=pytest.mark.slow),
     {"algorithm": "grpo", "rollout.colocate": False, "rollout.sync_bucket_mb": 0.05},  # rank 0 generates the step
 ])
 def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
@@ -74,7 +78,8 @@ def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path
     _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-3", tmp_path / "two" / "checkpoints" / "step-3")
 
 
-@pytest.mark.parametrize("micro_batch_tokens", [8192, 64])  # one micro-batch (the kept forward), or several
+# one micro-batch (the kept forward), or several
+@pytest.mark.parametrize("micro_batch_tokens", [pytest.param(8192, marks=pytest.mark.slow), 64])
 def test_a_rank_whose_groups_are_all_zero_variance_keeps_in_step(rl_overrides, plugin_on_path, tmp_path, torchrun,
                                                                 micro_batch_tokens):
     """One group a rank: where one rank's group is flat and the other's is not, the flat rank has no
@@ -113,7 +118,7 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
     _assert_close_weights(tmp_path / "one" / ckpt, tmp_path / "two" / ckpt)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_groups_the_ranks_cannot_share_equally(rl_overrides, plugin_on_path, tmp_path, torchrun, algorithm):
     """3 groups: rank 0 trains on 2, rank 1 on 1; a row a micro-batch, so rank 1 runs placeholders
     for the micro-batches it has no row for (policy, and PPO's critic). The one-process steps; PPO's
@@ -154,7 +159,7 @@ def test_fewer_prompts_than_ranks_is_one_line(rl_overrides, tmp_path, torchrun):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("loss", ["full", "sampled"])
+@pytest.mark.parametrize("loss", ["full", pytest.param("sampled", marks=pytest.mark.slow)])
 def test_distillation_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, torchrun, loss):
     """The student's groups are split over the ranks, the teacher is sharded like the student."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -235,7 +240,7 @@ def test_grpo_killed_resumes_at_two_ranks_and_at_one(rl_overrides, plugin_on_pat
     assert texts[0] == texts[1]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_activation_checkpointing_takes_the_same_steps(rl_overrides, plugin_on_path, tmp_path, torchrun, algorithm):
     """model.activation_checkpointing=true recomputes each layer in backward, through the shared
     prompt pass (G >= 2): the same loss, gradient norm and weights as without it, in one process
