@@ -130,6 +130,7 @@ def test_sync_at_two_ranks_streaming_weights_to_ray_replicas_equals_one_process(
         assert _comparable(b) == pytest.approx(_comparable(a), rel=1e-5, abs=2e-6), a["step"]
 
 
+@pytest.mark.slow  # the default suite's async two-rank runs are the single-turn ones above
 def test_async_k0_with_the_calculator_at_two_ranks_equals_one_process(nano_model_dir, tmp_path, torchrun, monkeypatch):
     """Multi-turn episodes in async mode under torchrun: rank 0 drives the episodes' turns and
     hands the ranks their rows (episodes stay on rank 0, reduced to env/* metrics); the same run
