@@ -89,6 +89,7 @@ def test_dpo_two_ranks_resume_a_one_process_run_with_a_reference_folder(nano_mod
     assert_same_run(tmp_path / "one", tmp_path / "two", "eval/loss")
 
 
+@pytest.mark.slow  # a two-rank launch; the default suite's runs with placeholders are RL's
 def test_batch_pairs_the_ranks_cannot_share_equally(nano_model_dir, pairs_dir, tmp_path, torchrun):
     """5 pairs: rank 0 runs 3 (2 micro-batches), rank 1 runs 2 and a placeholder (a rank with no pair
     at all runs only placeholders, the same path). The step is the one-process step."""

@@ -52,7 +52,7 @@ def test_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, t
     assert any(not torch.equal(w0[k], w1[k]) for k in w0), "the run must train for the comparison to mean anything"
 
 
-@pytest.mark.parametrize("grad_accum", [1, 3])
+@pytest.mark.parametrize("grad_accum", [1, pytest.param(3, marks=pytest.mark.slow)])  # 3: the slow lane
 def test_fewer_or_unequal_micro_batches_than_ranks_share_each_one(nano_model_dir, arith_data_dir, tmp_path, torchrun,
                                                                   grad_accum):
     """The default grad_accum=1 (and 3) at 2 ranks: each rank takes half of every micro-batch's
