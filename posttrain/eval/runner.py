@@ -26,14 +26,21 @@ Design choices:
 - Where programs run: ``sandbox`` sets the code verifier's limits; with ``runtime=ray`` and
   ``sandbox.replicas`` > 0 they are judged on the verifier farm (`posttrain.distributed.farm`,
   sandbox actors on the Ray cluster at ``ray.address``), and this machine needs no sandbox.
+- Progress off a terminal (a log file): a plain line when each chunk starts, then at the usual
+  interval (``POSTTRAIN_PROGRESS_EVERY_S``, 30 s) while it is generated and judged, however many
+  problems a chunk holds (`heartbeat`).
 - ``thinking`` (on / off / template default) is passed to the chat template as ``enable_thinking``,
   the switch Qwen3-style templates read; templates without it ignore it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import hashlib
+import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -43,7 +50,7 @@ from posttrain.envs.config import EnvConfig
 from posttrain.errors import UserError
 from posttrain.eval.results import EvalResult, SampleRecord, append_samples, read_samples, summarize, write_eval_json
 from posttrain.sandbox.worker import SandboxConfig
-from posttrain.tracking import progress_bar
+from posttrain.tracking import plain_line, progress_bar
 
 PUBLISHED_KINDS = ("kodcode", "mbpp", "evalplus", "livecodebench")  # read as published (posttrain.data.formats)
 KINDS = ("arithmetic", "math", "code", "humaneval", "env", *PUBLISHED_KINDS)
@@ -423,8 +430,10 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
                 todo = [p for p in problems if p["id"] not in done]
                 for start in range(0, len(todo), cfg.chunk_problems):
                     chunk = todo[start:start + cfg.chunk_problems]
-                    append_samples(path, run_env_chunk(engine, tokenizer, verifier, chunk, profile, cfg)
-                                   if bench.kind == "env" else run_chunk(engine, tokenizer, verifier, chunk, profile, cfg))
+                    with heartbeat(progress, task, f"{len(chunk) * profile.n} samples of {len(chunk)} problems"):
+                        records = run_env_chunk(engine, tokenizer, verifier, chunk, profile, cfg) \
+                            if bench.kind == "env" else run_chunk(engine, tokenizer, verifier, chunk, profile, cfg)
+                    append_samples(path, records)
                     progress.update(task, advance=len(chunk))
                 samples, _ = last_n_per_problem(read_samples(path), profile.n)
                 ids = {p["id"] for p in problems}
@@ -435,6 +444,32 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
                               "use_chat_template": cfg.use_chat_template}))
                 write_eval_json(out / "eval.json", results)
     return results
+
+
+@contextlib.contextmanager
+def heartbeat(progress, task, what: str, tick_s: float = 0.5):
+    """While one chunk is generated and judged (minutes for 32 problems of 384 tokens on a CPU),
+    touch the bar every ``tick_s`` with how long the chunk has run, so that off a terminal, where a
+    line is printed only when the bar is updated (`posttrain.tracking.PlainLines`), one comes at its
+    usual interval whatever the chunk size; a first line is printed at once."""
+    if not progress.disable and not progress.console.is_terminal:
+        progress.console.print(plain_line(next(t for t in progress.tasks if t.id == task)) + f" working on {what}", markup=False,
+                               highlight=False, soft_wrap=True)
+    started, stop = time.monotonic(), threading.Event()
+
+    def beat():
+        while not stop.wait(tick_s):
+            elapsed = datetime.timedelta(seconds=int(time.monotonic() - started))
+            progress.update(task, info=f"working on {what} for {elapsed}")
+
+    thread = threading.Thread(target=beat, name="eval-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        progress.update(task, info="")
 
 
 def _judge(bench: BenchmarkConfig):

@@ -113,3 +113,33 @@ def test_run_directory_resolves_to_newest_checkpoint(nano, tmp_path):
         shutil.copytree(nano, tmp_path / "run" / "checkpoints" / f"step-{step}")
     path, step = resolve_model(str(tmp_path / "run"))
     assert step == 10 and path.endswith("step-10")
+
+
+class SlowEngine(CountingEngine):
+    """Generation that takes ``seconds`` (a big chunk on a CPU); records what was printed meanwhile."""
+
+    def __init__(self, engine, seconds, capsys):
+        super().__init__(engine)
+        self.seconds, self.capsys, self.printed_while_generating = seconds, capsys, []
+
+    def generate(self, prompts, n, sampling):
+        import time
+
+        self.capsys.readouterr()  # what came before this call is not this call's
+        time.sleep(self.seconds)
+        self.printed_while_generating.append(self.capsys.readouterr().out)
+        return super().generate(prompts, n, sampling)
+
+
+def test_off_a_terminal_progress_lines_come_while_a_chunk_generates(nano, tmp_path, capsys, monkeypatch):
+    """One generate call longer than the progress interval (a whole benchmark in one chunk) still
+    prints lines at that interval, not only when the chunk is done."""
+    monkeypatch.setenv("POSTTRAIN_PROGRESS_EVERY_S", "0.4")
+    engine, tokenizer = _load_engine(str(nano), config(nano, tmp_path))
+    slow = SlowEngine(engine, 2.0, capsys)
+    cfg = config(nano, tmp_path / "out", 'benchmarks=[{"kind": "arithmetic", "num_problems": 4}]',
+                 'profiles=[{"name": "greedy", "max_new_tokens": 4}]', "chunk_problems=4")
+    run_eval(cfg, engine=slow, tokenizer=tokenizer, show_progress=True)
+    lines = [line for line in slow.printed_while_generating[0].splitlines() if line.startswith("arithmetic")]
+    assert len(lines) >= 3, slow.printed_while_generating  # 2 s at 0.4 s: about 5
+    assert "working on 4 samples of 4 problems" in lines[-1] and "0/4" in lines[-1]
