@@ -5,7 +5,8 @@ Plays the oracle (the reference fix), the null policy (submit unchanged) and the
 ``TASKS`` is a JSONL file of tasks (docs/envs.md) or ``embedded`` (``--n`` embedded tasks of
 ``--split``). A file of SWE-bench-format records (``FAIL_TO_PASS``, ``test_patch``...) is played
 through ``env.name=swe`` (`posttrain.envs.swe`): the gold patch, null, and the forgeries of a
-pytest verdict (`audit.swe_policies`). Writes ``DIR/clean.jsonl`` (the tasks without flags), ``DIR/audit.jsonl`` (one row
+pytest verdict (`audit.swe_policies`); a row's ``left_out`` names the files a record's patches touch that
+the tree leaves out (their parts are not applied). Writes ``DIR/clean.jsonl`` (the tasks without flags), ``DIR/audit.jsonl`` (one row
 per task: flags and each policy's verdict) and ``DIR/summary.json``; prints each policy's pass rate
 (oracle 1.0, every other 0.0 on a sound task set). ``--timeout`` is each run's time limit (the
 verdict's, for SWE records), ``--cpu-limit`` the sandbox's CPU seconds per program. Exit 0 when every task is clean, 1 when some
@@ -94,6 +95,9 @@ def run(args) -> int:
         rows = audit_tasks(tasks, lambda: env_class(timeout_s=timeout, pool=pool, **options),
                            workers=2 * pool.cfg.n_workers, progress=lambda: bar.advance(job),
                            policies_of=(lambda rec: swe_policies(load_task(rec))) if swe else repo_policies)
+    for task, row in zip(tasks, rows):
+        if swe and load_task(task)["left_out"]:  # patch parts for files the tree leaves out: not applied
+            row["left_out"] = load_task(task)["left_out"]
     summary = write_audit(tasks, rows, Path(args.out))
     summary["pass_rate"] = pass_rates(rows)
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -4,10 +4,12 @@ A task is one JSONL record in SWE-bench's format — ``instance_id``, ``repo``, 
 ``patch`` (the gold fix), ``test_patch`` (the hidden tests), ``FAIL_TO_PASS``, ``PASS_TO_PASS``
 (pytest node ids; a list or SWE-bench's JSON string of one), ``problem_statement`` — plus
 ``repo_path``: a local git checkout (the tree is read at ``base_commit``) or a plain folder (read
-as it is; ``base_commit`` is then only a label). The episode's project is that tree; the test
+as it is; ``base_commit`` is then only a label; an empty one reads a checkout's work tree). The
+episode's project is that tree; the test
 patch is held back (an empty one: the project's own tests are the hidden tests, visible to the
 agent but restored before the verdict, as in tasks made by `posttrain.envs.swe_tasks`). Files that are not UTF-8 text, dot-files and folders (``.git``, ``.github``)
-and caches are left out of the tree.
+and caches are left out of the tree, and the parts of ``patch``/``test_patch`` that touch them
+are not applied (the task's ``left_out`` names them; `posttrain env-audit` reports them).
 
 **Dependencies.** ``venv`` (``env.options.venv``) names a virtual environment for the sandbox's
 interpreter; its site-packages is bound read-only in the sandbox (`SandboxConfig.site_packages`)
@@ -151,8 +153,9 @@ def _text(data: bytes) -> str | None:
 
 
 def tree_at(repo: str, commit: str) -> dict[str, str]:
-    """``{path: text}`` of a git checkout at ``commit``, or of a plain folder as it is."""
-    if _is_git(repo):
+    """``{path: text}`` of a git checkout at ``commit``, or of a folder as it is (a plain folder,
+    or a checkout's work tree when ``commit`` is empty)."""
+    if commit and _is_git(repo):
         entries = [e for e in _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit).split(b"\0") if e]
         blobs = []
         for entry in entries:
@@ -190,9 +193,24 @@ def patch_paths(patch: str) -> list[str]:
     return list(dict.fromkeys(p for pair in found for p in pair))
 
 
+def kept_sections(patch: str) -> tuple[str, list[str]]:
+    """``patch`` without the files the tree leaves out (dot-files such as ``.gitignore``, caches:
+    `_keep`), and the paths left out."""
+    sections = re.split(r"(?m)^(?=diff --git )", patch)
+    kept, left_out = [], []
+    for section in sections:
+        paths = patch_paths(section)
+        if paths and not all(_keep(p) for p in paths):
+            left_out += paths
+        else:
+            kept.append(section)
+    return "".join(kept), left_out
+
+
 def apply_patch(files: dict[str, str], patch: str, key: str) -> dict[str, str | None]:
     """``{path: new text, or None when deleted}`` for each path ``patch`` touches, applied with
-    ``git apply`` to those files alone in a scratch folder (`EnvTaskError` when it does not apply)."""
+    ``git apply`` to those files alone in a scratch folder (`EnvTaskError` when it does not apply).
+    Line endings are kept as they are (CRLF stays CRLF)."""
     paths = patch_paths(patch)
     if not paths:
         raise EnvTaskError(f"'{key}' is not a git diff (no 'diff --git' line)")
@@ -200,13 +218,14 @@ def apply_patch(files: dict[str, str], patch: str, key: str) -> dict[str, str | 
         for path in paths:
             if path in files:
                 (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
-                (Path(tmp) / path).write_text(files[path])
+                (Path(tmp) / path).write_bytes(files[path].encode("utf-8"))
         env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(tmp).parent)}  # never a repository above
         proc = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=patch.encode(),
                               capture_output=True, env=env)
         if proc.returncode != 0:
             raise EnvTaskError(f"'{key}' does not apply: {proc.stderr.decode(errors='replace').strip()[:300]}")
-        return {p: (Path(tmp) / p).read_text() if (Path(tmp) / p).is_file() else None for p in paths}
+        return {p: (Path(tmp) / p).read_bytes().decode("utf-8") if (Path(tmp) / p).is_file() else None
+                for p in paths}
 
 
 _CACHE: dict[str, dict] = {}
@@ -223,9 +242,12 @@ def load_task(record: dict) -> dict:
             return _CACHE[key]
     rec = check_record(record)
     files = tree_at(rec["repo_path"], rec["base_commit"])
+    test_patch, left_tests = kept_sections(rec["test_patch"])
+    patch, left_fix = kept_sections(rec["patch"])
     task = {"id": rec["instance_id"], "repo": rec["repo"], "files": files, "tree": Tree(files),
-            "hidden": apply_patch(files, rec["test_patch"], "test_patch") if rec["test_patch"].strip() else {},
-            "fix": apply_patch(files, rec["patch"], "patch") if rec["patch"].strip() else None,
+            "hidden": apply_patch(files, test_patch, "test_patch") if test_patch.strip() else {},
+            "fix": apply_patch(files, patch, "patch") if patch.strip() else None,
+            "left_out": sorted(set(left_tests + left_fix)),
             "fail_to_pass": rec["FAIL_TO_PASS"], "pass_to_pass": rec["PASS_TO_PASS"],
             "problem": rec["problem_statement"]}
     with _CACHE_LOCK:

@@ -270,3 +270,27 @@ def test_a_plain_folder_is_a_task_too(pool, tmp_path, record):
     assert set(load_task(rec)["files"]) == set(FILES)
     oracle = play(episode(pool, rec), swe_policies(load_task(rec))["oracle"])
     assert oracle.outcome.cls is OutcomeClass.PASS, oracle.outcome
+
+
+# ------------------------------------------------------------------------------ patches and trees
+def test_patch_parts_for_files_the_tree_leaves_out_are_not_applied(record):
+    # the checkout's .gitignore is not in the tree (a dot-file): its hunk cannot apply there
+    ignore = "diff --git a/.gitignore b/.gitignore\n--- a/.gitignore\n+++ b/.gitignore\n@@ -1 +1,2 @@\n *.pyc\n+build/\n"
+    task = load_task({**record, "patch": record["patch"] + ignore, "instance_id": "calc-gitignore"})
+    assert task["left_out"] == [".gitignore"] and set(task["fix"]) == {"src/calc/ops.py"}
+
+
+def test_apply_patch_keeps_crlf_line_endings():
+    from posttrain.envs.swe import apply_patch
+
+    files = {"a.txt": "one\r\ntwo\r\nthree\r\n"}
+    patch = ("diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\r\n-two\r\n+TWO\r\n"
+             " three\r\n")
+    assert apply_patch(files, patch, "patch") == {"a.txt": "one\r\nTWO\r\nthree\r\n"}
+
+
+def test_a_checkout_with_no_commit_named_is_read_as_its_work_tree(record):
+    from posttrain.envs.swe import tree_at
+
+    files = tree_at(record["repo_path"], "")
+    assert set(files) == set(FILES) and files["src/calc/ops.py"] == FILES["src/calc/ops.py"]
