@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from posttrain.cli import main
-from posttrain.envs.audit import swe_policies
+from posttrain.envs.audit import IN_PROCESS, swe_policies
 from posttrain.envs.swe import SweEnv, load_task
 from posttrain.envs.swe_tasks import functions, mutations, split_of
 from posttrain.envs.tools import format_call
@@ -144,7 +144,8 @@ def test_env_audit_of_made_tasks(made, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in (tasks["train"] + tasks["eval"])[:2]))
     assert main(["env-audit", str(path), "--out", str(tmp_path / "audit"), "--workers", "1", "--timeout", "30"]) == 0
     rates = json.loads((tmp_path / "audit" / "summary.json").read_text())["pass_rate"]
-    assert rates.pop("oracle") == 1.0 and len(rates) >= 20 and all(r == 0.0 for r in rates.values()), rates
+    assert rates.pop("oracle") == 1.0 and set(IN_PROCESS) | {"null", "patch_pytest"} <= set(rates)
+    assert all(r == 0.0 for r in rates.values()), rates
 
 
 def test_make_env_data_swe_needs_a_project(tmp_path, capsys):
