@@ -31,7 +31,7 @@ import json
 MIN_TIME_S = 1.0  # evalplus' --min-time-limit
 TIME_FACTOR = 4.0  # evalplus' --gt-time-limit-factor
 GROUP_CAP_S = 60.0  # evalplus' EVALPLUS_TIMEOUT_PER_TASK
-REFERENCE_ALLOWANCE_S = 30.0  # wall-clock room for running the reference in the judge
+REFERENCE_ALLOWANCE_S = 120.0  # wall-clock room for running the reference in the judge
 
 SET_EQ = {"similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly", "larg_nnum",
           "intersection_array", "find_dissimilar", "Diff"}
@@ -281,6 +281,10 @@ def _limits(codec, inputs, expected, times):
 
 
 def check(candidate):
+    # The judge also binds the candidate to the entry point's name here; one named like a builtin
+    # (Mbpp/126's ``sum``) would shadow the builtin for the code above.
+    if globals().get(_SPEC["entry_point"]) is candidate:
+        del globals()[_SPEC["entry_point"]]
     where = getattr(candidate, "__globals__", {{}})
     codec = (where.get("encode"), where.get("decode"))
     atol = _SPEC["atol"]

@@ -36,10 +36,13 @@ def write_slice(path: Path, name: str, ids: list[str]) -> Path:
 
 
 def run_check(task: dict, program: str) -> None:
-    """The task's tests against the program's entry point, in this process; raises as the judge sees."""
+    """The task's tests against the program's entry point, in this process, the candidate also
+    bound to the entry point's name in the tests' namespace as the judge binds it; raises as the
+    judge sees."""
     tests, prog = {}, {}
     exec(compile(task["tests"], "<tests>", "exec"), tests)
     exec(compile(wrap_program(task, program), "<program>", "exec"), prog)
+    tests[task["entry_point"]] = prog[task["entry_point"]]
     tests["check"](prog[task["entry_point"]])
 
 
@@ -68,6 +71,12 @@ def test_empty_plus_input_object_is_no_inputs(tmp_path):
 def test_mbpp_inputs_are_tuples_sets_and_complex_numbers_as_evalplus_makes_them(task_id):
     task = mbpp(task_id)
     run_check(task, task["reference"])  # canonical solutions that raise or differ on the raw lists
+
+
+def test_an_entry_point_named_like_a_builtin_does_not_shadow_it_in_the_tests():
+    task = mbpp("Mbpp/126")  # the function is called sum
+    assert passes(task, task["reference"])
+    assert not passes(task, "def sum(a, b):\n    return 1\n")
 
 
 def test_tuples_reach_the_program_as_tuples():

@@ -143,7 +143,7 @@ def test_bad_published_records_exit_2_naming_file_and_line(tmp_path, capsys, act
 
 
 # ----------------------------------------------------------------------------- evalplus as published
-MBPP_SLICE = ["Mbpp/106", "Mbpp/124", "Mbpp/252", "Mbpp/580", "Mbpp/596", "Mbpp/720", "Mbpp/737", "Mbpp/787",
+MBPP_SLICE = ["Mbpp/106", "Mbpp/124", "Mbpp/126", "Mbpp/252", "Mbpp/580", "Mbpp/596", "Mbpp/720", "Mbpp/737", "Mbpp/787",
               "Mbpp/794", "Mbpp/793"]
 
 
