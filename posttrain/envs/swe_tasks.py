@@ -24,7 +24,9 @@ the project's tests catch it.
    ``patch`` is the fix (the diff back to the original), its ``test_patch`` empty (the project's
    tests, restored before each verdict, are the hidden tests), ``repo_path`` that repository.
 6. **Split by file**: a task's split is a hash of its project and mutated file, so no held-out
-   task shares a mutated function (or file) with training. ``DIR/tasks_train.jsonl`` and
+   task shares a mutated function (or file) with training. The held-out files' originals are
+   still in every training episode's tree: the log says so, and warns when a split is empty
+   (`split_notes`); for a clean evaluation hold out a whole project. ``DIR/tasks_train.jsonl`` and
    ``DIR/tasks_eval.jsonl`` feed ``posttrain rl``/``eval`` with ``env.name=swe`` and
    ``posttrain env-audit``.
 """
@@ -130,6 +132,23 @@ def _suite(changes, targets, ini, roots, profile):
     os.write(out, json.dumps({"results": results, "cover": cover, "seconds": seconds[0]}).encode())
     os._exit(0)
 '''
+
+
+# Options of pytest plugins the sandbox does not have, as projects put them in their addopts.
+PLUGIN_OPTIONS = {"--cov": "pytest-cov", "-n": "pytest-xdist", "--numprocesses": "pytest-xdist",
+                  "--timeout": "pytest-timeout", "--benchmark": "pytest-benchmark", "--mypy": "pytest-mypy",
+                  "--flake8": "pytest-flake8", "--doctest-plus": "pytest-doctestplus"}
+
+
+def plugin_options(files: dict[str, str]) -> str:
+    """A message naming an option of a plugin the sandbox lacks in the project's pytest
+    configuration, or ''. pytest refuses an unknown option before running any test."""
+    ini = ini_file(files)
+    for option, plugin in PLUGIN_OPTIONS.items():
+        if ini and re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", files[ini]):
+            return (f"the project's {ini} passes {option} (from {plugin}, which the sandbox's pytest does not "
+                    f"have): remove it from addopts in a copy of the project")
+    return ""
 
 
 def suite_program(files: dict[str, str], targets: list[str], profile: bool) -> str:
@@ -257,6 +276,18 @@ def split_of(project: str, path: str) -> str:
     return "eval" if int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_FRAC else "train"
 
 
+def split_notes(name: str, counts: dict[str, int]) -> list[str]:
+    """What a user must know of a split made within one project: the held-out files' originals are
+    in every training episode's tree; a warning when a split got no task."""
+    notes = [f"{name}: the split is by mutated file within one project: every training episode shows the "
+             "held-out files unmutated (hold out a whole project for a clean evaluation)"]
+    for split in ("train", "eval"):
+        if sum(counts.values()) and not counts.get(split):
+            notes.append(f"warning: {name}: no {split} task (every kept mutant's file hashed to the other split); "
+                         "make more tasks (--max-tasks) or hold out another project")
+    return notes
+
+
 def problem_statement(failing: dict[str, str]) -> str:
     """What a user running the tests sees: the failing tests and their errors."""
     lines = [f"Running the project's tests, {len(failing)} test(s) that used to pass now fail:"]
@@ -321,6 +352,9 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
     tree = Tree(files)
     baseline = run_suite(pool, tree, files, [], True, timeout_s)
     if baseline is None or not baseline["results"]:
+        plugin = plugin_options(files)
+        if plugin:
+            raise UserError(f"--from {source}: {plugin}")
         raise UserError(f"--from {source}: the project's test suite did not run in the sandbox (no tests found, "
                         "a missing dependency, or over the time limit)")
     passed = {k for k, (o, _) in baseline["results"].items() if o == "passed"}
@@ -359,6 +393,8 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
     seconds = time.monotonic() - t0
     log(f"{name}: {tried} mutants tried, {sum(map(len, records.values()))} tasks kept "
         f"({len(records['train'])} train, {len(records['eval'])} eval) in {seconds:.0f} s")
+    for line in split_notes(name, {split: len(rows) for split, rows in records.items()}):
+        log(line)
     return {"project": name, "tests": len(baseline["results"]), "passing": len(passed), "tried": tried,
             "train": len(records["train"]), "eval": len(records["eval"]), "seconds": round(seconds, 1)}
 

@@ -14,7 +14,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.envs.audit import IN_PROCESS, swe_policies
 from posttrain.envs.swe import SweEnv, load_task
-from posttrain.envs.swe_tasks import functions, mutations, split_of
+from posttrain.envs.swe_tasks import functions, mutations, split_notes, split_of
 from posttrain.envs.tools import format_call
 from posttrain.outcome import OutcomeClass
 from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
@@ -153,3 +153,22 @@ def test_make_env_data_swe_needs_a_project(tmp_path, capsys):
     assert "--from SDIST|FOLDER is required" in capsys.readouterr().err
     assert main(["make-env-data", "swe", str(tmp_path / "o"), "--from", str(tmp_path / "missing.tar.gz")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_a_plugin_option_in_addopts_is_named(tmp_path, capsys):
+    folder = tmp_path / "covered"
+    for path, text in {**PROJECT, "setup.cfg": "[tool:pytest]\naddopts = --cov=shapes -q\n"}.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    code = main(["make-env-data", "swe", str(tmp_path / "o"), "--from", str(folder), "--timeout", "30"])
+    err = capsys.readouterr().err
+    if code == 2 and "cannot" in err and "sandbox" in err and "--cov" not in err:
+        pytest.skip("no sandbox here")
+    assert code == 2 and "setup.cfg passes --cov (from pytest-cov" in err, err
+
+
+def test_a_split_within_one_project_says_so_and_an_empty_one_warns():
+    assert len(split_notes("p", {"train": 3, "eval": 2})) == 1
+    assert "within one project" in split_notes("p", {"train": 3, "eval": 2})[0]
+    notes = split_notes("p", {"train": 15, "eval": 0})
+    assert len(notes) == 2 and notes[1].startswith("warning: p: no eval task")
