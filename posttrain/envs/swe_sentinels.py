@@ -29,6 +29,7 @@ sentinel; a test marked xfail, skip or expectedFailure gets no sentinel.
 from __future__ import annotations
 
 import ast
+import collections
 import io
 import re
 import secrets
@@ -82,15 +83,21 @@ def _split(node_id: str) -> tuple[str, list[str], str, str]:
     return path, names[:-1], name, bracket + params
 
 
-def _find(tree: ast.Module, classes: list[str], name: str):
-    body = tree.body
-    for cls in classes:
-        found = [n for n in body if isinstance(n, ast.ClassDef) and n.name == cls]
-        if len(found) != 1:
-            return None
-        body = found[0].body
-    found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
-    return found[0] if len(found) == 1 else None
+def _index(tree: ast.Module) -> dict[tuple[str, ...], object]:
+    """(enclosing classes..., name) -> the function's node, for the module's functions and the
+    methods of its top-level (and nested) classes; None where a name is defined twice."""
+    out: dict[tuple[str, ...], object] = {}
+
+    def walk(body, scope: tuple[str, ...]) -> None:
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                key = (*scope, n.name)
+                out[key] = None if key in out else n
+            elif isinstance(n, ast.ClassDef):
+                walk(n.body, (*scope, n.name))
+
+    walk(tree.body, ())
+    return out
 
 
 def _string_lines(text: str) -> set[int]:
@@ -126,17 +133,17 @@ def _copy(lines: list[str], node, name: str, strings: set[int], holds: bool) -> 
     first = node.body[0].lineno
     header = lines[start - 1:first - 1]
     at = node.lineno - start
-    header[at] = re.sub(rf"\bdef\s+{re.escape(node.name)}\b", f"def {name}", header[at], count=1)
+    header[at] = header[at].replace(f"def {node.name}", f"def {name}", 1)
     indent = " " * node.body[0].col_offset
     body = ["    " + ln if ln.strip() and n not in strings else ln
             for n, ln in enumerate(lines[first - 1:node.end_lineno], start=first)]
     return header + [indent + "try:", *body, indent + "finally:", indent + "    " + _check(holds)]
 
 
-def _rewritable(text: str, lines: list[str], node) -> bool:
-    first = node.body[0]
-    return (first.lineno > node.lineno and not lines[first.lineno - 1][:first.col_offset].strip()
-            and len(re.findall(rf"\b{re.escape(node.name)}\b", text)) == 1)
+def _rewritable(words: collections.Counter, lines: list[str], node) -> bool:
+    first, at = node.body[0], node.lineno - 1
+    return (f"def {node.name}" in lines[at] and first.lineno > node.lineno and not lines[first.lineno - 1][:first.col_offset].strip()
+            and words[node.name] == 1)
 
 
 def _rewrite(text: str, wanted: list[tuple[str, bool]], hidden: Hidden, budget: list[int]) -> dict[str, str]:
@@ -148,13 +155,15 @@ def _rewrite(text: str, wanted: list[tuple[str, bool]], hidden: Hidden, budget: 
     except (SyntaxError, tokenize.TokenError, ValueError):
         return {}
     lines, edits, names = text.splitlines(), [], {}
+    words = collections.Counter(re.findall(r"\w+", text))  # a name used once is only its def
+    index = _index(tree)
     for node_id, may_copy in wanted:
         path, classes, name, _ = _split(node_id)
         prefix = "::".join([path, *classes, name])
         if prefix in names:
             continue
-        node = _find(tree, classes, name)
-        if node is None or not _rewritable(text, lines, node):
+        node = index.get((*classes, name))
+        if node is None or not _rewritable(words, lines, node):
             continue
         new = _new_name(name)
         names[prefix] = "::".join([path, *classes, new])
