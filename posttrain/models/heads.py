@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.errors import UserError
-from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_errors, resolve_device
+from posttrain.models.hf import DTYPES, ModelConfig, check_model_path, load_errors, model_folder, resolve_device
 
 
 def _finish(model, cfg: ModelConfig, trainable: bool, task_type: str, pad_token_id: int | None):
@@ -47,7 +47,7 @@ def load_reward_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id:
 
     check_model_path(cfg.path, key)
     with load_errors(key, cfg.path, "reward model"):
-        model = AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, dtype=DTYPES[cfg.dtype])
+        model = AutoModelForSequenceClassification.from_pretrained(model_folder(cfg.path, key), num_labels=1, dtype=DTYPES[cfg.dtype])
     return _finish(model, cfg, trainable, "SEQ_CLS", pad_token_id)
 
 
@@ -59,7 +59,7 @@ def load_value_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id: 
 
     check_model_path(cfg.path, key)
     with load_errors(key, cfg.path, "critic"):
-        config = AutoConfig.from_pretrained(cfg.path, num_labels=1)
+        config = AutoConfig.from_pretrained(model_folder(cfg.path, key), num_labels=1)
         config.classifier_dropout = 0.0
     if config.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
         # e.g. Gemma 3: transformers has no per-token head for it; refused here, before any step
@@ -67,7 +67,7 @@ def load_value_model(cfg: ModelConfig, *, trainable: bool = True, pad_token_id: 
                         f"model type {config.model_type!r}, which PPO's critic needs; use a critic-free algorithm "
                         "(algorithm=grpo, dr_grpo, rloo or reinforce_pp)")
     with load_errors(key, cfg.path, "critic"):
-        model = AutoModelForTokenClassification.from_pretrained(cfg.path, config=config, dtype=DTYPES[cfg.dtype])
+        model = AutoModelForTokenClassification.from_pretrained(model_folder(cfg.path, key), config=config, dtype=DTYPES[cfg.dtype])
     return _finish(model, cfg, trainable, "TOKEN_CLS", pad_token_id)
 
 

@@ -1,7 +1,8 @@
 """Load causal LMs and tokenizers with transformers' Auto classes; optional LoRA via peft.
 
-A model is a local folder or a hub id (``org/name``: fetched where the machine reaches the hub, or
-found in the local hub cache); one that is neither is a `UserError` naming the setting that gave it.
+A model is a local folder, a hub id (``org/name``: fetched where the machine reaches the hub, or
+found in the local hub cache), or a GGUF file (``*.gguf``: converted once to a float32 folder in a
+cache, `posttrain.models.gguf`); anything else is a `UserError` naming the setting that gave it.
 Checkpoints are written by `posttrain.core.checkpoint` (plain Hugging Face folders that
 `from_pretrained` loads unchanged; LoRA merged, its adapter kept under ``adapter/``).
 """
@@ -16,6 +17,7 @@ import torch
 
 from posttrain.config import ConfigValueError
 from posttrain.errors import UserError
+from posttrain.models import gguf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,7 +44,8 @@ class LoraConfig:
 @dataclasses.dataclass(kw_only=True)
 class ModelConfig:
     path: str = ""
-    """Local model folder (config.json + weights + tokenizer) or a hub id. Required."""
+    """Local model folder (config.json + weights + tokenizer), a hub id, or a GGUF file (converted
+    once to a float32 folder in the cache). Required."""
     dtype: str = "float32"
     """Parameter dtype for training: float32 or bfloat16 (float16 for inference only)."""
     device: str = "cpu"
@@ -79,11 +82,19 @@ def looks_like_hub_id(path: str) -> bool:
     return not local
 
 
+def model_folder(path: str, key: str = "model.path") -> str:
+    """What ``from_pretrained`` reads for ``path``: a GGUF file's converted folder, else ``path``."""
+    return gguf.cached_folder(path, key) if gguf.is_gguf_path(path) else path
+
+
 def check_model_path(path: str, key: str = "model.path") -> None:
-    """A model is a local folder with a config.json, or a hub id the hub (or its local cache) can
-    provide. Anything else is a user error naming ``key`` and what was tried."""
+    """A model is a local folder with a config.json, a GGUF file, or a hub id the hub (or its local
+    cache) can provide. Anything else is a user error naming ``key`` and what was tried."""
     if not path:
         raise UserError(f"{key}: no model given (set {key}=FOLDER)")
+    if gguf.is_gguf_path(path):
+        gguf.check_gguf(path, key)
+        return
     p = Path(path)
     if (p / "config.json").is_file():
         return
@@ -150,7 +161,7 @@ def load_tokenizer(path: str, key: str = "model.path", chat_template: str | None
 
     check_model_path(path, key)
     with load_errors(key, path, "tokenizer"):
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(model_folder(path, key))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if chat_template and not getattr(tok, "chat_template", None):
@@ -165,7 +176,7 @@ def load_model(cfg: ModelConfig, *, trainable: bool = True, dtype: str | None = 
 
     check_model_path(cfg.path, key)
     with load_errors(key, cfg.path, "model"):
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[dtype or cfg.dtype])
+        model = AutoModelForCausalLM.from_pretrained(model_folder(cfg.path, key), dtype=DTYPES[dtype or cfg.dtype])
     model.to(resolve_device(cfg.device))
     if trainable and cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -85,9 +86,11 @@ class TorchEngine:
         if isinstance(model, str):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            path = model
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+            # A GGUF file is read by transformers itself (dequantised to float32, as `posttrain.models.gguf`
+            # converts it): the model packages that cache the conversion sit above this one.
+            path, gguf = (str(Path(model).parent), {"gguf_file": model}) if model.endswith(".gguf") else (model, {})
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **gguf)
+            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path, **gguf)
         else:
             model = copy.deepcopy(model)
         if max_batch is not None and max_batch < 1:
