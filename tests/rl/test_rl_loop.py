@@ -203,37 +203,61 @@ def test_example_recipe_with_user_prompts_and_math_verifier(nano_model_dir, tmp_
     assert m[-1]["step"] == 1 and "time/step_s" in m[-1]
 
 
+def _main(capsys, *args) -> tuple[int, str]:
+    """``posttrain rl ARGS`` in this process (a fresh interpreter costs seconds a call, most of the
+    time of these refusals): the exit code and what went to stderr."""
+    from posttrain.cli import main
+
+    capsys.readouterr()
+    code = main(["rl", *map(str, args)])
+    return code, capsys.readouterr().err
+
+
+def test_bad_input_from_a_fresh_interpreter_is_one_line_exit_2(nano_model_dir, arith_data_dir, tmp_path):
+    """What a user's shell sees, import-time warnings included: the one line and nothing else."""
+    out = tmp_path / "never"
+    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
+             f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=", f"out_dir={out}",
+             "rollout.group_sise=4")
+    assert r.returncode == 2, r.stderr
+    assert "group_sise" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("override, needle", [
     ("rollout.group_sise=4", "group_sise"),
     ("rollout.group_size=four", "rollout.group_size"),
     ("algorithm=ppo2", "algorithm"),
     ("data.path=/nonexistent/p.jsonl", "/nonexistent/p.jsonl"),
 ])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_data_dir, tmp_path, override, needle):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_data_dir, tmp_path, override, needle,
+                                                         capsys):
     out = tmp_path / "never"
-    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
-             f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=", f"out_dir={out}", override)
-    assert r.returncode == 2, r.stderr
-    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    code, err = _main(capsys, "examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
+                      f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=", f"out_dir={out}",
+                      override)
+    assert code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 
-def test_k1_in_the_loss_is_refused_with_the_reason(nano_model_dir, arith_data_dir, tmp_path):
+def test_k1_in_the_loss_is_refused_with_the_reason(nano_model_dir, arith_data_dir, tmp_path, capsys):
     out = tmp_path / "never"
-    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
-             "data.eval_path=", f"out_dir={out}", "kl.coef=0.05", "kl.mode=loss", "kl.estimator=k1")
-    assert r.returncode == 2, r.stderr
-    assert "kl.estimator" in r.stderr and "zero expected gradient" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    code, err = _main(capsys, "examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
+                      f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=", f"out_dir={out}",
+                      "kl.coef=0.05", "kl.mode=loss", "kl.estimator=k1")
+    assert code == 2, err
+    assert "kl.estimator" in err and "zero expected gradient" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
     assert load_config(RLConfig, None, ["kl.coef=0.05", "kl.mode=reward", "kl.estimator=k1"]).kl.estimator == "k1"
 
 
-def test_malformed_prompt_row_names_file_and_line(nano_model_dir, tmp_path):
+def test_malformed_prompt_row_names_file_and_line(nano_model_dir, tmp_path, capsys):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": \n')
-    r = _cli("examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={data}", "data.eval_path=",
-             f"out_dir={tmp_path / 'never'}")
-    assert r.returncode == 2 and f"{data}:2" in r.stderr
+    code, err = _main(capsys, "examples/grpo_arith.yaml", f"model.path={nano_model_dir}", f"data.path={data}",
+                      "data.eval_path=", f"out_dir={tmp_path / 'never'}")
+    assert code == 2 and f"{data}:2" in err
 
 
 def test_tracked_kl_runs_the_reference_on_a_sample_of_steps(rl_overrides, reward_plugin, tmp_path):
