@@ -183,6 +183,7 @@ def test_patching_the_runner_from_a_test_call_fools_plain_pytest(pool, record, b
     assert _plain_pytest(env, tmp_path) == 0
 
 
+@pytest.mark.slow  # the same policies as test_no_forgery_passes_the_verdict, through audit_tasks
 def test_env_audit_on_the_fixture_task(pool, record):
     rows = audit_tasks([record], lambda: SweEnv(pool=pool), workers=2,
                        policies_of=lambda rec: swe_policies(load_task(rec)))
