@@ -123,3 +123,37 @@ def test_the_real_closing_fence_answer_hand_checked():
     assert sanitize(answer["answer"], answer["entry_point"]) == (
         "from typing import List\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
         "    return any(num - threshold <= 0 for num in numbers)")
+
+
+def test_the_span_search_equals_evalplus_loop_on_spliced_fragments():
+    """Fragments of real answers cut at random lines and joined with stray fences, brackets and
+    quotes: open brackets and strings across lines are where skipping spans could go wrong."""
+    import random
+
+    rng = random.Random(0)
+    texts = [a["answer"] for a in _answers()]
+    strays = ["```", "```python", "Here it is:", "", "    ", "print(x)", ")", "'''", '"""', "  # note", "\tx = (", "]"]
+    for _ in range(300):
+        parts = []
+        for _ in range(rng.randint(1, 3)):
+            lines = rng.choice(texts).split("\n")
+            start = rng.randrange(len(lines))
+            parts += lines[start:rng.randint(start, min(len(lines), start + 25))]
+            parts += [rng.choice(strays)] if rng.random() < 0.5 else []
+        text = "\n".join(parts[:45])
+        want, got = evalplus_code_extract(text), longest_valid_code(text)
+        assert got == want or (got == "" and not _parses(want)), text
+
+
+def test_a_long_answer_costs_a_few_parses_per_line_not_one_per_span(monkeypatch):
+    """evalplus parses every span (cubic in the lines): 150 lines of code then 150 of prose took
+    over a minute; a span that reaches a line a longer one failed on is skipped."""
+    from posttrain.verifiers import sanitize as module
+
+    calls = []
+    real = module._error_line
+    monkeypatch.setattr(module, "_error_line", lambda code: calls.append(1) or real(code))
+    code = "\n".join(f"x{i} = {i}" for i in range(150))
+    prose = "\n".join(f"Line {i} explains the code: it works." for i in range(150))
+    assert longest_valid_code(code + "\n" + prose) == code
+    assert len(calls) <= 3 * 300
