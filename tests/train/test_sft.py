@@ -100,8 +100,7 @@ def _cli(*args):
 def test_resume_after_kill_reaches_same_losses(nano_model_dir, arith_data_dir, tmp_path):
     common = ["num_steps=10", "save_every=2", "keep_last=3", "eval_every=0"]
     ref = tmp_path / "ref"
-    subprocess.run(_cli("sft", *sft_args(nano_model_dir, arith_data_dir, ref, *common)), check=True,
-                   capture_output=True)
+    assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, ref, *common)]) == 0  # in-process: no kill
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cli("sft", *sft_args(nano_model_dir, arith_data_dir, killed, *common)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -163,8 +162,7 @@ def test_resuming_another_kind_of_run_is_one_line_not_a_traceback(nano_model_dir
     """A LoRA run pointed at a full-weights run's folder: its checkpoint holds other weights."""
     common = ["num_steps=2", "save_every=2", "eval_every=0"]
     run = tmp_path / "run"
-    subprocess.run(_cli("sft", *sft_args(nano_model_dir, arith_data_dir, run, *common)), check=True,
-                   capture_output=True)
+    assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, run, *common)]) == 0  # the run to resume
     again = subprocess.run(_cli("sft", *sft_args(nano_model_dir, arith_data_dir, run, *common,
                                                   "model.lora.enabled=true", "num_steps=4")),
                            capture_output=True, text=True)
@@ -177,7 +175,7 @@ def test_resuming_another_kind_of_run_is_one_line_not_a_traceback(nano_model_dir
 
 def test_running_a_finished_run_again_says_so(nano_model_dir, arith_data_dir, tmp_path):
     args = sft_args(nano_model_dir, arith_data_dir, tmp_path / "run", "num_steps=2", "save_every=2", "eval_every=0")
-    subprocess.run(_cli("sft", *args), check=True, capture_output=True)
+    assert main(["sft", *args]) == 0  # the finished run; the command line runs it again
     again = subprocess.run(_cli("sft", *args), capture_output=True, text=True, check=True)
     assert again.stdout.strip().splitlines()[-1] == (
         f"sft: {tmp_path / 'run'} already ran its 2 steps, nothing to train (raise num_steps to go on); "
