@@ -414,43 +414,73 @@ def warm() -> None:
 
 
 def scan_plugin_fixtures_once() -> None:
-    """Make each session's fixture manager read a plugin module's fixtures from a list made once.
+    """Make each session's fixture manager take a plugin's fixtures from definitions parsed once.
 
     A fresh session parses every registered plugin for fixtures, walking all of each module's
-    names and unwrapping each one (pytest 9 looks for fixtures hidden behind decorators, to warn):
-    about half of a one-test session. The plugins are the same modules every session, so their
-    fixtures are listed once and the manager parses just those (registered exactly as before); a
-    plugin object whose class holds no fixture is skipped, any other plugin and every
+    names and unwrapping each one (pytest 9 looks for fixtures hidden behind decorators, to warn),
+    and builds a definition per fixture (reading its signature): most of a one-test session's
+    setup. The plugins are the same objects every session, so each one's definitions are parsed
+    once per configuration and every later session gets fresh copies (no cached value, no
+    finalizer: what one session computed never reaches the next), registered where pytest would
+    register them. A plugin object whose class holds no fixture is skipped; every
     ``conftest.py`` is parsed as pytest parses it."""
     from _pytest import fixtures
 
     original = fixtures.FixtureManager.pytest_plugin_registered
     if getattr(original, "scans_once", False):
         return
-    stubs: dict[int, tuple[types.ModuleType, types.ModuleType]] = {}
+    parsed: dict[int, tuple[object, list]] = {}  # id(plugin) -> (plugin, its fixture definitions)
+    owner: list = [None]  # the configuration the definitions were parsed under
     plain: dict[type, bool] = {}
     is_fixture = fixtures.FixtureFunctionDefinition
 
     def pytest_plugin_registered(self, plugin, plugin_name):
         if plugin_name and plugin_name.endswith("conftest.py"):
             return original(self, plugin, plugin_name)
-        if type(plugin) is types.ModuleType:
-            kept = stubs.get(id(plugin))
-            if kept is None or kept[0] is not plugin:
-                found = {k: v for k, v in list(vars(plugin).items()) if type(v) is fixtures.FixtureFunctionDefinition}
-                stub = types.ModuleType(plugin.__name__) if found else None  # most plugins define none
-                if stub is not None:
-                    stub.__dict__.update(found)
-                kept = stubs[id(plugin)] = (plugin, stub)
-            return None if kept[1] is None else self.parsefactories(holder=kept[1], node=self.session)
         cls = type(plugin)
-        if cls not in plain:
-            plain[cls] = not any(type(getattr(v, "__func__", v)) is is_fixture for k in cls.__mro__
-                                 for v in list(vars(k).values()))
-        return None if plain[cls] else original(self, plugin, plugin_name)
+        if cls is not types.ModuleType:
+            if cls not in plain:
+                plain[cls] = not any(type(getattr(v, "__func__", v)) is is_fixture for k in cls.__mro__
+                                     for v in list(vars(k).values()))
+            if plain[cls]:
+                return None
+        if owner[0] is not self.config:  # a scope may depend on the configuration
+            parsed.clear()
+            owner[0] = self.config
+        kept = parsed.get(id(plugin))
+        if kept is None or kept[0] is not plugin:
+            kept = parsed[id(plugin)] = (plugin, _parse_plugin(self, plugin, plugin_name, original))
+            return None
+        for template in kept[1]:
+            _add_fixture(self, template)
+        return None
 
     pytest_plugin_registered.scans_once = True
     fixtures.FixtureManager.pytest_plugin_registered = pytest_plugin_registered
+
+
+def _parse_plugin(manager, plugin, plugin_name: str, original) -> list:
+    """Register ``plugin``'s fixtures as pytest does; return blank copies of their definitions."""
+    import copy
+
+    before = {id(d) for d in manager._get_all_fixture_defs()}
+    original(manager, plugin, plugin_name)
+    found = [copy.copy(d) for d in manager._get_all_fixture_defs() if id(d) not in before]
+    for template in found:
+        template.node, template.cached_result, template._finalizers = None, None, []
+    return found
+
+
+def _add_fixture(manager, template) -> None:
+    """A fresh copy of a plugin's fixture definition, registered as `_register_fixture` does for
+    a plugin (visible from the session down)."""
+    import copy
+
+    fixturedef, session = copy.copy(template), manager.session
+    fixturedef.node, fixturedef.cached_result, fixturedef._finalizers = session, None, []
+    manager._arg2node2fixturedefs.setdefault(fixturedef.argname, {}).setdefault(session, []).insert(0, fixturedef)
+    if fixturedef._autouse:
+        manager._node_autousenames.setdefault(session, []).append(fixturedef.argname)
 
 
 def imported_names(tests: str) -> tuple[set[str], set[str]]:
@@ -528,31 +558,48 @@ class PytestRun:
         return sum(v == "passed" for v in self.outcomes.values())
 
 
-def _recorder(pytest, run: PytestRun, classify, open_dir: str | None):
-    """A pytest plugin filling ``run``. ``classify(excinfo)`` names a failure's reason;
-    ``open_dir``: a folder opened to every uid before each test (``tmp_path`` for the program)."""
+def _hookimpl(**options) -> dict:
+    """pytest's hook options for a method (what ``pytest.hookimpl`` sets, without importing pytest)."""
+    return {"wrapper": False, "hookwrapper": False, "optionalhook": False, "tryfirst": False,
+            "trylast": False, "specname": None, **options}
 
-    class Recorder:
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_makereport(self, item, call):
-            report = (yield).get_result()
-            if report.failed:
-                run.outcomes[report.nodeid] = "failed"
-                reason = classify(call.excinfo) if call.excinfo is not None else "wrong_answer"
-                run.failures.append((reason, f"{report.nodeid} ({report.when}): {report.longreprtext[-300:]}"))
-            elif report.when == "call" or (report.skipped and report.nodeid not in run.outcomes):
-                run.outcomes.setdefault(report.nodeid, report.outcome)
 
-        def pytest_collectreport(self, report):
-            if report.failed:
-                run.failures.append(("collect", f"collecting: {report.longreprtext[-300:]}"))
+class Recorder:
+    """A pytest plugin filling the current task's `PytestRun`. ``classify(excinfo)`` names a
+    failure's reason; ``open_dir``: a folder opened to every uid before each test (``tmp_path``
+    for the program). Registered once per configuration (registering a plugin is not free): each
+    task sets its state with `start` and clears it with `stop`, so no task reads another's."""
 
-        @pytest.hookimpl(tryfirst=True)
-        def pytest_runtest_call(self, item):
-            if open_dir:  # pytest makes tmp_path 0700 for its own uid
-                open_folders(open_dir)
+    def __init__(self):
+        self.stop()
 
-    return Recorder()
+    def start(self, run: PytestRun, classify, open_dir: str | None) -> None:
+        self.run, self.classify, self.open_dir = run, classify, open_dir
+
+    def stop(self) -> None:
+        self.run, self.classify, self.open_dir = PytestRun(), None, None
+
+    def pytest_runtest_makereport(self, item, call):
+        report = (yield).get_result()
+        run = self.run
+        if report.failed:
+            run.outcomes[report.nodeid] = "failed"
+            reason = self.classify(call.excinfo) if call.excinfo is not None else "wrong_answer"
+            run.failures.append((reason, f"{report.nodeid} ({report.when}): {report.longreprtext[-300:]}"))
+        elif report.when == "call" or (report.skipped and report.nodeid not in run.outcomes):
+            run.outcomes.setdefault(report.nodeid, report.outcome)
+
+    pytest_runtest_makereport.pytest_impl = _hookimpl(hookwrapper=True)
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.run.failures.append(("collect", f"collecting: {report.longreprtext[-300:]}"))
+
+    def pytest_runtest_call(self, item):
+        if self.open_dir:  # pytest makes tmp_path 0700 for its own uid
+            open_folders(self.open_dir)
+
+    pytest_runtest_call.pytest_impl = _hookimpl(tryfirst=True)
 
 
 def open_folders(top: str) -> None:
@@ -614,8 +661,7 @@ class GeneratorTests:
         item.add_marker(self.pytest.mark.xfail(run=False, reason=f"{name} is a generator, not a test"))
         return item
 
-    pytest_pycollect_makeitem.pytest_impl = {"wrapper": False, "hookwrapper": False, "optionalhook": False,
-                                             "tryfirst": True, "trylast": False, "specname": None}
+    pytest_pycollect_makeitem.pytest_impl = _hookimpl(tryfirst=True)
 
 
 def run_pytest(args: list[str], classify, open_dir: str | None = None, plugins: tuple = ()) -> PytestRun:
@@ -626,7 +672,9 @@ def run_pytest(args: list[str], classify, open_dir: str | None = None, plugins: 
     run, before = PytestRun(), set(sys.modules)
     umask = os.umask(0)  # files the tests write stay writable by the program's uid
     try:
-        run.exit_code = int(pytest.main(args, plugins=[_recorder(pytest, run, classify, open_dir), *plugins]))
+        recorder = Recorder()
+        recorder.start(run, classify, open_dir)
+        run.exit_code = int(pytest.main(args, plugins=[recorder, *plugins]))
     finally:
         os.umask(umask)
         for name in set(sys.modules) - before:
@@ -685,6 +733,7 @@ class Sessions:
 
     def __init__(self, folder: str):
         self.folder, self.config, self.plugins, self.options = folder, None, None, None
+        self.recorder = Recorder()
         self.tests, self.ini = os.path.join(folder, "test_task.py"), os.path.join(folder, "pytest.ini")
 
     def configure(self, pytest) -> None:
@@ -692,7 +741,8 @@ class Sessions:
 
         args = pytest_args([self.tests], rootdir=self.folder, ini=self.ini, basetemp=os.path.join(self.folder, "t"))
         args = [a for a in args if a != "-q"] + ["--assert=plain", "-p", "no:terminal"]
-        config = _prepareconfig(args, plugins=[GeneratorTests(pytest)])
+        self.recorder = Recorder()
+        config = _prepareconfig(args, plugins=[GeneratorTests(pytest), self.recorder])
         config._do_configure()
         logging_plugin = config.pluginmanager.get_plugin("logging-plugin")
         if logging_plugin is not None:
@@ -710,8 +760,7 @@ class Sessions:
         config, run, before = self.config, PytestRun(), set(sys.modules)
         factory = config._tmp_path_factory
         factory._given_basetemp, factory._basetemp = pathlib.Path(basetemp), None
-        recorder = _recorder(pytest, run, classify, open_dir)
-        config.pluginmanager.register(recorder)
+        self.recorder.start(run, classify, open_dir)
         session = Session.from_config(config)
         session.exitstatus = pytest.ExitCode.OK
         umask, version = os.umask(0), os.environ.get("PYTEST_VERSION")
@@ -731,18 +780,19 @@ class Sessions:
                 if started:
                     config.hook.pytest_sessionfinish(session=session, exitstatus=session.exitstatus)
             finally:
-                self._end(session, recorder, before, umask, version)
+                self._end(session, before, umask, version)
         run.exit_code = int(session.exitstatus)
         return run
 
-    def _end(self, session, recorder, before: set, umask: int, version: str | None) -> None:
+    def _end(self, session, before: set, umask: int, version: str | None) -> None:
+        self.recorder.stop()
         os.umask(umask)
         if version is None:
             os.environ.pop("PYTEST_VERSION", None)
         else:
             os.environ["PYTEST_VERSION"] = version
         manager = self.config.pluginmanager
-        for plugin in (recorder, session._fixturemanager if hasattr(session, "_fixturemanager") else None, session):
+        for plugin in (session._fixturemanager if hasattr(session, "_fixturemanager") else None, session):
             if plugin is not None and manager.is_registered(plugin):
                 manager.unregister(plugin)
         for name in set(sys.modules) - before:

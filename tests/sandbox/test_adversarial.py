@@ -528,7 +528,10 @@ def test_pytest_star_import_cannot_replace_the_tests_constants(pool, guard):
     assert judge_pytest(pool, program, tests) == ("MODEL_FAIL", "wrong_answer")
 
 
-def test_pytest_star_import_brings_no_marks_or_tests(pool, guard):
+def test_pytest_star_imported_tests_and_setup_cannot_hide_a_failing_test(pool, guard):
+    """The star import brings the program's ``test_*`` functions, its test class and its
+    ``setup_module`` as plain pytest would: tests of the program's own that pass do not make the
+    verdict PASS, the task's failing test still decides it."""
     tests = "from solution import *\n\ndef test_f():\n    assert f(2) == 4\n"
     program = ("pytestmark = []\ndef setup_module(m):\n    pass\ndef test_extra():\n    pass\n"
                "class TestMore:\n    def test_it(self):\n        pass\n"

@@ -275,3 +275,45 @@ def test_one_configuration_many_sessions_nothing_carried_over(tmp_path, monkeypa
     task("def test_c(request):\n    request.config.pluginmanager.register(object(), 'left-behind')\n")
     assert sessions.config is None  # a configuration a test changed is not used again
     assert task("def test_d():\n    assert 1\n").passed == 1 and sessions.config.pluginmanager.get_plugin("left-behind") is None
+
+
+def test_what_a_task_leaves_in_the_shared_recorder_and_fixtures_stays_there(tmp_path, monkeypatch):
+    """The recorder plugin and the plugins' fixture definitions are set up once per configuration:
+    each task still gets its own run record and fresh fixture definitions (no cached value, no
+    finalizer, undone changes), and a task's ``open_dir`` is not touched by the next task."""
+    import os
+    import types
+
+    import pytest
+
+    from posttrain.sandbox.pytest_judge import Sessions, scan_plugin_fixtures_once
+
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    probe = types.SimpleNamespace(defs=[])
+    monkeypatch.setitem(sys.modules, "posttrain_probe", probe)  # before the sessions: they keep it
+    scan_plugin_fixtures_once()
+    sessions = Sessions(str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "pytest.ini").write_text("[pytest]\n")
+    opened = tmp_path / "opened"
+
+    def task(text: str, basetemp: str, open_dir):
+        (tmp_path / "run" / "test_task.py").write_text(text)
+        return sessions.run(pytest, lambda excinfo: excinfo.type.__name__, str(tmp_path / basetemp), open_dir)
+
+    uses = ("import os\nimport posttrain_probe\n\ndef test_a(request, tmp_path, monkeypatch):\n"
+            "    posttrain_probe.defs.append(request._fixturemanager.getfixturedefs('tmp_path_factory', request.node)[0])\n"
+            "    assert 'POSTTRAIN_LEFT' not in os.environ and tmp_path.is_relative_to({basetemp!r})\n"
+            "    monkeypatch.setenv('POSTTRAIN_LEFT', '1')\n    assert {ok}\n")
+    opened.mkdir()
+    first = task(uses.format(basetemp=str(tmp_path / "bt1"), ok=False), "bt1", str(opened))
+    os.chmod(opened, 0o700)
+    second = task(uses.format(basetemp=str(tmp_path / "bt2"), ok=True), "bt2", None)
+    third = task(uses.format(basetemp=str(tmp_path / "bt3"), ok=True), "bt3", None)
+    assert list(first.outcomes.values()) == ["failed"] and len(first.failures) == 1
+    for run in (second, third):
+        assert list(run.outcomes.values()) == ["passed"] and run.failures == []
+    assert (tmp_path / "opened").stat().st_mode & 0o777 == 0o700
+    assert len({id(d) for d in probe.defs}) == 3  # the first session parses; the others get copies
+    assert all(d.cached_result is None and d._finalizers == [] for d in probe.defs)
+    assert "POSTTRAIN_LEFT" not in os.environ
