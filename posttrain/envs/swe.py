@@ -38,10 +38,17 @@ instead (docs/envs.md, "What the SWE verdict trusts"):
   must-fail copies of some of them (sentinels) are mixed in, on the host
   (`posttrain.envs.swe_sentinels`); the sandbox sees only the random names, and a report in
   which a sentinel passed, or vanished while its original passed, is MODEL_FAIL (forbidden);
-- **no bytecode from the tree**: none is written, and the cache prefix is a path under
-  ``/dev/null`` where no folder can exist, so neither Python nor pytest's assertion rewriter
-  reads a ``.pyc`` the code under test planted; pytest's cache plugin is off;
-- **configuration and tests**: restored as above; ``PYTEST_*``/``PYTHON*`` variables cleared,
+- **tests and configuration from a read-only layer**: restored as above, they are the job's
+  hidden files (`tree_job`'s ``hidden``): the sandbox writes each one and binds it read-only
+  over itself before the program starts (`posttrain.sandbox.inside.mounts.place_hidden`), so
+  code under test cannot write, truncate, chmod, unlink or rename over one, nor rename its
+  folder away; the program writes only the agent's changes;
+- **no bytecode from the tree**: none is written, the cache prefix is a path under ``/dev/null``
+  where no folder can exist, and each folder holding a hidden file has an empty read-only
+  ``__pycache__``; pytest's cache plugin is off. Code under test can still reset the prefix to a
+  folder of its own and plant bytecode there (docs/envs.md says exactly how): a takeover of the
+  session, which the sentinels are for;
+- **start-up**: ``PYTEST_*``/``PYTHON*`` variables cleared,
   plugin autoloading off; the interpreter runs with ``-I -S`` (no ``sitecustomize``,
   ``usercustomize`` or ``.pth`` file is read);
 - **the report**: one line starting with a random nonce (read and stdin closed before the tree
@@ -320,7 +327,8 @@ def _write_tree(changes, root, ini, blank_ini):
 # Runs in the sandbox with the nonce on stdin. Order matters: the nonce is read and stdin closed,
 # stdout kept aside and the runner imported before any file of the tree is importable. No bytecode
 # is written, and none is read from the tree: the cache prefix is a path under /dev/null, where no
-# folder can ever be made (pytest reads its rewritten test modules' cache from there too).
+# folder can ever be made (pytest reads its rewritten test modules' cache from there too). CHANGES
+# holds only the agent's files: the tests and configuration are already in place, read-only.
 _VERDICT = _WRITE_TREE + '''
 
 def _verdict(changes, ids, ini, roots, site):
@@ -362,14 +370,18 @@ def _verdict(changes, ids, ini, roots, site):
 '''
 
 
-def tree_job(program: str, base: Tree, view: dict[str, str], stdin: str, timeout_s: float):
+def tree_job(program: str, base: Tree, view: dict[str, str], stdin: str, timeout_s: float,
+             hidden: frozenset[str] | set[str] = frozenset()):
     """A sandbox job that runs ``program`` on ``view``: the task's tree ``base`` shown read-only
-    at `ROOT` (shared by every run), with the program writing only what differs (`CHANGES`)."""
+    at `ROOT` (shared by every run), with the program writing only what differs (`CHANGES`).
+    The paths in ``hidden`` are not the program's to write: the sandbox places them from
+    ``view``, read-only to the program (`Job.hidden`), and `CHANGES` leaves them out."""
     from posttrain.sandbox.pool import Job
 
-    changes = overlay(base.files, view)
+    changes = {p: t for p, t in overlay(base.files, view).items() if p not in hidden}
+    placed = {p: view[p] for p in hidden if view.get(p) is not None}
     return Job(f"ROOT = {ROOT!r}\nCHANGES = {changes!r}\n" + program, io=((stdin, ""),), timeout_s=timeout_s,
-               capture=True, tree=base)
+               capture=True, tree=base, hidden=placed or None)
 
 
 def verdict_program(files: dict[str, str], ids: list[str], site: bool = False) -> str:
@@ -572,15 +584,23 @@ class SweEnv(RepoEnv):
     def judge(self, text: str) -> Outcome:
         """FAIL_TO_PASS and PASS_TO_PASS on the working copy, tests and configuration restored."""
         nonce, f2p, p2p = secrets.token_hex(16), self.task["fail_to_pass"], self.task["pass_to_pass"]
-        view = verdict_files(self.task, self.files())
-        hidden = hide(view, f2p, p2p)  # fresh names and sentinels for every verdict
-        view.update(hidden.files)
-        program = verdict_program(view, hidden.ids, bool(self.site))
-        outcome = self._run(tree_job(program, self.task["tree"], view, nonce + "\n", self.timeout_s))
+        job, hidden = self.verdict_job(nonce)
+        outcome = self._run(job)
         if outcome.cls is not OutcomeClass.PASS:
             return outcome
         outcome, self.fractions = read_verdict(outcome.detail, nonce, f2p, p2p, hidden)
         return outcome
+
+    def verdict_job(self, nonce: str):
+        """The verdict's sandbox job on the working copy, and its `Hidden` key. Fresh names and
+        sentinels each time; the restored tests and configuration and the rewritten modules are
+        the job's hidden files, placed read-only by the sandbox, never written by the program."""
+        view = verdict_files(self.task, self.files())
+        hidden = hide(view, self.task["fail_to_pass"], self.task["pass_to_pass"])
+        view.update(hidden.files)
+        program = verdict_program(view, hidden.ids, bool(self.site))
+        placed = {p for p in view if guarded(p, self.task["hidden"])} | set(hidden.files)
+        return tree_job(program, self.task["tree"], view, nonce + "\n", self.timeout_s, placed), hidden
 
     def step(self, text: str) -> StepResult:
         result = super().step(text)

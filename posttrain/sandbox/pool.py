@@ -26,6 +26,7 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Mapping
 
 from posttrain.outcome import Outcome
 from posttrain.sandbox.clock import charge
@@ -67,12 +68,20 @@ class Job:
     tree: Tree | None = None
     """Stdin/stdout form only: a project tree the program finds at `zygote.TREE_DIR`, writable
     (an overlay on the shared read-only copy; `posttrain.sandbox.trees`)."""
+    hidden: Mapping[str, str] | None = None
+    """With ``tree``: files (relative path -> text) the sandbox itself writes into the tree
+    before the program starts, read-only to the program (`inside.mounts.place_hidden`): a
+    verdict's restored tests and configuration, which code under test must not rewrite."""
+
+    def __post_init__(self):
+        if self.hidden and self.tree is None:
+            raise ValueError("a job's hidden files need its tree")
 
     def request(self, cfg: SandboxConfig) -> dict:
         req = {"program": self.program, "timeout_s": self.timeout_s or cfg.timeout_s,
                "output_limit": cfg.output_limit}
         if self.io:
-            tree = {"tree": materialize(self.tree)} if self.tree is not None else {}
+            tree = {"tree": materialize(self.tree), "hidden": dict(self.hidden or {})} if self.tree is not None else {}
             return {**req, "mode": "io", "stdins": [i for i, _ in self.io], **tree}
         if self.module:
             return {**req, "mode": "pytest", "tests": self.tests, "module": self.module}

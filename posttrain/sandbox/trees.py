@@ -17,7 +17,8 @@ Layout choices:
   an overlay's lower layer never changes under it.
 * **Writable by the program through the overlay.** Files are 0666 and folders 0777, since the
   program runs as an unprivileged uid that owns nothing in the tree and tests write files next to
-  their modules; the store's root is 0700, so on the host no other user reaches them, and in the
+  their modules. A job's hidden files (`pool.Job.hidden`) are the exception: the zygote places
+  them over the tree read-only (`inside.mounts.place_hidden`); the store's root is 0700, so on the host no other user reaches them, and in the
   sandbox the program cannot list the store (other trees: another task's files).
 * **One store per process**, removed at exit; a pool in another process (a Ray farm actor)
   writes the trees its jobs name into its own store, from the job's copy of the files.

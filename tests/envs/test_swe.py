@@ -113,7 +113,7 @@ EXPECTED = {"null": "wrong_answer", "conftest_planted": "wrong_answer", "conftes
             "patch_builtins": "wrong_answer", "conftest_at_run": "forbidden", "os_exit": "no_verdict",
             "delete_tests": "wrong_answer", "forged_report": "no_verdict",
             **{name: "forbidden" for name in IN_PROCESS}, "unittest_run": "wrong_answer",
-            "plant_bytecode": "wrong_answer"}
+            "plant_bytecode": "wrong_answer", "overwrite_tests": "wrong_answer"}  # its writes are refused
 
 
 def _plain_pytest(env: SweEnv, tmp: Path) -> int:

@@ -50,8 +50,10 @@ def test_the_oracle_passes_and_null_fails(pool, records, style):
 
 
 # Where nothing is forged, the honest verdict: no TestCase in a pytest-style suite; pytest's cached
-# bytecode is never read from the tree.
-HONEST = {("pytest", "unittest_run"), ("pytest", "plant_bytecode"), ("unittest", "plant_bytecode")}
+# bytecode is never read from the tree; the test files on disk are read-only to the package, so
+# its rewrite fails and the real tests run.
+HONEST = {("pytest", "unittest_run"), ("pytest", "plant_bytecode"), ("unittest", "plant_bytecode"),
+          ("pytest", "overwrite_tests"), ("unittest", "overwrite_tests")}
 
 
 @pytest.mark.parametrize("name", sorted(IN_PROCESS))
@@ -60,6 +62,46 @@ def test_a_forgery_from_inside_the_session_is_tampering(pool, records, style, na
     outcome = verdict(pool, records[style], name)
     want = "wrong_answer" if (style, name) in HONEST else "forbidden"
     assert (outcome.cls, outcome.reason) == (OutcomeClass.MODEL_FAIL, want), outcome
+
+
+# What the package tries from inside the verdict's own job: each answer is printed.
+PROBE = r'''
+import errno, os
+def attempt(name, fn):
+    try:
+        fn()
+        print(name, "done")
+    except OSError as e:
+        print(name, type(e).__name__, errno.errorcode.get(e.errno, e.errno))
+def overwrite(path):
+    with open(path, "w") as f:
+        f.write("def test_x():\\n    pass\\n")
+for folder, _dirs, names in sorted(os.walk(ROOT)):
+    for name in sorted(names):
+        path = os.path.join(folder, name)
+        if name.startswith("test") and name.endswith(".py") or name == "conftest.py":
+            attempt(os.path.relpath(path, ROOT), lambda: overwrite(path))
+attempt("pycache", lambda: os.makedirs(ROOT + "/tests/__pycache__/x"))
+'''
+
+
+@pytest.mark.parametrize("style", ["pytest", "unittest"])
+def test_the_verdicts_test_files_refuse_the_packages_writes(pool, records, style):
+    """In the verdict's own job, every test file and conftest is read-only to code in the
+    program's process: the overwrite forgery fails at its write, not only at the sentinels."""
+    import dataclasses
+
+    from posttrain.envs.swe import ROOT
+
+    env = SweEnv(pool=pool)
+    env.reset(records[style])
+    job, _ = env.verdict_job("0" * 32)
+    tests = {p for p in job.hidden if p.rsplit("/", 1)[-1].startswith("test") and p.endswith(".py")}
+    assert tests, job.hidden.keys()
+    out = pool.run([dataclasses.replace(job, program=f"ROOT = {ROOT!r}\n" + PROBE)])[0]
+    got = dict(line.split(" ", 1) for line in out.detail.splitlines())
+    assert tests <= set(got), out.detail
+    assert all(answer in ("PermissionError EACCES", "OSError EROFS") for answer in got.values()), out.detail
 
 
 @pytest.mark.slow

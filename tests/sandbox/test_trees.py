@@ -100,3 +100,78 @@ def test_a_program_sees_the_tree_and_its_changes_stay_in_its_run(pool):
 def test_a_job_without_a_tree_has_no_project_folder(pool):
     out = pool.run([Job("import os\nprint(os.path.exists('/tmp/work'))", io=(("", ""),), capture=True)])[0]
     assert out.detail.strip() == "False"
+
+
+# Each attempt on a hidden file prints its name and what happened: "refused <errno name>" or "done".
+HIDDEN_PROGRAM = r'''
+import errno, os, sys
+root = "/tmp/work"
+path = root + "/tests/test_a.py"
+def attempt(name, fn):
+    try:
+        fn()
+        print(name, "done")
+    except OSError as e:
+        print(name, "refused", errno.errorcode.get(e.errno, e.errno))
+def write():
+    with open(path, "a") as f:
+        f.write("X = 2\n")
+def rename_over():
+    with open(root + "/pkg/evil.py", "w") as f:
+        f.write("X = 2\n")
+    os.rename(root + "/pkg/evil.py", path)
+def move_folder():
+    os.rename(root + "/tests", root + "/old")
+def plant(cache):
+    os.makedirs(cache, exist_ok=True)
+    with open(cache + "/test_a.cpython-311-pytest-9.2.0.pyc", "wb") as f:
+        f.write(b"x")
+attempt("write", write)
+attempt("truncate", lambda: os.truncate(path, 0))
+attempt("rename_over", rename_over)
+attempt("unlink", lambda: os.unlink(path))
+attempt("chmod", lambda: os.chmod(path, 0o666))
+attempt("move_folder", move_folder)
+attempt("cache_file", lambda: plant(root + "/tests/__pycache__"))
+attempt("cache_folder", lambda: os.rename(root + "/tests/__pycache__", root + "/tests/c"))
+attempt("root_conftest", lambda: os.unlink(root + "/conftest.py"))
+attempt("beside", lambda: open(root + "/tests/data.txt", "w").close())  # tests still write beside their modules
+print("text", open(path).read().strip(), open(root + "/conftest.py").read().strip())
+'''
+
+
+def _attempts(detail: str) -> dict[str, str]:
+    return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in detail.splitlines()}
+
+
+def test_a_jobs_hidden_files_are_read_only_to_the_program(pool):
+    tree = Tree({**FILES, "tests/test_a.py": "X = 0\n"})
+    hidden = {"tests/test_a.py": "X = 1\n", "conftest.py": "Y = 1\n"}
+    out = pool.run([Job(HIDDEN_PROGRAM, io=(("", ""),), capture=True, tree=tree, hidden=hidden)])[0]
+    got = _attempts(out.detail)
+    assert got["text"] == "X = 1 Y = 1", out.detail  # the hidden text, not the tree's, and unchanged
+    # 0444 and another owner refuse first (EACCES); the read-only mount refuses even chmod (EROFS)
+    assert {got["write"], got["truncate"]} <= {"refused EACCES", "refused EROFS"}, out.detail
+    assert got["chmod"] == "refused EROFS", out.detail
+    assert got["rename_over"] in ("refused EBUSY", "refused EXDEV"), out.detail  # a mount point is never replaced
+    assert got["unlink"] == got["root_conftest"] == "refused EBUSY", out.detail
+    assert got["move_folder"] == got["cache_folder"] == "refused EBUSY", out.detail
+    assert got["cache_file"] == "refused EROFS", out.detail  # no bytecode where Python and pytest look by default
+    assert got["beside"] == "done", out.detail
+
+
+def test_hidden_files_go_with_the_tree(pool):
+    tree = Tree({**FILES, "tests/test_a.py": "X = 0\n"})
+    first = Job(HIDDEN_PROGRAM, io=(("", ""),), capture=True, tree=tree, hidden={"tests/test_a.py": "X = 1\n",
+                                                                                  "conftest.py": "Y = 1\n"})
+    after = Job("import os\nprint(open('/tmp/work/tests/test_a.py').read().strip(), os.path.exists('/tmp/work/conftest.py'))\n"
+                "os.unlink('/tmp/work/tests/test_a.py')\nprint('unlinked')", io=(("", ""),), capture=True, tree=tree)
+    out = pool.run([first, after])[1]
+    assert out.detail.splitlines() == ["X = 0 False", "unlinked"], out.detail  # the next job sees its own tree
+
+
+def test_hidden_files_need_a_tree():
+    import pytest
+
+    with pytest.raises(ValueError, match="tree"):
+        Job("print(1)", io=(("", ""),), hidden={"a.py": ""})

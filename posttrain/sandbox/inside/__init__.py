@@ -12,7 +12,8 @@ Processes, their privileges, and what each may write::
          ├─ forker `forker` root, CAP_SETUID/SETGID only, seccomp; forks candidates, reads
          │   │              only fork/wait requests from the zygote
          │   └─ candidate `candidate`  program uid, no capabilities, seccomp; runs the program;
-         │                  writes only /tmp, /dev/shm, a job's tree and its own pipes
+         │                  writes only /tmp, /dev/shm, a job's tree (not its hidden files)
+         │                  and its own pipes
          └─ judge  `judge`  judge uid, seccomp; runs the task's tests; writes /judge (0700,
                             its uid only) and its verdict pipe to the zygote
 
@@ -23,6 +24,12 @@ Invariants each boundary holds:
   pytest-style tasks, handles whose objects stay in the candidate).
 - Tests, preludes and expected outputs never enter the candidate's address space: it is forked
   before the request is read, and test modules live under ``/judge``, which its uid cannot enter.
+- A job's hidden files (a verdict's tests and configuration) reach its tree only through the
+  zygote, before the program starts, each bound read-only over itself, its folders mount points
+  and an empty read-only ``__pycache__`` beside it (`mounts.place_hidden`): the program cannot
+  change, remove, replace or shadow them on disk, nor put bytecode where Python or pytest looks
+  for theirs by default. (Inside its own process the program can still redirect
+  ``sys.pycache_prefix`` or the import system; that is the SWE verdict's sentinels' job.)
 - Nothing a program writes outlives it: its processes are killed and touched tmpfs replaced
   before the next program starts.
 - The candidate cannot signal the judge, the forker or the zygote (other uids, no capabilities).

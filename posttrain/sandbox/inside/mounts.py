@@ -9,6 +9,10 @@ Who may write where (every other path is a read-only bind or does not exist):
   cannot name anything in it.
 - `TREE_DIR`: the program, through an overlay whose lower layer is the read-only tree and whose
   upper layer lies under `LAYERS_DIR` on this run's ``/tmp`` (only the zygote's uid enters it).
+  Except a job's hidden files (`place_hidden`): the zygote writes each one and binds it
+  read-only over itself before the program starts, so the program cannot write, truncate,
+  chmod, unlink or rename over one; their folders are mount points too (so cannot be renamed
+  away and replaced), and each folder holding one gets an empty read-only ``__pycache__``.
 - `BOX_DIR`, `JUDGE_LIB`, `SITE_DIR`, `TREES_DIR`: read-only binds from the host (this code,
   pytest and the pytest judge, a site-packages, the project trees).
 """
@@ -20,6 +24,8 @@ import os
 
 from . import kernel
 from .kernel import MNT_DETACH, MS_NODEV, MS_NOSUID
+
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 
 TMPFS = ("/tmp", "/dev/shm")
 BOX_DIR = "/sandbox/box"  # read-only: the modules of this package (the zygote compiles `warm` from here)
@@ -134,8 +140,83 @@ def judge_tmpfs(cfg: dict, force: bool = True) -> None:
 _JUDGE_CTIME = [0]  # the root's ctime right after `judge_tmpfs` mounted it
 
 
+def place_hidden(files: dict) -> None:
+    """Write ``files`` (path under `TREE_DIR` -> text) into the mounted tree, each read-only to
+    the program: 0444, owned by the zygote, and bound read-only over itself. A mount point cannot
+    be unlinked or renamed over (EBUSY), and a read-only mount refuses writes, truncation and
+    chmod (EROFS), whoever asks. Every folder on the way is made a mount point too: renaming
+    ``tests`` away and making a new one would otherwise swap the files out from under their
+    names. Each folder holding one gets an empty read-only ``__pycache__``, where Python and
+    pytest's assertion rewriter look for cached bytecode unless ``sys.pycache_prefix`` is set.
+    Runs before the program, so no link a program made can be on these paths."""
+    paths = [_hidden_path(p) for p in files]
+    folders = sorted({"/".join(p.split("/")[:k]) for p in paths for k in range(1, p.count("/") + 1)},
+                     key=lambda d: d.count("/"))
+    for path in paths:
+        _write_root_file(f"{TREE_DIR}/{path}", files[path])
+    caches = sorted({p.rsplit("/", 1)[0] + "/__pycache__" if "/" in p else "__pycache__" for p in paths})
+    for cache in caches:
+        _empty_folder(f"{TREE_DIR}/{cache}")
+    for folder in folders:
+        _bind(f"{TREE_DIR}/{folder}", read_only=False)
+    for where in caches + paths:
+        _bind(f"{TREE_DIR}/{where}", read_only=True)
+
+
+def _hidden_path(path) -> str:
+    parts = path.split("/") if isinstance(path, str) else [""]
+    if any(p in ("", ".", "..") for p in parts) or "\0" in path:
+        raise ValueError(f"a hidden file's path must be relative and plain: {path!r}")
+    return path
+
+
+def _write_root_file(full: str, text: str) -> None:
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+        os.chmod(parent, 0o777)  # tests may write beside their modules; makedirs' mode is cut by the umask
+    if os.path.lexists(full):
+        os.unlink(full)
+    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
+    os.fchmod(fd, 0o444)
+    os.close(fd)
+
+
+def _empty_folder(full: str) -> None:
+    if os.path.lexists(full):
+        import shutil
+
+        shutil.rmtree(full)
+    os.mkdir(full, 0o555)
+
+
+def _bind(full: str, read_only: bool) -> None:
+    import ctypes
+
+    lib, path = kernel.libc(), full.encode()
+    if lib.mount(path, path, None, MS_BIND, None) != 0:
+        raise OSError(ctypes.get_errno(), f"bind {full}")
+    _HIDDEN.append(full)
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+    if read_only and lib.mount(None, path, None, flags, None) != 0:
+        raise OSError(ctypes.get_errno(), f"remount read-only {full}")
+
+
+_HIDDEN: list = []  # the binds `place_hidden` made, outermost first
+
+
 def unmount_tree() -> None:
-    """Take the last job's tree away (its upper layer goes with the next fresh ``/tmp``)."""
+    """Take the last job's tree away (its upper layer goes with the next fresh ``/tmp``), its
+    hidden files' binds first, innermost first."""
+    while _HIDDEN:
+        where = _HIDDEN.pop()
+        if kernel.libc().umount2(where.encode(), MNT_DETACH) != 0:
+            import ctypes
+
+            raise OSError(ctypes.get_errno(), f"umount {where}")
     if TREE_DIR in _MOUNTED:
         if kernel.libc().umount2(TREE_DIR.encode(), MNT_DETACH) != 0:
             import ctypes

@@ -169,8 +169,11 @@ def _run_func(cfg: dict, cand: candidate.Cand, req: dict) -> dict:
 
 def _run_io_case(cfg: dict, cand: candidate.Cand, req: dict, stdin: str) -> dict:
     """One stdin: run the program, return its status and stdout (compared by the host). A
-    request naming a ``tree`` gets it at `TREE_DIR` first."""
+    request naming a ``tree`` gets it at `TREE_DIR` first, with its ``hidden`` files placed
+    read-only (`mounts.place_hidden`) before the program can run."""
     tree = mounts.mount_tree(req["tree"]) if req.get("tree") else None
+    if tree:
+        mounts.place_hidden(req.get("hidden") or {})
     case = _run_case(cfg, cand, req, stdin)
     if tree:
         case["tree"] = tree
