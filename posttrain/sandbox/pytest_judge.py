@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import importlib
 import inspect
 import marshal
@@ -457,6 +458,15 @@ def scan_plugin_fixtures_once() -> None:
 
     pytest_plugin_registered.scans_once = True
     fixtures.FixtureManager.pytest_plugin_registered = pytest_plugin_registered
+    check_wrapped = fixtures.FixtureManager._check_for_wrapped_fixture
+
+    def _check_for_wrapped_fixture(self, name, obj):
+        # Only warns about a fixture behind a decorator; the program's objects are never a fixture
+        # (no judge-side object crosses), and the check would ask the candidate for `_mock_name`.
+        if type(obj) is not RemoteObject:
+            check_wrapped(self, name, obj)
+
+    fixtures.FixtureManager._check_for_wrapped_fixture = _check_for_wrapped_fixture
 
 
 def _parse_plugin(manager, plugin, plugin_name: str, original) -> list:
@@ -483,7 +493,8 @@ def _add_fixture(manager, template) -> None:
         manager._node_autousenames.setdefault(session, []).append(fixturedef.argname)
 
 
-def imported_names(tests: str) -> tuple[set[str], set[str]]:
+@functools.lru_cache(maxsize=256)  # a task's tests come back once per sample, and are read twice
+def imported_names(tests: str) -> tuple[frozenset[str], frozenset[str]]:
     """(top-level modules the tests import, every name the test module binds at its top level:
     imports, assignments, functions, classes). Raises SyntaxError, or ValueError for a NUL byte
     (the sandbox's Python 3.11 says so with a ValueError)."""
@@ -496,7 +507,7 @@ def imported_names(tests: str) -> tuple[set[str], set[str]]:
             modules.add(node.module.split(".")[0])
     for statement in tree.body:
         bound |= _bindings(statement)
-    return modules, bound
+    return frozenset(modules), frozenset(bound)
 
 
 def _bindings(node) -> set[str]:
@@ -845,7 +856,7 @@ def run(msg: dict, call_fd: int, reply_fd: int, z) -> dict:
     cwd = os.path.join(task, "cwd")  # KodCode's tests write files by relative names
     os.mkdir(cwd, 0o700)
     basetemp = os.path.join(shared, "t")
-    sys.modules[module] = RemoteModule(module, remote, frozenset(imported_names(tests)[1]))
+    sys.modules[module] = RemoteModule(module, remote, imported_names(tests)[1])
     import pytest
 
     home = os.getcwd()

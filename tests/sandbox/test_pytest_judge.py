@@ -317,3 +317,12 @@ def test_what_a_task_leaves_in_the_shared_recorder_and_fixtures_stays_there(tmp_
     assert len({id(d) for d in probe.defs}) == 3  # the first session parses; the others get copies
     assert all(d.cached_result is None and d._finalizers == [] for d in probe.defs)
     assert "POSTTRAIN_LEFT" not in os.environ
+
+
+def test_collection_asks_the_program_only_what_the_tests_use(pool):
+    """Each question to the candidate is a round trip: collecting the module must not probe the
+    program's objects (pytest 9 asks every module-level object for ``_mock_name``)."""
+    tests = "from solution import f\n\ndef test_f():\n    assert f() == 1\n"
+    outcome = pool.run([Job("def f():\n    return 1\n", tests=tests, module="solution")])[0]
+    # `f` itself, its `__module__` (a standard-library name would be the judge's own), the call
+    assert (outcome.cls.value, outcome.detail) == ("PASS", "1 tests, 3 calls")
