@@ -54,7 +54,7 @@ def test_mbpp_entry_point_and_tests_from_both_releases():
 def test_evalplus_base_and_plus_inputs():
     rec = rows("evalplus.jsonl")[3]
     plus, base = formats.convert(rec, "e:4"), formats.convert(rec, "e:4", variant="base")
-    spec = lambda task: json.loads(eval(task["tests"].split("_SPEC = _json.loads(", 1)[1].split(")\n", 1)[0]))  # noqa: E731
+    spec = lambda task: json.loads(eval(task["tests"].split("_RAW = ", 1)[1].split("\n", 1)[0]))  # noqa: E731
     assert [len(g) for g in spec(base)["groups"]] == [len(rec["base_input"])]
     assert [len(g) for g in spec(plus)["groups"]] == [len(rec["base_input"]), len(rec["plus_input"])]
     assert (plus["variant"], base["variant"], plus["reference"]) == ("plus", "base", rec["prompt"] + rec["canonical_solution"])
