@@ -291,6 +291,31 @@ for _path in _test_files(_os.getcwd()) if _TAIL else ():
     except OSError:
         pass
 '''
+# ... or points sys.pycache_prefix at a folder of its own and writes the bytecode there, where
+# pytest's rewriter then looks (the folders beside the test files are read-only).
+_BYTECODE_PREFIX = _STUB_SOURCE + '''
+import importlib.util as _iu
+import marshal as _marshal
+import os as _os
+import sys as _sys
+try:
+    from _pytest.assertion.rewrite import PYC_TAIL as _TAIL
+except ImportError:
+    _TAIL = None
+_sys.pycache_prefix = "/tmp/.forged-pyc"
+for _path in _test_files(_os.getcwd()) if _TAIL else ():
+    try:
+        with open(_path, "rb") as _f:
+            _data = _f.read()
+        _code = compile(_stub(_data.decode()), _path, "exec")
+        _dir = _sys.pycache_prefix + _os.path.dirname(_os.path.abspath(_path))
+        _os.makedirs(_dir, exist_ok=True)
+        _head = _iu.MAGIC_NUMBER + b"\\x03\\x00\\x00\\x00" + _iu.source_hash(_data)[:8]
+        with open(_os.path.join(_dir, _os.path.basename(_path)[:-3] + _TAIL), "wb") as _f:
+            _f.write(_head + _marshal.dumps(_code))
+    except OSError:
+        pass
+'''
 # Stack walking: the frame that runs the session holds the report's nonce, the saved output and the
 # test ids; write an all-passed report there and leave before the real one is written.
 _STACK_WALK = '''
@@ -308,7 +333,8 @@ while _frame is not None:
 # Every forgery from inside the session's process, by the name the audit reports it under.
 IN_PROCESS = {"plugin_by_pdb": _PLUGIN_BY_PDB, "plugin_by_rewriter": _PLUGIN_BY_REWRITER,
               "plugin_skips_tests": _PLUGIN_SKIPS_TESTS, "import_hook": _IMPORT_HOOK, "unittest_run": _UNITTEST_RUN,
-              "overwrite_tests": _OVERWRITE_TESTS, "plant_bytecode": _PLANT_BYTECODE, "stack_walk": _STACK_WALK}
+              "overwrite_tests": _OVERWRITE_TESTS, "plant_bytecode": _PLANT_BYTECODE,
+              "bytecode_prefix": _BYTECODE_PREFIX, "stack_walk": _STACK_WALK}
 
 
 def _append(files: dict[str, str], paths: list[str], tail: str) -> list[str]:
