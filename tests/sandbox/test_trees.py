@@ -132,6 +132,9 @@ attempt("rename_over", rename_over)
 attempt("unlink", lambda: os.unlink(path))
 attempt("chmod", lambda: os.chmod(path, 0o666))
 attempt("move_folder", move_folder)
+attempt("rename_beside", lambda: (open(root + "/tests/evil.py", "w").close(), os.rename(root + "/tests/evil.py", path)))
+attempt("link", lambda: os.link(path, root + "/tests/again.py"))
+attempt("upper_layer", lambda: open("/tmp/.layers/up/tests/test_a.py", "w").close())  # the overlay's upper copy
 attempt("cache_file", lambda: plant(root + "/tests/__pycache__"))
 attempt("cache_folder", lambda: os.rename(root + "/tests/__pycache__", root + "/tests/c"))
 attempt("root_conftest", lambda: os.unlink(root + "/conftest.py"))
@@ -156,6 +159,9 @@ def test_a_jobs_hidden_files_are_read_only_to_the_program(pool):
     assert got["rename_over"] in ("refused EBUSY", "refused EXDEV"), out.detail  # a mount point is never replaced
     assert got["unlink"] == got["root_conftest"] == "refused EBUSY", out.detail
     assert got["move_folder"] == got["cache_folder"] == "refused EBUSY", out.detail
+    assert got["rename_beside"] in ("refused EBUSY", "refused EXDEV"), out.detail
+    assert got["link"] in ("refused EXDEV", "refused EPERM"), out.detail
+    assert got["upper_layer"] == "refused EACCES", out.detail
     assert got["cache_file"] == "refused EROFS", out.detail  # no bytecode where Python and pytest look by default
     assert got["beside"] == "done", out.detail
 
@@ -175,3 +181,12 @@ def test_hidden_files_need_a_tree():
 
     with pytest.raises(ValueError, match="tree"):
         Job("print(1)", io=(("", ""),), hidden={"a.py": ""})
+
+
+def test_hidden_files_travel_with_a_pickled_job():
+    """How a farm actor gets a job: the hidden files come along, and the request carries them."""
+    from posttrain.sandbox.worker import SandboxConfig
+
+    job = Job("print(1)", io=(("", ""),), tree=Tree(FILES), hidden={"tests/test_a.py": "X = 1\n"})
+    req = pickle.loads(pickle.dumps(job)).request(SandboxConfig(workers=1))
+    assert req["hidden"] == {"tests/test_a.py": "X = 1\n"} and req["tree"] == Tree(FILES).name

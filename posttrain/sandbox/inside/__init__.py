@@ -27,8 +27,9 @@ Invariants each boundary holds:
 - A job's hidden files (a verdict's tests and configuration) reach its tree only through the
   zygote, before the program starts, each bound read-only over itself, its folders mount points
   and an empty read-only ``__pycache__`` beside it (`mounts.place_hidden`): the program cannot
-  change, remove, replace or shadow them on disk, nor put bytecode where Python or pytest looks
-  for theirs by default. (Inside its own process the program can still redirect
+  change, remove, replace or shadow them on disk (nor reach the overlay's upper copy: only the
+  zygote's uid enters `mounts.LAYERS_DIR`), nor put bytecode where Python or pytest looks for
+  theirs by default. (Inside its own process the program can still redirect
   ``sys.pycache_prefix`` or the import system; that is the SWE verdict's sentinels' job.)
 - Nothing a program writes outlives it: its processes are killed and touched tmpfs replaced
   before the next program starts.
