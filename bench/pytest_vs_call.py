@@ -14,12 +14,17 @@ Both see the same program and the same asserts, so the gap is what pytest costs 
 trips. A third line, **kodcode**, judges the KodCode fixture's references (several tests each,
 fixtures, classes, tmp_path) in pytest form, for a task of the shape pytest is used for.
 
-    .venv/bin/python bench/pytest_vs_call.py [--rounds 5] [--workers N]
+``--baseline-judge FILE`` adds a second pool whose judges run another ``pytest_judge.py`` (an
+earlier commit's, from ``git show COMMIT:posttrain/sandbox/pytest_judge.py``) on the same pytest
+jobs, its rounds interleaved with the others: a before/after of the judge under the same load.
+
+    .venv/bin/python bench/pytest_vs_call.py [--rounds 5] [--workers N] [--baseline-judge FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -62,25 +67,53 @@ def rate(pool, jobs) -> tuple[float, int]:
     return len(jobs) / (time.perf_counter() - t), sum(o.cls.value == "PASS" for o in outcomes)
 
 
+def started_pool(stack: contextlib.ExitStack, workers: int, judge: str | None = None):
+    """A started pool, closed with ``stack``; ``judge``: the ``pytest_judge.py`` its judges run
+    (default: this tree's)."""
+    from posttrain.sandbox import worker
+    from posttrain.sandbox.pool import SandboxPool
+
+    # The binds are read when a worker starts: the workers started here keep ``judge`` (a worker
+    # restarted later, after `recycle_after` tasks or a crash, would get this tree's judge).
+    ours = worker.PYTEST_JUDGE_PATH
+    worker.PYTEST_JUDGE_PATH = Path(judge).resolve() if judge else ours
+    worker.judge_lib_binds.cache_clear()
+    try:
+        pool = stack.enter_context(SandboxPool(worker.SandboxConfig(workers=workers)))
+        rate(pool, pytest_jobs()[: pool.cfg.n_workers * 4])  # start the workers, import pytest in each judge
+    finally:
+        worker.PYTEST_JUDGE_PATH = ours
+        worker.judge_lib_binds.cache_clear()
+    return pool
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=0, help="sandboxes (default: one per core)")
+    ap.add_argument("--baseline-judge", default=None, help="another pytest_judge.py, run on the pytest jobs")
     args = ap.parse_args()
-    from posttrain.sandbox.pool import SandboxPool
-    from posttrain.sandbox.worker import SandboxConfig
+    if args.baseline_judge and not os.path.isfile(args.baseline_judge):
+        raise SystemExit(f"--baseline-judge: {args.baseline_judge}: no such file")
 
     sides = {"call": call_jobs(), "pytest": pytest_jobs(), "kodcode": kodcode_jobs()}
     rates: dict[str, list[float]] = {k: [] for k in sides}
     passed: dict[str, int] = {}
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    with SandboxPool(SandboxConfig(workers=args.workers)) as pool:
-        rate(pool, sides["pytest"][: pool.cfg.n_workers * 4])  # start the workers, import pytest in each judge
+    with contextlib.ExitStack() as stack:
+        pool = started_pool(stack, args.workers)
+        baseline = args.baseline_judge and started_pool(stack, args.workers, args.baseline_judge)
+        if baseline:
+            rates["pytest_baseline_judge"] = []
         for _ in range(args.rounds):
             for name, jobs in sides.items():
                 r, passed[name] = rate(pool, jobs)
                 rates[name].append(r)
+            if baseline:
+                r, passed["pytest_baseline_judge"] = rate(baseline, sides["pytest"])
+                rates["pytest_baseline_judge"].append(r)
         workers = pool.cfg.n_workers
+    sides["pytest_baseline_judge"] = sides["pytest"]
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     summary = {name: {"programs": len(sides[name]), "passed": passed[name],
                       "programs_per_s_median": round(statistics.median(v), 1),
@@ -88,6 +121,9 @@ def main() -> None:
                       "rounds": [round(x, 1) for x in v]} for name, v in rates.items()}
     summary["pytest_over_call"] = round(summary["call"]["programs_per_s_median"]
                                         / summary["pytest"]["programs_per_s_median"], 2)
+    if baseline:
+        summary["baseline_judge_over_call"] = round(summary["call"]["programs_per_s_median"]
+                                                    / summary["pytest_baseline_judge"]["programs_per_s_median"], 2)
     print(json.dumps({"workers": workers, **summary}, indent=2))
 
 
