@@ -13,8 +13,9 @@ For ``repo`` the prompts are whole tasks (the project's files, hidden tests, the
 `posttrain env-audit` checks them.
 
 ``swe`` makes SWE-bench-format tasks from a real project and its own test suite
-(``--from`` a source distribution or a folder; `posttrain.envs.swe_tasks`): ``tasks_train.jsonl``,
-``tasks_eval.jsonl`` and ``repos/NAME`` (the git repository the tasks point at), for ``env.name=swe``.
+(``--from`` a source distribution or a folder, once per project; `posttrain.envs.swe_tasks`):
+``tasks_train.jsonl``, ``tasks_eval.jsonl`` and ``repos/NAME`` (the git repository the tasks point
+at), for ``env.name=swe``. With several projects whole projects are held out; with one, files.
 
 Train and eval never share a problem (the tasks' hash splits).
 """
@@ -46,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "retried (default 0)")
     parser.add_argument("--give-up-frac", type=float, default=0.0,
                         help="repo: share of traces that submit right after running the tests, unfixed (default 0)")
-    parser.add_argument("--from", dest="source", default="",
-                        help="swe: the project, a source distribution (.tar.gz, .zip) or a folder, with its tests")
-    parser.add_argument("--max-tasks", type=int, default=50, help="swe: most tasks to keep (default 50)")
+    parser.add_argument("--from", dest="sources", action="append", default=[],
+                        help="swe: a project, a source distribution (.tar.gz, .zip) or a folder, with its tests; "
+                             "give it more than once to split by project (whole projects held out)")
+    parser.add_argument("--max-tasks", type=int, default=50, help="swe: most tasks to keep per project (default 50)")
     parser.add_argument("--per-function", type=int, default=2, help="swe: most tasks per function (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="swe: seconds for one run of the project's suite in the sandbox (default 120)")
@@ -98,7 +100,7 @@ def _make_swe(args: argparse.Namespace) -> int:
     from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
     from posttrain.sandbox.worker import SandboxConfig
 
-    if not args.source:
+    if not args.sources:
         raise UserError("swe: --from SDIST|FOLDER is required (the project to make tasks from)")
     if args.max_tasks < 1 or args.per_function < 1 or args.timeout <= 0:
         raise UserError("swe: --max-tasks and --per-function must be >= 1, --timeout > 0")
@@ -107,7 +109,7 @@ def _make_swe(args: argparse.Namespace) -> int:
     except SandboxUnavailable as e:
         raise UserError(f"swe: the project's tests cannot run here: {e}") from None
     with pool:
-        summary = make_tasks(args.source, Path(args.out_dir), pool, max_tasks=args.max_tasks,
+        summary = make_tasks(args.sources, Path(args.out_dir), pool, max_tasks=args.max_tasks,
                              per_function=args.per_function, timeout_s=args.timeout)
     print(json.dumps(summary))
     return 0

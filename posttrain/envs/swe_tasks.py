@@ -23,10 +23,14 @@ the project's tests catch it.
    the original; each task is a commit on top of it holding the bug (``base_commit``), its
    ``patch`` is the fix (the diff back to the original), its ``test_patch`` empty (the project's
    tests, restored before each verdict, are the hidden tests), ``repo_path`` that repository.
-6. **Split by file**: a task's split is a hash of its project and mutated file, so no held-out
-   task shares a mutated function (or file) with training. The held-out files' originals are
-   still in every training episode's tree: the log says so, and warns when a split is empty
-   (`split_notes`); for a clean evaluation hold out a whole project. ``DIR/tasks_train.jsonl`` and
+6. **Split**: tasks from several projects (``--from`` given more than once) are split by
+   project (`project_splits`): every task of a project in the same split, chosen by a hash of
+   its name, with at least one project in each split; training never shows a held-out file.
+   Tasks from one project are split by a hash of the project and mutated file (`split_of`), so
+   no held-out task shares a mutated function (or file) with training, but the held-out files'
+   originals are in every training episode's tree: the log says so, and warns when a split is
+   empty (`split_notes`), and `posttrain eval` says so of such tasks (`eval_split_note`). Each
+   record's ``split_by`` ("project" or "file") says which. ``DIR/tasks_train.jsonl`` and
    ``DIR/tasks_eval.jsonl`` feed ``posttrain rl``/``eval`` with ``env.name=swe`` and
    ``posttrain env-audit``.
 """
@@ -271,9 +275,37 @@ def mutations(text: str, fn) -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------------------------- the tasks
+def _unit(key: str) -> float:
+    """A stable number in [0, 1) for ``key``."""
+    return int.from_bytes(hashlib.sha256(f"{_SALT}:{key}".encode()).digest()[:4], "big") / 2**32
+
+
 def split_of(project: str, path: str) -> str:
-    digest = hashlib.sha256(f"{_SALT}:{project}:{path}".encode()).digest()
-    return "eval" if int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_FRAC else "train"
+    """The split of a task within one project: by its mutated file."""
+    return "eval" if _unit(f"{project}:{path}") < HELD_OUT_FRAC else "train"
+
+
+def project_splits(names: list[str]) -> dict[str, str]:
+    """The split of each project when tasks come from several: a project is held out when its
+    name hashes under `HELD_OUT_FRAC`. With two or more projects both splits get one at least:
+    if the hash put them all on one side, the project nearest the threshold moves over."""
+    score = {name: _unit(f"project:{name}") for name in names}
+    splits = {name: "eval" if score[name] < HELD_OUT_FRAC else "train" for name in names}
+    if len(names) >= 2 and len(set(splits.values())) == 1:
+        side = next(iter(splits.values()))
+        nearest = (min if side == "train" else max)(names, key=score.__getitem__)
+        splits[nearest] = "eval" if side == "train" else "train"
+    return splits
+
+
+def eval_split_note(records: list[dict]) -> str:
+    """A line for `posttrain eval` when SWE tasks were split within one project (``split_by``
+    "file"): their files' originals were in training, so the score is not a held-out one; else ''."""
+    if not any(r.get("split_by") == "file" for r in records):
+        return ""
+    return ("these SWE tasks were split within one project (split_by: file): training showed the held-out "
+            "files unmutated, so this is not a held-out score; make tasks from several projects "
+            "(make-env-data swe --from A --from B) for a clean one")
 
 
 def split_notes(name: str, counts: dict[str, int]) -> list[str]:
@@ -338,13 +370,58 @@ class TaskRepo:
         return commit, self._git("diff", commit, self.original)
 
 
-def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, per_function: int = 2,
+def make_tasks(sources: list[str | Path], out_dir: Path, pool, *, max_tasks: int = 50, per_function: int = 2,
                timeout_s: float = 120.0, log=print) -> dict:
-    """Tasks from one project (see the module docstring); returns counts and times."""
+    """Tasks from one project or several (see the module docstring), written to ``out_dir``;
+    returns each project's counts and times and the split's totals."""
+    t0, made = time.monotonic(), []
+    for source in sources:
+        taken = {summary["project"] for summary, _ in made}
+        made.append(_project_tasks(source, out_dir, pool, taken, max_tasks=max_tasks, per_function=per_function,
+                                   timeout_s=timeout_s, log=log))
+    records = _split(made, log)
+    from posttrain.data.records import write_jsonl
+
+    for split, rows in records.items():
+        write_jsonl(out_dir / f"tasks_{split}.jsonl", rows)
+    split_by = records["train"][0]["split_by"] if records["train"] else \
+        records["eval"][0]["split_by"] if records["eval"] else ""
+    return {"projects": [summary for summary, _ in made], "split_by": split_by, "train": len(records["train"]),
+            "eval": len(records["eval"]), "seconds": round(time.monotonic() - t0, 1)}
+
+
+def _split(made: list[tuple[dict, list[dict]]], log) -> dict[str, list[dict]]:
+    """Train and eval records: by project where two or more projects gave tasks, else by file
+    (with `split_notes` logged); each record gets its ``split_by`` and each summary its counts."""
+    records: dict[str, list[dict]] = {"train": [], "eval": []}
+    given = [summary["project"] for summary, rows in made if rows]
+    by_project = project_splits(given) if len(given) >= 2 else {}
+    for summary, rows in made:
+        name = summary["project"]
+        for row in rows:
+            split = by_project.get(name) or split_of(name, row["mutation"]["path"])
+            records[split].append({**row, "split_by": "project" if by_project else "file"})
+        summary.update({split: sum(r["repo"] == name for r in records[split]) for split in records})
+        if not by_project:
+            for line in split_notes(name, {split: summary[split] for split in records}):
+                log(line)
+    if by_project:
+        held = sorted(name for name, split in by_project.items() if split == "eval")
+        log(f"split by project: eval holds {', '.join(held)}; train holds "
+            f"{', '.join(sorted(set(by_project) - set(held)))} (no held-out file is in a training tree)")
+    return records
+
+
+def _project_tasks(source: str | Path, out_dir: Path, pool, taken: set[str], *, max_tasks: int, per_function: int,
+                   timeout_s: float, log) -> tuple[dict, list[dict]]:
+    """One project's counts and its task records (not yet split); ``taken``: the names of the
+    projects made before it (each has its own repository under ``repos/``)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="swe-src-") as tmp:
         folder = unpack(source, Path(tmp))
         name = re.sub(r"[^\w.-]", "_", folder.name)
+        if name in taken:
+            raise UserError(f"--from {source}: a second project named {name!r} (rename its folder)")
         try:
             files = tree_at(str(folder), "")
         except EnvTaskError as e:
@@ -366,7 +443,7 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
             for path, line in seen:
                 covering.setdefault((path, line), set()).add(nodeid)
     repo = TaskRepo(out_dir / "repos" / name, files)
-    records, tried = {"train": [], "eval": []}, 0
+    rows, tried = [], 0
     for path in sorted(p for p in files if p.endswith(".py") and not guarded(p, {}) and not p.endswith("setup.py")):
         try:
             fns = functions(files[path])
@@ -374,29 +451,22 @@ def make_tasks(source: str | Path, out_dir: Path, pool, *, max_tasks: int = 50, 
             continue
         for fn in fns:
             tests = covering.get((path, first_line(fn)))
-            if not tests or sum(map(len, records.values())) >= max_tasks:
+            if not tests or len(rows) >= max_tasks:
                 continue
             kept, candidates = 0, mutations(files[path], fn)
             random.Random(f"{_SALT}:{name}:{path}:{fn.lineno}").shuffle(candidates)  # a mix of kinds
             for kind, mutant in candidates:
-                if kept >= per_function or sum(map(len, records.values())) >= max_tasks:
+                if kept >= per_function or len(rows) >= max_tasks:
                     break
                 tried += 1
                 record = _try(pool, repo, name, tree, path, fn, kind, mutant, tests, passed, timeout_s)
                 if record is not None:
-                    records[split_of(name, path)].append(record)
+                    rows.append(record)
                     kept += 1
-    from posttrain.data.records import write_jsonl
-
-    for split, rows in records.items():
-        write_jsonl(out_dir / f"tasks_{split}.jsonl", rows)
     seconds = time.monotonic() - t0
-    log(f"{name}: {tried} mutants tried, {sum(map(len, records.values()))} tasks kept "
-        f"({len(records['train'])} train, {len(records['eval'])} eval) in {seconds:.0f} s")
-    for line in split_notes(name, {split: len(rows) for split, rows in records.items()}):
-        log(line)
+    log(f"{name}: {tried} mutants tried, {len(rows)} tasks kept in {seconds:.0f} s")
     return {"project": name, "tests": len(baseline["results"]), "passing": len(passed), "tried": tried,
-            "train": len(records["train"]), "eval": len(records["eval"]), "seconds": round(seconds, 1)}
+            "tasks": len(rows), "seconds": round(seconds, 1)}, rows
 
 
 def _try(pool, repo: TaskRepo, name: str, tree: Tree, path: str, fn, kind: str, mutant: str, tests: set[str],

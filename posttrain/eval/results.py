@@ -95,6 +95,8 @@ class EvalResult:
     env: dict[str, float] = dataclasses.field(default_factory=dict)
     """Environment benchmarks: ``env/turns_mean``, ``env/tool_calls_mean`` (per episode) and
     ``env/tool_error_frac`` (of the tool calls); empty for single-turn benchmarks."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What a reader must know to trust the score (e.g. SWE tasks split within one project)."""
 
 
 def summarize(samples: Iterable[SampleRecord], *, benchmark: str, profile: str, model: str,

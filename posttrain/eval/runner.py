@@ -414,6 +414,10 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
     code.configure(cfg.sandbox, cfg.runtime, cfg.ray)
     farm = cfg.runtime == "ray" and cfg.sandbox.replicas > 0
     benches = [(b, load_problems(b, cfg.seed, farm), _judge(b)) for b in cfg.benchmarks]
+    notes = {b.name: env_notes(b, problems) for b, problems, _ in benches}
+    for name, lines in notes.items():
+        for line in lines:
+            print(f"{name}: {line}", flush=True)
     if engine is None:
         engine, tokenizer = _load_engine(model_path, cfg)
     out = Path(cfg.out_dir)
@@ -442,6 +446,7 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
                     model=model_path, ks=cfg.ks or None, label=cfg.label, step=step, seed=cfg.seed,
                     sampling={**dataclasses.asdict(profile), "thinking": cfg.thinking,
                               "use_chat_template": cfg.use_chat_template}))
+                results[-1].notes = notes[bench.name]
                 write_eval_json(out / "eval.json", results)
     return results
 
@@ -470,6 +475,17 @@ def heartbeat(progress, task, what: str, tick_s: float = 0.5):
         stop.set()
         thread.join()
         progress.update(task, info="")
+
+
+def env_notes(bench: BenchmarkConfig, problems: list[dict]) -> list[str]:
+    """What the benchmark's score needs said beside it: SWE tasks split within one project
+    (their held-out files' originals were in training)."""
+    if bench.kind != "env":
+        return []
+    from posttrain.envs.swe_tasks import eval_split_note
+
+    note = eval_split_note(problems)
+    return [note] if note else []
 
 
 def _judge(bench: BenchmarkConfig):

@@ -14,7 +14,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.envs.audit import IN_PROCESS, swe_policies
 from posttrain.envs.swe import SweEnv, load_task
-from posttrain.envs.swe_tasks import functions, mutations, split_notes, split_of
+from posttrain.envs.swe_tasks import functions, mutations, project_splits, split_notes, split_of
 from posttrain.envs.tools import format_call
 from posttrain.outcome import OutcomeClass
 from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
@@ -104,7 +104,7 @@ def test_tasks_are_made_caught_by_their_tests_and_split_by_file(made):
     assert {r["mutation"]["path"] for r in rows} == {"shapes/geometry.py", "shapes/words.py"}  # no conftest, no clamp
     for split, items in tasks.items():
         for r in items:
-            assert split_of(r["repo"], r["mutation"]["path"]) == split
+            assert split_of(r["repo"], r["mutation"]["path"]) == split and r["split_by"] == "file"
             assert r["FAIL_TO_PASS"] and r["PASS_TO_PASS"] and not set(r["FAIL_TO_PASS"]) & set(r["PASS_TO_PASS"])
             assert all(t.startswith("tests/test_") for t in r["FAIL_TO_PASS"] + r["PASS_TO_PASS"])
             assert all(t in r["problem_statement"] for t in r["FAIL_TO_PASS"])
@@ -172,3 +172,56 @@ def test_a_split_within_one_project_says_so_and_an_empty_one_warns():
     assert "within one project" in split_notes("p", {"train": 3, "eval": 2})[0]
     notes = split_notes("p", {"train": 15, "eval": 0})
     assert len(notes) == 2 and notes[1].startswith("warning: p: no eval task")
+
+
+def test_projects_split_by_a_stable_hash_with_one_at_least_on_each_side():
+    # hashes under the held-out fraction: eta, theta; over it: alpha (0.70), beta (0.90), gamma (0.44)
+    assert project_splits(["alpha", "eta", "gamma"]) == {"alpha": "train", "eta": "eval", "gamma": "train"}
+    assert project_splits(["beta", "alpha"]) == {"alpha": "eval", "beta": "train"}  # the nearest moves
+    assert project_splits(["eta", "theta"]) == {"eta": "eval", "theta": "train"}
+    assert project_splits(["alpha"]) == {"alpha": "train"}
+    names = [f"project{i}" for i in range(12)]
+    assert project_splits(names) == project_splits(names[::-1])
+
+
+def small_project(root, name: str, module: str):
+    """A one-module project whose two functions each have a test (a mutant of one is caught by its
+    test while the other's still passes)."""
+    files = {f"{module}/__init__.py": "",
+             f"{module}/ops.py": "def double(x):\n    return x * 2\n\n\ndef inc(x):\n    return x + 1\n",
+             "tests/test_ops.py": (f"from {module}.ops import double, inc\n\n\n"
+                                   "def test_double():\n    assert double(3) == 6\n\n\n"
+                                   "def test_inc():\n    assert inc(3) == 4\n")}
+    for path, text in files.items():
+        (root / name / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / name / path).write_text(text)
+    return str(root / name)
+
+
+def test_tasks_from_two_projects_hold_out_a_whole_project(tmp_path, capsys):
+    out = tmp_path / "data"
+    code = main(["make-env-data", "swe", str(out), "--from", small_project(tmp_path, "alpha-1.0", "alpha"),
+                 "--from", small_project(tmp_path, "beta-1.0", "beta"), "--max-tasks", "2", "--per-function", "1",
+                 "--timeout", "30"])
+    if code == 2:
+        pytest.skip("no sandbox here")
+    logged = capsys.readouterr().out
+    tasks = {split: [json.loads(line) for line in (out / f"tasks_{split}.jsonl").read_text().splitlines()]
+             for split in ("train", "eval")}
+    assert {r["repo"] for r in tasks["train"]} == {"alpha-1.0"}  # every task of one project on each side
+    assert {r["repo"] for r in tasks["eval"]} == {"beta-1.0"}
+    assert all(r["split_by"] == "project" for r in tasks["train"] + tasks["eval"])
+    assert "split by project" in logged and "within one project" not in logged
+    summary = json.loads(logged.strip().splitlines()[-1])
+    assert summary["split_by"] == "project" and [p["project"] for p in summary["projects"]] == ["alpha-1.0", "beta-1.0"]
+    assert (summary["train"], summary["eval"]) == (len(tasks["train"]), len(tasks["eval"])) == (2, 2)
+
+
+def test_the_same_project_twice_is_refused(tmp_path, capsys):
+    folder = small_project(tmp_path, "alpha-1.0", "alpha")
+    code = main(["make-env-data", "swe", str(tmp_path / "o"), "--from", folder, "--from", folder, "--max-tasks", "1",
+                 "--timeout", "30"])
+    err = capsys.readouterr().err
+    if code == 2 and "cannot" in err and "sandbox" in err:
+        pytest.skip("no sandbox here")
+    assert code == 2 and "a second project named 'alpha-1.0'" in err, err
