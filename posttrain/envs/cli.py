@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "retried (default 0)")
     parser.add_argument("--give-up-frac", type=float, default=0.0,
                         help="repo: share of traces that submit right after running the tests, unfixed (default 0)")
-    parser.add_argument("--from", dest="sources", action="append", default=[],
+    parser.add_argument("--from", dest="sources", action="append", default=[], metavar="SDIST|FOLDER",
                         help="swe: a project, a source distribution (.tar.gz, .zip) or a folder, with its tests; "
                              "give it more than once to split by project (whole projects held out)")
     parser.add_argument("--max-tasks", type=int, default=50, help="swe: most tasks to keep per project (default 50)")

@@ -14,7 +14,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.envs.audit import IN_PROCESS, swe_policies
 from posttrain.envs.swe import SweEnv, load_task
-from posttrain.envs.swe_tasks import functions, mutations, project_splits, split_notes, split_of
+from posttrain.envs.swe_tasks import _split, functions, mutations, project_splits, split_notes, split_of
 from posttrain.envs.tools import format_call
 from posttrain.outcome import OutcomeClass
 from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
@@ -225,3 +225,12 @@ def test_the_same_project_twice_is_refused(tmp_path, capsys):
     if code == 2 and "cannot" in err and "sandbox" in err:
         pytest.skip("no sandbox here")
     assert code == 2 and "a second project named 'alpha-1.0'" in err, err
+
+
+def test_with_one_project_that_gave_tasks_the_split_is_by_file_and_says_so():
+    rows = [{"repo": "alpha", "mutation": {"path": f"alpha/m{i}.py"}} for i in range(6)]
+    logged = []
+    records = _split([({"project": "alpha"}, rows), ({"project": "beta"}, [])], logged.append)
+    assert all(r["split_by"] == "file" for r in records["train"] + records["eval"])
+    assert all(split_of("alpha", r["mutation"]["path"]) == s for s in records for r in records[s])
+    assert any("within one project" in line for line in logged)
