@@ -14,16 +14,12 @@ from posttrain.envs.repo import RepoEnv, check_path, PathError
 from posttrain.envs.repo_tasks import expected_report, sample_tasks, sft_record
 from posttrain.envs.tools import format_call
 from posttrain.outcome import OutcomeClass
-from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
-from posttrain.sandbox.worker import SandboxConfig
+from tests.envs.pools import start_pool
 
 
 @pytest.fixture(scope="module")
 def pool():
-    try:
-        p = SandboxPool(SandboxConfig(workers=1, timeout_s=5.0))
-    except SandboxUnavailable as e:
-        pytest.skip(str(e))
+    p = start_pool(workers=1, timeout_s=5.0)
     yield p
     p.close()
 

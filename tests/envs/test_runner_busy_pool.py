@@ -16,8 +16,8 @@ from posttrain.data.records import write_jsonl
 from posttrain.envs import EpisodeLimits, run_episodes
 from posttrain.outcome import OutcomeClass
 from posttrain.rollout import SamplingParams
-from posttrain.sandbox.pool import Job, SandboxPool, SandboxUnavailable
-from posttrain.sandbox.worker import SandboxConfig
+from posttrain.sandbox.pool import Job
+from tests.envs.pools import start_pool
 
 PLUGIN = textwrap.dedent('''
     import time
@@ -62,10 +62,7 @@ HUNG = (OutcomeClass.INFRA_FAIL, "env_timeout")
 @pytest.fixture(scope="module")
 def pool():
     """Two sandboxes, 1 s per program, started (with their canaries) before any test measures."""
-    try:
-        p = SandboxPool(SandboxConfig(workers=2, timeout_s=1.0))
-    except SandboxUnavailable as e:
-        pytest.skip(str(e))
+    p = start_pool(workers=2, timeout_s=1.0)
     p.run([Job("def f():\n    return 1\n", "f", "def check(c):\n    assert c() == 1\n")] * 2)
     yield p
     p.close()

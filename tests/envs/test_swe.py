@@ -19,17 +19,13 @@ from posttrain.envs.base import EnvTaskError
 from posttrain.envs.swe import SweEnv, load_task, verdict_files
 from posttrain.envs.tools import format_call
 from posttrain.outcome import OutcomeClass
-from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
-from posttrain.sandbox.worker import SandboxConfig
+from tests.envs.pools import start_pool
 from tests.envs.swe_project import F2P, FILES, P2P, make_record
 
 
 @pytest.fixture(scope="module")
 def pool():
-    try:
-        p = SandboxPool(SandboxConfig(workers=1, timeout_s=30.0))
-    except SandboxUnavailable as e:
-        pytest.skip(str(e))
+    p = start_pool(workers=1, timeout_s=30.0)
     yield p
     p.close()
 

@@ -11,17 +11,13 @@ import pytest
 from posttrain.envs.audit import IN_PROCESS, swe_policies
 from posttrain.envs.swe import SweEnv, load_task
 from posttrain.outcome import OutcomeClass
-from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
-from posttrain.sandbox.worker import SandboxConfig
+from tests.envs.pools import start_pool
 from tests.envs.swe_project import DOCTEST, UNITTEST, make_record
 
 
 @pytest.fixture(scope="module")
 def pool():
-    try:
-        p = SandboxPool(SandboxConfig(workers=1, timeout_s=30.0))
-    except SandboxUnavailable as e:
-        pytest.skip(str(e))
+    p = start_pool(workers=1, timeout_s=30.0)
     yield p
     p.close()
 
