@@ -22,7 +22,8 @@ Design choices:
   a sample is an episode, judged by its environment; pass@k is over episodes, and the summary
   adds turns and tool calls per episode and the tool-error fraction (``env/*``). Problems come
   from ``path`` (JSONL), or for the embedded ``calculator`` / ``code_repair`` environments from
-  the held-out splits of their tasks.
+  the held-out splits of their tasks. SWE tasks split within one project (``split_by: file``)
+  get a printed line and a note in their result (`env_notes`): training saw their files' originals.
 - Where programs run: ``sandbox`` sets the code verifier's limits; with ``runtime=ray`` and
   ``sandbox.replicas`` > 0 they are judged on the verifier farm (`posttrain.distributed.farm`,
   sandbox actors on the Ray cluster at ``ray.address``), and this machine needs no sandbox.

@@ -1,6 +1,7 @@
 """`posttrain make-env-data swe`: mutations worked out by hand, and tasks made from a small project
 built here (its own suite run in the sandbox): each kept mutant is caught by its FAIL_TO_PASS tests,
-its statement names tests and errors but never the code, the split is by file, a root conftest.py
+its statement names tests and errors but never the code, the split is by file within one project
+and by whole project across several (`--from` twice), a root conftest.py
 and mutants that make the tests slow are left out, and the tasks' gold patch passes while
 submitting the bug unchanged does not."""
 
