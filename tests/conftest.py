@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 # The tests run tiny models whose kernels are too small to gain from intra-op threads; on a busy
 # machine, torch's threads wait at every kernel's barrier for a core (seen: 25x slower). One
@@ -13,6 +14,28 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# Lanes that share one costly thing per session (a vLLM server, the tinker servers, the docs
+# lane's trained workspace, a verifiers environment, the real model) run in one process; every
+# other lane spreads its test files over the cores (`-n auto --dist loadfile` in pyproject.toml:
+# a file's tests, and so its module fixtures, stay on one worker). Each runs one thread (above).
+ONE_PROCESS_LANES = ("vllm", "verifiers", "tinker", "docs", "real")
+MAX_WORKERS = 4  # each worker holds torch, a nano model and, when a test asks, a local Ray
+
+
+@pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist never calls it
+def pytest_xdist_auto_num_workers(config):
+    """How many pytest-xdist workers ``-n auto`` starts: 0 (no workers, this process runs the
+    tests) for the one-process lanes or a one-core machine, else a worker a core up to
+    `MAX_WORKERS`. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides, as with xdist's own hook."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    expr = config.getoption("markexpr") or ""
+    if any(re.search(rf"(?<!not )\b{lane}\b", expr) for lane in ONE_PROCESS_LANES):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if cores < 2 else min(cores, MAX_WORKERS)
 
 
 @pytest.fixture(scope="session")
