@@ -1,16 +1,14 @@
-"""Learning in environments on the embedded tiny model, the way a user would run it: make the
-data with `posttrain make-env-data`, warm-start with `posttrain sft` on the traces, then
-`posttrain rl` in the environment; success is measured on held-out problems' episodes."""
+"""What the learning tests share (tests/envs/test_learning_*.py): learning in environments on the
+embedded tiny model, the way a user would run it: make the data with `posttrain make-env-data`,
+warm-start with `posttrain sft` on the traces, then `posttrain rl` in the environment; success is
+measured on held-out problems' episodes. One test file per environment, so the slow lane's workers
+(pytest-xdist, a file each) run them side by side."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
-
-import pytest
-import torch
 
 from posttrain.cli import main
 from posttrain.envs.config import EnvConfig
@@ -121,71 +119,12 @@ def worst_mismatch(rows: list[dict]) -> float:
     return worst
 
 
-@pytest.mark.release
-@pytest.mark.timeout(2400)  # ~9 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes
-def test_grpo_raises_calculator_episode_success(tmp_path):
-    before, after, rows = calculator_run(tmp_path, RELEASE)
-    # Both must move: the tool call (the behaviour GRPO rewards) and the episodes it solves. Measured:
-    # tool use 0.43 -> 1.00, success 0.42 -> 0.99 (256 episodes each; +0.05 is over two standard
-    # errors of the difference at any success rate here).
-    assert tool_use(after) >= tool_use(before) + 0.3
-    assert success(after) >= success(before) + 0.05
-    assert worst_mismatch(rows) < 1e-4  # measured up to 4.9e-5 over 25 steps of ~5,500 model tokens
-
-
-# CI's calculator run: 300 SFT steps are past the step (~150) where the copying is learned.
-SHORT_CALC = Schedule(sft_steps=300, grpo_steps=8, held_out=32)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # 2.5 min on 2 cores
-def test_a_short_grpo_run_raises_calculator_tool_use_and_success(tmp_path):
-    before, after, rows = calculator_run(tmp_path, SHORT_CALC)
-    trained = trained_rows(tmp_path / "rl")
-    assert len(trained) == SHORT_CALC.grpo_steps
-    assert all(r["outcomes/PASS_frac"] + r["outcomes/MODEL_FAIL_frac"] == pytest.approx(1.0) for r in trained)
-    # Measured: tool use 0.39 -> 0.98, success 0.23 -> 0.67, reward/mean 0.30 at the first step and
-    # 0.89 at the last (128 episodes each; +0.15 is over two standard errors of the difference).
-    assert tool_use(after) >= tool_use(before) + 0.3
-    assert success(after) >= success(before) + 0.15
-    assert worst_mismatch(rows) < 1e-4
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_code_repair_passes_more_after_the_last_turn_than_after_the_first(tmp_path):
-    sft, data = warm_start(tmp_path, "code_repair", 500, "--n-train", "1000", "--n-eval", "40")
-    assert main(["rl", str(EXAMPLES / "grpo_code_repair.yaml"), f"model.path={sft}",
-                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", "num_steps=6", "kl.track=false",
-                 "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}"]) == 0
-    held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
-    eps = episodes(latest_checkpoint(tmp_path / "rl"), held_out, EnvConfig(name="code_repair", max_turns=3,
-                                                                          max_total_tokens=256), 16, 1.0, 32)
-    first = sum(bool(e.turn_rewards) and e.turn_rewards[0] >= 1.0 for e in eps) / len(eps)
-    last = success(eps)
-    print(f"code repair held-out pass (T=1, {len(held_out)} x 16): after the first turn {first:.3f}, "
-          f"after the last {last:.3f}; turns per episode {sum(e.turns for e in eps) / len(eps):.2f}")
-    assert not any(e.outcome.cls is OutcomeClass.INFRA_FAIL for e in eps)
-    assert last > first
-
-
 REPO = EnvConfig(name="repo", tools_style="none", max_turns=6, max_total_tokens=768)
 
 
 def edits(eps) -> float:
     """The share of episodes that change the project (a ``replace`` or ``write_file`` call)."""
     return sum(any('"replace"' in t or '"write_file"' in t for t in e.turn_texts) for e in eps) / len(eps)
-
-
-@pytest.fixture
-def both_cores():
-    """Torch on two threads for one test (the suite runs on one, tests/conftest.py): the slow lane
-    runs its tests one after another, and the repository test's ~560-token episodes are the first
-    whose kernels gain from a second core (measured: 23 min instead of 35)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    yield
-    torch.set_num_threads(before)
 
 
 def repo_run(tmp_path, schedule: Schedule) -> tuple[list, list, list[dict]]:
@@ -211,34 +150,3 @@ def assert_the_report_shows_episodes(run_dir: Path, out: Path) -> None:
 
     assert "<h3>Episodes</h3>" in out.read_text()  # turns, tool calls and errors, reset time
     assert len(series_for(ENV_PANEL, find_runs([run_dir]))) == 4
-
-
-@pytest.mark.release
-@pytest.mark.timeout(7200)  # ~23 min on 2 idle cores: 1000 SFT steps, 60 more, 25 GRPO steps, 2 x 256 episodes;
-# a shared machine's other jobs stall its two torch threads (seen: over 60 min)
-def test_grpo_raises_repo_episode_success(tmp_path, both_cores):
-    before, after, _ = repo_run(tmp_path, RELEASE)
-    assert edits(after) >= edits(before) + 0.2
-    assert_the_report_shows_episodes(tmp_path / "rl", tmp_path / "report.html")
-    # 256 episodes each: the standard error of the difference is at most 0.044 (both at 0.5), so this
-    # is more than two of them at any success rate.
-    assert success(after) >= success(before) + 0.09
-
-
-# CI's repository run: 500 SFT steps instead of 1000, 6 GRPO steps instead of 25, 16 held-out tasks x 4.
-# The warm start fixes fewer bugs than the release run's, but GRPO still moves both what it rewards
-# (going on to edit) and success. ~4 min on 2 cores.
-SHORT_REPO = Schedule(sft_steps=500, grpo_steps=6, held_out=16)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_a_short_grpo_run_raises_repo_edits_and_success(tmp_path, both_cores):
-    before, after, _ = repo_run(tmp_path, SHORT_REPO)  # every step trained, none INFRA_FAIL
-    assert tool_use(before) >= 0.9 and tool_use(after) >= 0.9
-    assert_the_report_shows_episodes(tmp_path / "rl", tmp_path / "report.html")
-    # Measured (64 episodes each): edits 0.25 -> 0.88, success 0.016 -> 0.172, reward/mean 0.0 at the
-    # first step and 0.20 at the last. The standard error of the difference is at most 0.09 for edits
-    # (+0.3 is over three) and 0.05 for success here (+0.05 leaves two of margin below what was measured).
-    assert edits(after) >= edits(before) + 0.3
-    assert success(after) >= success(before) + 0.05
