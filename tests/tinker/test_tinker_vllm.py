@@ -193,7 +193,7 @@ def test_bad_requests_stay_4xx(servers):
                         ({"sampling_params": {"max_tokens": 33}}, "max_tokens"),
                         ({"sampling_params": {"max_tokens": 4}, "topk_sample_logprobs": 2}, "not served"),
                         ({"sampling_params": {"max_tokens": 4}, "topk_prompt_logprobs": 21}, "0..20"),
-                        ({"sampling_params": {"max_tokens": 4, "temperature": 0}}, "temperature")]:
+                        ({"sampling_params": {"max_tokens": 4, "temperature": -1}}, "temperature")]:
         r = http.post("/api/v1/asample", json={"sampling_session_id": sid, "prompt": prompt} | body)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
     assert bases["vllm"].sampling.version == pushed  # nothing was pushed
