@@ -28,11 +28,21 @@ from posttrain.outcome import Outcome
 
 
 class EnvTaskError(Exception):
-    """The example cannot be run here (TASK_FAIL): raise from ``reset`` or ``step``."""
+    """The example cannot be run here (TASK_FAIL): raise from ``reset`` or ``step``; ``reason``
+    names the outcome's reason (default ``env_task_error``)."""
+
+    def __init__(self, message: str = "", reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
 
 
 class EnvInfraError(Exception):
-    """The environment's machinery failed (INFRA_FAIL): raise from ``reset``, ``step`` or a tool."""
+    """The environment's machinery failed (INFRA_FAIL): raise from ``reset``, ``step`` or a tool;
+    ``reason`` names the outcome's reason (default ``env_infra_error``)."""
+
+    def __init__(self, message: str = "", reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclasses.dataclass
@@ -49,6 +59,10 @@ class StepResult:
     outcome: Outcome | None = None
     """The episode's verdict when ``done``; None = PASS with ``reward`` when reward >= 1, else
     MODEL_FAIL("wrong_answer") with ``reward``."""
+    history: list[dict] | None = None
+    """The whole conversation the next model turn continues, when the environment rewrote it
+    (a program that dropped or summarised turns) instead of adding to it: the runner starts a new
+    sample from its rendering (a prefix break; ``observation`` is then ignored)."""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Counters the runner sums over the episode: ``tool_calls``, ``tool_errors`` (ints)."""
 

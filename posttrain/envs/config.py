@@ -10,6 +10,8 @@ eval`) and the environment registry.
 - ``skyrl:<id>``: a SkyRL-gym environment, e.g. ``skyrl:gsm8k_multi_turn`` (`posttrain.envs.skyrl`);
 - ``verifiers:<taskset id>``: a Prime Intellect verifiers v1 environment, run in ``.venv-verifiers``
   (`posttrain.envs.vf_env`);
+- ``agent``: your own agent, unchanged, calling the model through a per-episode OpenAI-compatible
+  endpoint (``agent`` or ``agent_cmd``; `posttrain.envs.agent`);
 - ``package.module:factory``: your own — a class or function called with ``options`` as keyword
   arguments that returns an `Environment`.
 
@@ -39,8 +41,8 @@ EMBEDDED = {"calculator": "posttrain.envs.calculator:CalculatorEnv",
 @dataclasses.dataclass(kw_only=True)
 class EnvConfig:
     name: str = ""
-    """Multi-turn environment: calculator, code_repair, repo, swe, openenv, skyrl:<id>, verifiers:<taskset> or
-    package.module:factory;
+    """Multi-turn environment: calculator, code_repair, repo, swe, openenv, skyrl:<id>, verifiers:<taskset>,
+    agent (your agent: env.agent or env.agent_cmd) or package.module:factory;
     empty = single-turn prompts judged by the verifier (docs/envs.md)."""
     max_turns: int = 4
     """Most model turns per episode (the environment may stop sooner)."""
@@ -61,6 +63,23 @@ class EnvConfig:
     split_on_prefix_break: bool = True
     """Where the chat template re-renders the history, start a new sample from its rendering
     (false: the episode ends there as INFRA_FAIL)."""
+    agent: str = ""
+    """name=agent: package.module:function called per episode in a thread as
+    run(task, base_url, api_key) -> reward or {reward: ...} (docs/agents.md)."""
+    agent_cmd: str = ""
+    """name=agent: a command run per episode with OPENAI_BASE_URL / POSTTRAIN_BASE_URL / OPENAI_API_KEY
+    set and the task as JSON on stdin; the last line of its stdout is the reward as JSON."""
+    agent_timeout_s: float = 300.0
+    """name=agent: deadline of one agent run, its model calls included; past it the episode is
+    INFRA_FAIL (agent_timeout, masked) and a command is killed."""
+    agent_max_calls: int = 64
+    """name=agent: most model calls one episode's endpoint answers (more get HTTP 429 and end the
+    episode as MODEL_FAIL max_turns); env.max_turns bounds the answered ones too."""
+    agent_max_request_bytes: int = 8388608
+    """name=agent: largest request body the endpoint reads (more get HTTP 413)."""
+    agent_host: str = "127.0.0.1"
+    """name=agent: the address the endpoint listens on; loopback unless an agent runs elsewhere
+    (each episode's path and key are its own either way)."""
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of the environment's constructor (e.g. {max_turns: 3} or a SkyRL env_config)."""
 
@@ -79,9 +98,26 @@ class EnvConfig:
             raise ConfigValueError("on_malformed_tool_call", f"must be one of {', '.join(MALFORMED_POLICIES)}")
         if self.name in ("skyrl:", "verifiers:"):
             raise ConfigValueError("name", f"{self.name}<id> needs an id after the colon")
-        if self.name and not (self.name in EMBEDDED or ":" in self.name):
-            raise ConfigValueError("name", f"must be {', '.join(EMBEDDED)}, skyrl:<id>, verifiers:<taskset> "
+        if self.name and not (self.name in EMBEDDED or self.name == "agent" or ":" in self.name):
+            raise ConfigValueError("name", f"must be {', '.join(EMBEDDED)}, skyrl:<id>, verifiers:<taskset>, agent "
                                            "or package.module:factory")
+        self._check_agent()
+
+    def _check_agent(self) -> None:
+        if self.name != "agent":
+            for key in ("agent", "agent_cmd"):
+                if getattr(self, key):
+                    raise ConfigValueError(key, "is read only with env.name=agent")
+            return
+        if bool(self.agent) == bool(self.agent_cmd):
+            raise ConfigValueError("agent", "env.name=agent needs one of env.agent (package.module:function) "
+                                            "or env.agent_cmd (a command)")
+        if self.agent_timeout_s <= 0:
+            raise ConfigValueError("agent_timeout_s", "must be > 0")
+        if self.agent_max_calls < 1:
+            raise ConfigValueError("agent_max_calls", "must be >= 1")
+        if self.agent_max_request_bytes < 1:
+            raise ConfigValueError("agent_max_request_bytes", "must be >= 1")
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -117,6 +153,13 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
         factory, options = VerifiersEnv, {"taskset": cfg.name.partition(":")[2], **options}
         if cfg.tools_style:
             options.setdefault("tools_style", cfg.tools_style)
+    elif cfg.name == "agent":
+        from posttrain.envs.agent import AgentEnv
+
+        factory = AgentEnv
+        options = {"agent": cfg.agent, "agent_cmd": cfg.agent_cmd, "timeout_s": cfg.agent_timeout_s,
+                   "max_calls": cfg.agent_max_calls, "max_request_bytes": cfg.agent_max_request_bytes,
+                   "host": cfg.agent_host, **({"tools_style": cfg.tools_style} if cfg.tools_style else {}), **options}
     else:
         factory = _resolve(EMBEDDED.get(cfg.name, cfg.name))
 

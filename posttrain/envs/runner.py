@@ -86,8 +86,8 @@ def _outcome_of_error(e: BaseException) -> Outcome:
     if isinstance(e, cf.TimeoutError):
         return Outcome.infra_fail("env_timeout", "the environment did not answer in time")
     if isinstance(e, EnvTaskError):
-        return Outcome.task_fail("env_task_error", f"{type(e).__name__}: {e}")
-    kind = "env_infra_error" if isinstance(e, EnvInfraError) else "env_error"
+        return Outcome.task_fail(e.reason or "env_task_error", f"{type(e).__name__}: {e}")
+    kind = (e.reason or "env_infra_error") if isinstance(e, EnvInfraError) else "env_error"
     return Outcome.infra_fail(kind, f"{type(e).__name__}: {e}")
 
 
@@ -183,7 +183,8 @@ class EpisodeRunner:
 
     def _make(self, example_idx: int) -> _Live:
         t0 = time.perf_counter()
-        lv = _Live(Episode(example_idx=example_idx, segments=[]), self.make_env())
+        env = self.make_env()
+        lv = _Live(Episode(example_idx=example_idx, segments=[], proxied=bool(getattr(env, "proxied", False))), env)
         lv.episode.reset_s = time.perf_counter() - t0
         return lv
 
@@ -278,6 +279,9 @@ class EpisodeRunner:
             return lv.finish(res.outcome or default_outcome(float(res.reward)))
         if ep.turns >= self._max_turns(lv):
             return lv.finish(lv.env.on_limit("max_turns"))
+        if res.history is not None:  # the environment rewrote the conversation: a new sample
+            ep.messages = list(res.history)
+            return self._new_segment(lv, self.render(lv.env, ep.messages, True), "history_rewritten")
         obs = res.observation
         ep.messages += [{"role": "user", "content": obs}] if isinstance(obs, str) else list(obs)
         full = self.render(lv.env, ep.messages, True)
@@ -289,10 +293,17 @@ class EpisodeRunner:
             lv.seg.add(delta, model=False)
             lv.text = full
             return None
-        ep.prefix_breaks += 1  # the template re-rendered the history: a new sample from its rendering
+        return self._new_segment(lv, full, "prefix_break")  # the template re-rendered the history
+
+    def _new_segment(self, lv: _Live, full: str, why: str) -> None:
+        """Close the sample and start one from ``full`` (counted as a prefix break), or end the
+        episode as INFRA_FAIL (``why``) where samples are not split."""
+        lv.episode.prefix_breaks += 1
         if not self.limits.split_on_prefix_break:
-            return lv.finish(Outcome.infra_fail("prefix_break", "the chat template re-renders the history"))
-        ep.segments.append(Segment(prompt_ids=self.encode(full)))
+            detail = ("the chat template re-renders the history" if why == "prefix_break"
+                      else "the environment's history does not extend the conversation the model saw")
+            return lv.finish(Outcome.infra_fail(why, detail))
+        lv.episode.segments.append(Segment(prompt_ids=self.encode(full)))
         lv.text = full
         return None
 

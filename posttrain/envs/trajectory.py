@@ -61,6 +61,9 @@ class Episode:
     policy_version: int = 0
     reset_s: float = 0.0
     """Seconds to make the episode's environment and reset it (its start-up overhead)."""
+    proxied: bool = False
+    """The model's turns were a program's calls through the endpoint (`posttrain.envs.proxy`): the
+    episode counts in the ``agent/*`` metrics."""
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
     """Numbers the environment reported with its last step (``info["scores"]``), e.g. a SWE task's
     ``fail_to_pass`` and ``pass_to_pass`` fractions."""
@@ -124,7 +127,21 @@ def episode_metrics(episodes: list[Episode], prefix: str = "env") -> dict:
                                    for e in episodes) / n,
         "time/env_reset_ms_mean": 1000 * sum(e.reset_s for e in episodes) / n,
         **score_means(episodes, prefix),
+        **agent_metrics([e for e in episodes if e.proxied]),
     }
+
+
+def agent_metrics(episodes: list[Episode]) -> dict:
+    """Per proxied episode (means): ``agent/calls`` (model calls answered), ``agent/rows`` (samples),
+    ``agent/tokens`` (prompt and completion tokens over its rows); ``agent/rerender_breaks``: the
+    new rows started because a call did not extend the previous one (in all, not a mean)."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {"agent/calls": sum(e.turns for e in episodes) / n,
+            "agent/rows": sum(len(e.segments) for e in episodes) / n,
+            "agent/tokens": sum(len(s) for e in episodes for s in e.segments) / n,
+            "agent/rerender_breaks": sum(e.prefix_breaks for e in episodes)}
 
 
 def score_means(episodes, prefix: str = "env") -> dict[str, float]:

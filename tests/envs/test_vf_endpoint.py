@@ -27,7 +27,7 @@ def test_bad_requests_get_4xx_and_the_endpoint_stays_up():
         assert c.post(ROUTE.format("nope"), content=b"[1, 2]").status_code == 400
         assert c.post(ROUTE.format("nope"), json={"messages": []}).status_code == 404  # no such episode
         assert c.post("/elsewhere", json={}).status_code == 404
-    assert raw_post(url, ROUTE.format("nope"), f"Content-Length: {MAX_REQUEST_BYTES + 1}\r\n") == 400
+    assert raw_post(url, ROUTE.format("nope"), f"Content-Length: {MAX_REQUEST_BYTES + 1}\r\n") == 413
     assert raw_post(url, ROUTE.format("nope"), "Content-Length: -5\r\n") == 400
     with httpx.Client(base_url=url, timeout=10) as c:  # still answering
         assert c.post(ROUTE.format("nope"), json={}).status_code == 404
