@@ -268,32 +268,11 @@ for _path in _test_files(_os.getcwd()):
     except OSError:
         pass
 '''
-# ... or leaves them and writes pytest's cached bytecode for them (what pytest checks is in: the hash of the real file's source; a stub's code inside), which pytest loads instead
-# of rewriting the source.
-_PLANT_BYTECODE = _STUB_SOURCE + '''
-import importlib.util as _iu
-import marshal as _marshal
-import os as _os
-try:
-    from _pytest.assertion.rewrite import PYC_TAIL as _TAIL
-except ImportError:
-    _TAIL = None
-for _path in _test_files(_os.getcwd()) if _TAIL else ():
-    try:
-        with open(_path, "rb") as _f:
-            _data = _f.read()
-        _code = compile(_stub(_data.decode()), _path, "exec")
-        _dir = _os.path.join(_os.path.dirname(_path), "__pycache__")
-        _os.makedirs(_dir, exist_ok=True)
-        _head = _iu.MAGIC_NUMBER + b"\\x03\\x00\\x00\\x00" + _iu.source_hash(_data)[:8]
-        with open(_os.path.join(_dir, _os.path.basename(_path)[:-3] + _TAIL), "wb") as _f:
-            _f.write(_head + _marshal.dumps(_code))
-    except OSError:
-        pass
-'''
-# ... or points sys.pycache_prefix at a folder of its own and writes the bytecode there, where
-# pytest's rewriter then looks (the folders beside the test files are read-only).
-_BYTECODE_PREFIX = _STUB_SOURCE + '''
+# ... or writes pytest's cached bytecode for them (what pytest checks is in: the hash of the real
+# file's source; a stub's code inside), which pytest loads instead of rewriting the source: beside
+# the test files, or, where those folders are read-only, under a sys.pycache_prefix of its own,
+# where pytest's rewriter then looks. One program, two places (`{setup}` and `{folder}`).
+_BYTECODE = _STUB_SOURCE + '''
 import importlib.util as _iu
 import marshal as _marshal
 import os as _os
@@ -302,13 +281,13 @@ try:
     from _pytest.assertion.rewrite import PYC_TAIL as _TAIL
 except ImportError:
     _TAIL = None
-_sys.pycache_prefix = "/tmp/.forged-pyc"
+{setup}
 for _path in _test_files(_os.getcwd()) if _TAIL else ():
     try:
         with open(_path, "rb") as _f:
             _data = _f.read()
         _code = compile(_stub(_data.decode()), _path, "exec")
-        _dir = _sys.pycache_prefix + _os.path.dirname(_os.path.abspath(_path))
+        _dir = {folder}
         _os.makedirs(_dir, exist_ok=True)
         _head = _iu.MAGIC_NUMBER + b"\\x03\\x00\\x00\\x00" + _iu.source_hash(_data)[:8]
         with open(_os.path.join(_dir, _os.path.basename(_path)[:-3] + _TAIL), "wb") as _f:
@@ -316,6 +295,10 @@ for _path in _test_files(_os.getcwd()) if _TAIL else ():
     except OSError:
         pass
 '''
+_PLANT_BYTECODE = _BYTECODE.replace("{setup}\n", "").replace(
+    "{folder}", '_os.path.join(_os.path.dirname(_path), "__pycache__")')
+_BYTECODE_PREFIX = _BYTECODE.replace("{setup}", '_sys.pycache_prefix = "/tmp/.forged-pyc"').replace(
+    "{folder}", "_sys.pycache_prefix + _os.path.dirname(_os.path.abspath(_path))")
 # Stack walking: the frame that runs the session holds the report's nonce, the saved output and the
 # test ids; write an all-passed report there and leave before the real one is written.
 _STACK_WALK = '''
