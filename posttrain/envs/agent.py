@@ -156,7 +156,8 @@ class AgentEnv(ProxiedEnv):
         """The next request (a `Pending`), or the episode's verdict as a done `StepResult`."""
         try:
             kind, value = self.channel.events.get(timeout=max(self.deadline - time.monotonic(), 0.0))
-        except queue.Empty:
+        except queue.Empty:  # past the deadline the door shuts, even for an episode the runner abandoned
+            self.close_channel()
             self._kill()
             return self._end(Outcome.infra_fail("agent_timeout", f"the agent ran past agent_timeout_s="
                                                                  f"{self.timeout_s:g}"))
