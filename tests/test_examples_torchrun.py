@@ -64,9 +64,16 @@ SIZES = {
 SANDBOXED = {"grpo_code.yaml", "grpo_code_repair.yaml", "grpo_repo.yaml"}  # the code verifier and environment
 
 
-def example_names() -> list:
+# The environment and sandboxed-verifier recipes run from tests/test_examples_torchrun_envs.py: a file
+# is one pytest-xdist worker's (--dist loadfile), and the recipes split in two keep both workers busy.
+ENV_RECIPES = {"grpo_calculator.yaml", "grpo_code.yaml", "grpo_code_repair.yaml", "grpo_demo.yaml", "grpo_repo.yaml",
+               "grpo_skyrl_gsm8k.yaml", "grpo_openenv_guess.yaml", "grpo_verifiers_guess.yaml"}
+
+
+def example_names(envs: bool = False) -> list:
+    """The recipes in examples/ (with ``envs``: those of `ENV_RECIPES`, else the others)."""
     return [pytest.param(p.name, marks=pytest.mark.skip(reason=SKIP[p.name])) if p.name in SKIP else p.name
-            for p in sorted(EXAMPLES.glob("*.yaml"))]
+            for p in sorted(EXAMPLES.glob("*.yaml")) if (p.name in ENV_RECIPES) == envs]
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +130,11 @@ def _rows(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", example_names())
 def test_example_runs_at_two_ranks_as_in_one_process(name, inputs, tmp_path, torchrun, monkeypatch):
+    run_at_two_ranks_and_one(name, inputs, tmp_path, torchrun, monkeypatch)
+
+
+def run_at_two_ranks_and_one(name, inputs, tmp_path, torchrun, monkeypatch):
+    """The recipe ``name`` in one process and at two ranks: the same steps, losses and gradient norms."""
     path = EXAMPLES / name
     recipe = yaml.safe_load(path.read_text())
     if name in SANDBOXED and not (shutil.which("bwrap") and os.geteuid() == 0):
