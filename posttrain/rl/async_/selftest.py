@@ -44,10 +44,18 @@ def agreement(run, ro) -> dict:
 
 
 def perturbed(weights: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+    """``weights`` with noise; names holding equal tensors (a tied lm_head and its embedding) get
+    the same noisy tensor, as an engine that ties them can hold only one of the two."""
     gen = torch.Generator().manual_seed(seed)
-    out = {}
+    out: dict[str, torch.Tensor] = {}
+    seen: dict[tuple, list[str]] = {}  # (shape, first values) -> names: few full comparisons
     for k, v in weights.items():
-        if v.is_floating_point() and v.numel() > 1:
+        like = seen.setdefault((tuple(v.shape), tuple(v.flatten()[:8].tolist())), [])
+        twin = next((t for t in like if torch.equal(weights[t], v)), None)
+        like.append(k)
+        if twin is not None:
+            out[k] = out[twin]
+        elif v.is_floating_point() and v.numel() > 1:
             noise = torch.randn(v.shape, generator=gen, dtype=torch.float32).to(v.dtype)
             out[k] = v + 0.1 * (v.float().std() + 1e-3).to(v.dtype) * noise
         else:

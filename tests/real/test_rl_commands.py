@@ -1,0 +1,81 @@
+"""`posttrain rl` (GRPO, the sandbox's code reward, LoRA r=32, sync and async) and `posttrain distill`
+on SmolLM2-135M-Instruct, two steps each through the command's entry point in this process.
+
+What a wrong implementation would break: the metrics the contract names are there and finite, the
+checkpoint's weights are not the starting model's (a step that updated nothing, or a LoRA adapter
+that never merged, leaves them equal), the async run's samples are never older than the bound,
+and distillation's reverse KL to the teacher is measured on every step."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.cli import main
+
+pytestmark = pytest.mark.real
+
+TASKS = [("Write a Python function `add(a, b)` that returns the sum of a and b.", "add",
+          "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"),
+         ("Write a Python function `is_even(n)` that returns True when n is even.", "is_even",
+          "def check(candidate):\n    assert candidate(4) is True\n    assert candidate(7) is False\n")]
+
+CONTRACT = ("step", "time/step_s", "time/update_s", "time/sync_s", "reward/mean", "entropy",
+            "response_length/mean", "groups/zero_variance_frac", "mismatch/kl", "mismatch/logprob_abs_diff_max")
+
+
+@pytest.fixture(scope="session")
+def code_prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("code") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "entry_point": e, "tests": t}) + "\n" for p, e, t in TASKS))
+    return path
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def rl_args(model_dir, prompts, out: Path, *extra: str) -> list[str]:
+    return [f"model.path={model_dir}", f"data.path={prompts}", "verifier=code", "algorithm=grpo",
+            "model.lora.enabled=true", "model.lora.r=32", "model.lora.alpha=64", "optim.lr=1e-3",
+            "optim.warmup_steps=0", "rollout.group_size=4", "rollout.max_new_tokens=40", "rollout.temperature=1.0",
+            "prompts_per_step=2", "num_steps=2", "eval_every=0", "save_every=0", "seed=3",
+            "logging.progress=false", f"out_dir={out}", *extra]
+
+
+def assert_trained_steps(metrics: list[dict]) -> None:
+    steps = [r for r in metrics if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        for key in CONTRACT:
+            assert key in r and math.isfinite(r[key]), key
+        assert r["outcomes/PASS_frac"] + r["outcomes/MODEL_FAIL_frac"] == pytest.approx(1.0)  # no sandbox failure
+    assert any(r["groups/zero_variance_frac"] < 1 for r in steps), "every group flat: nothing to learn from"
+
+
+def assert_weights_moved(run_dir: Path, base) -> None:
+    from transformers import AutoModelForCausalLM
+
+    (ckpt,) = (run_dir / "checkpoints").iterdir()
+    trained = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).state_dict()
+    start = base.state_dict()
+    moved = [k for k in start if not torch.equal(trained[k], start[k])]
+    assert moved and all("proj" in k for k in moved)  # LoRA merges into the adapted linear layers only
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_grpo_code_reward_lora_r32(smollm2_dir, smollm2, code_prompts, tmp_path, mode):
+    out = tmp_path / mode
+    assert main(["rl", *rl_args(smollm2_dir, code_prompts, out, f"mode={mode}", "max_staleness=1")]) == 0
+    metrics = rows(out)
+    assert_trained_steps(metrics)
+    assert_weights_moved(out, smollm2[0])
+    if mode == "async":
+        staleness = [r["async/staleness_max"] for r in metrics if "async/staleness_max" in r]
+        assert len(staleness) == 2 and all(0 <= s <= 1 for s in staleness)
+    else:
+        assert all(r["time/rollout_s"] > 0 for r in metrics if "reward/mean" in r)
