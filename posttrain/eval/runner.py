@@ -222,6 +222,10 @@ def resolve_model(path: str) -> tuple[str, int | None]:
     hub id (``org/name``, no such local path) resolves to itself."""
     if not path:
         raise UserError("model: no model given (set model=FOLDER or a run directory)")
+    from posttrain.models.hf import model_folder
+
+    if path.lower().endswith(".gguf"):
+        return model_folder(path, "model"), None  # converted once, into the cache every reader shares
     p = Path(path)
     if (p / "config.json").is_file():
         step = int(p.name[5:]) if p.name.startswith("step-") and p.name[5:].isdigit() else None

@@ -11,7 +11,7 @@ import torch
 
 from posttrain.core.dist import World
 from posttrain.errors import UserError
-from posttrain.models.hf import lora_adapter_config
+from posttrain.models.hf import lora_adapter_config, model_folder
 from posttrain.rl.config import RLConfig
 from posttrain.rollout import HTTPEngine, RolloutEngine, TorchEngine
 from posttrain.rollout.http import model_eos_ids
@@ -28,7 +28,7 @@ def build_engine(cfg: RLConfig, tokenizer, world: World) -> RolloutEngine | None
     r = cfg.rollout
     if r.backend != "torch":
         return http_engine(cfg, tokenizer)
-    return TorchEngine(cfg.model.path, tokenizer=tokenizer, device=str(world.device),
+    return TorchEngine(model_folder(cfg.model.path), tokenizer=tokenizer, device=str(world.device),
                        dtype=getattr(torch, r.engine_dtype))
 
 
@@ -61,7 +61,7 @@ def http_engine(cfg: RLConfig, tokenizer, printer=print) -> HTTPEngine:
     (``rollout.vllm.launch``; they stop when the engine closes)."""
     from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
 
-    r, path = cfg.rollout, cfg.model.path
+    r, path = cfg.rollout, model_folder(cfg.model.path)
     servers, urls = None, r.urls
     adapter_only = r.backend == "vllm" and cfg.model.lora.enabled  # vLLM loads the adapter itself
     if r.backend == "vllm" and r.vllm.launch:
@@ -91,7 +91,7 @@ def ray_engines(cfg: RLConfig, printer=print):
     from posttrain.distributed.engines import RayEngines, ReplicaSpec
 
     ray = connect(cfg.ray.address, cfg.ray.num_cpus or None)
-    r, path = cfg.rollout, cfg.model.path
+    r, path = cfg.rollout, model_folder(cfg.model.path)
     if not cfg.ray.address and (short := shortfall(ray, r.replicas, r.replica_cpus, r.replica_gpus)):
         raise UserError(f"rollout.replicas: {short} (set ray.num_cpus, or join a cluster with ray.address)")
     spec = ReplicaSpec(path=str(Path(path).resolve()) if Path(path).exists() else path, dtype=r.engine_dtype,

@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -86,11 +85,13 @@ class TorchEngine:
         if isinstance(model, str):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            # A GGUF file is read by transformers itself (dequantised to float32, as `posttrain.models.gguf`
-            # converts it): the model packages that cache the conversion sit above this one.
-            path, gguf = (str(Path(model).parent), {"gguf_file": model}) if model.endswith(".gguf") else (model, {})
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **gguf)
-            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path, **gguf)
+            # One conversion of a GGUF file, cached, serves every reader: the callers pass its folder
+            # (`posttrain.models.hf.model_folder`), so the engine never dequantises the file again.
+            if model.lower().endswith(".gguf"):
+                raise ValueError(f"{model}: a GGUF file; pass its converted folder (posttrain.models.hf.model_folder)")
+            path = model
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
         else:
             model = copy.deepcopy(model)
         if max_batch is not None and max_batch < 1:

@@ -593,13 +593,14 @@ def create_app(engine, tokenizer, *, served_model_name: str, model_path: str | P
 def load_engine(path: str | Path, *, dtype: str = "float32", device: str = "cpu", key: str = "MODEL"):
     """``(engine, tokenizer, checksum)`` for a model folder or hub id; one-line `UserError` when it
     cannot be loaded. The checksum is the folder's (see `posttrain.serve.weights`), None for a hub id."""
-    from posttrain.models.hf import DTYPES, check_model_path, load_errors, load_tokenizer, resolve_device
+    from posttrain.models.hf import DTYPES, check_model_path, load_errors, load_tokenizer, model_folder, resolve_device
     from posttrain.rollout.engine import TorchEngine
 
     path = str(path)
     if dtype not in DTYPES:
         raise UserError(f"--dtype={dtype}: choose from {', '.join(DTYPES)}")
     check_model_path(path, key)
+    path = model_folder(path, key)  # a GGUF file's cached folder: one conversion for every reader
     engine_tokenizer = load_tokenizer(path, key)
     api_tokenizer = load_tokenizer(path, key)
     with load_errors(key, path, "model"):

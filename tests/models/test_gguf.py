@@ -98,14 +98,42 @@ def test_gguf_cache_key_follows_the_file(gguf_files, tmp_path):
     assert gguf.cache_key(copy.resolve()) != before
 
 
-def test_engine_reads_a_gguf_path(source, gguf_files, nano_model_dir):
+def test_every_engine_reads_the_one_cached_conversion(source, gguf_files, nano_model_dir, tmp_path, monkeypatch):
+    """rl's engine (in-process and the async engine process), eval's and serve's take a `.gguf`
+    path through the cache the trainer loads from: converted once, never again, never re-read raw."""
+    from posttrain.core.dist import World
+    from posttrain.config import load_config
+    from posttrain.eval.runner import resolve_model
+    from posttrain.rl.async_ import run as async_run
+    from posttrain.rl.config import RLConfig
+    from posttrain.rl.engines import build_engine
     from posttrain.rollout import SamplingParams, TorchEngine
+    from posttrain.serve.app import load_engine
 
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    path = str(gguf_files[False])
+    folder = gguf.cached_folder(path)  # the first use converts
+
+    def convert_again(*args, **kwargs):
+        raise AssertionError("converted a second time")
+
+    monkeypatch.setattr(gguf, "convert_gguf", convert_again)
+    tok = load_tokenizer(path)
+    cfg = load_config(RLConfig, None, [f"model.path={path}", "data.path=unused.jsonl"])
+    rl_engine = build_engine(cfg, tok, World())
+    monkeypatch.setattr(async_run, "ProcessEngine", lambda model, **kwargs: model)
+    assert async_run.start_engine(cfg, tok) == folder
+    assert resolve_model(path) == (folder, None)
+    serve_engine = load_engine(path)[0]
+    assert rl_engine.model.name_or_path == serve_engine.model.name_or_path == folder
     ids = source[1](TEXT)["input_ids"]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
-    from_gguf = TorchEngine(str(gguf_files[False])).generate([ids], 2, params)
     from_folder = TorchEngine(str(nano_model_dir)).generate([ids], 2, params)
-    assert from_gguf.completion_ids == from_folder.completion_ids and from_gguf.logprobs == from_folder.logprobs
+    for engine in (rl_engine, serve_engine):
+        got = engine.generate([ids], 2, params)
+        assert got.completion_ids == from_folder.completion_ids and got.logprobs == from_folder.logprobs
+    with pytest.raises(ValueError, match="a GGUF file"):
+        TorchEngine(path)  # the engine alone never dequantises a file again
 
 
 @pytest.mark.parametrize("kind", ["missing", "not_gguf"])

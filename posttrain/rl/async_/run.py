@@ -26,6 +26,7 @@ import torch
 from posttrain.core.checkpoint import load_trainer_state
 from posttrain.core.loop import Plan, drive, open_run
 from posttrain.errors import UserError
+from posttrain.models.hf import model_folder
 from posttrain.envs.trajectory import episode_metrics
 from posttrain.rl.async_.controller import AsyncController, groups_to_rollouts
 from posttrain.rollout.protocol import EngineError
@@ -56,7 +57,7 @@ def start_engine(cfg: RLConfig, tokenizer, printer=print):
     if cfg.rollout.backend != "torch":
         return http_engine(cfg, tokenizer, printer)
     engine_threads, _ = split_threads(cfg)
-    return ProcessEngine(cfg.model.path, dtype=cfg.rollout.engine_dtype, device=cfg.model.device,
+    return ProcessEngine(model_folder(cfg.model.path), dtype=cfg.rollout.engine_dtype, device=cfg.model.device,
                          threads=engine_threads, timeout_s=cfg.asynchrony.timeout_s,
                          max_restarts=cfg.asynchrony.max_engine_restarts, printer=printer)
 
