@@ -79,3 +79,18 @@ def test_grpo_code_reward_lora_r32(smollm2_dir, smollm2, code_prompts, tmp_path,
         assert len(staleness) == 2 and all(0 <= s <= 1 for s in staleness)
     else:
         assert all(r["time/rollout_s"] > 0 for r in metrics if "reward/mean" in r)
+
+
+def test_distill_from_itself_measures_zero_reverse_kl(smollm2_dir, code_prompts, tmp_path):
+    """The teacher is the student's own starting weights: its per-token distribution at every state
+    the student visited must equal the student's, so the reverse KL of step 1 is zero to float32
+    rounding; a teacher scored on shifted tokens or other positions would be off by nats."""
+    out = tmp_path / "distill"
+    assert main(["distill", f"model.path={smollm2_dir}", f"teacher.path={smollm2_dir}", f"data.path={code_prompts}",
+                 "verifier=code", "rollout.group_size=2", "rollout.max_new_tokens=24", "prompts_per_step=2",
+                 "num_steps=2", "eval_every=0", "save_every=0", "optim.lr=1e-5", "logging.progress=false",
+                 f"out_dir={out}"]) == 0
+    steps = [r for r in rows(out) if "distill/reverse_kl" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert abs(steps[0]["distill/reverse_kl"]) < 1e-5 and abs(steps[0]["distill/reverse_kl_sampled"]) < 1e-5
+    assert all(math.isfinite(r["distill/teacher_logp"]) and r["distill/teacher_logp"] < 0 for r in steps)
