@@ -33,19 +33,10 @@ def success(eps) -> float:
     return sum(e.outcome.cls is OutcomeClass.PASS for e in eps) / len(eps)
 
 
-def warm_start(tmp_path, env: str, sft_steps: int, *make_data, max_len: int = 160) -> tuple[Path, Path]:
-    assert main(["make-tiny", str(tmp_path / "model"), "--size", "tiny"]) == 0
-    assert main(["make-env-data", env, str(tmp_path / "data"), *make_data]) == 0
-    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={tmp_path / 'model'}",
-                 f"data.path={tmp_path / 'data' / 'sft_train.jsonl'}", f"num_steps={sft_steps}",
-                 f"data.max_len={max_len}", "logging.progress=false", f"out_dir={tmp_path / 'sft'}"]) == 0
-    return latest_checkpoint(tmp_path / "sft"), tmp_path / "data"
-
-
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """How long each stage of a learning test runs: the release run whose figures the docs quote,
-    or a short one that CI can afford."""
+    """How long each stage of a learning test runs, and on which model: the release run whose figures
+    the docs quote, or a short one that CI can afford."""
 
     sft_steps: int = 1000
     """Warm-start SFT steps on good traces."""
@@ -55,9 +46,38 @@ class Schedule:
     held_out: int = 64
     """Held-out problems; each is sampled ``samples`` times at T=1 before and after GRPO."""
     samples: int = 4
+    size: str = "tiny"
+    """`posttrain make-tiny --size`: the nano model's steps cost about an eighth of the tiny one's."""
+    sft_lr: float = 1e-3
+    """The warm start's learning rate (examples/sft_calculator.yaml's), after ``sft_warmup`` steps."""
+    sft_warmup: int = 50
+    grpo_lr: float | None = None
+    """GRPO's learning rate; None: the example's."""
 
 
 RELEASE = Schedule()
+
+
+def warm_start(tmp_path, env: str, schedule: Schedule, *make_data, max_len: int = 160) -> tuple[Path, Path]:
+    assert main(["make-tiny", str(tmp_path / "model"), "--size", schedule.size]) == 0
+    assert main(["make-env-data", env, str(tmp_path / "data"), *make_data]) == 0
+    assert main(["sft", str(EXAMPLES / "sft_calculator.yaml"), f"model.path={tmp_path / 'model'}",
+                 f"data.path={tmp_path / 'data' / 'sft_train.jsonl'}", f"num_steps={schedule.sft_steps}",
+                 f"optim.lr={schedule.sft_lr}", f"optim.warmup_steps={schedule.sft_warmup}",
+                 f"data.max_len={max_len}", "logging.progress=false", f"out_dir={tmp_path / 'sft'}"]) == 0
+    return latest_checkpoint(tmp_path / "sft"), tmp_path / "data"
+
+
+def grpo_args(schedule: Schedule) -> list[str]:
+    return [] if schedule.grpo_lr is None else [f"optim.lr={schedule.grpo_lr}"]
+
+
+def reward_rise(rows: list[dict]) -> float:
+    """How much GRPO raised its own reward: the mean of the last two trained steps' ``reward/mean``
+    less the first step's (sampled from the starting policy, before any update)."""
+    rewards = [r["reward/mean"] for r in rows if "loss" in r]
+    print(f"GRPO reward/mean by step: {', '.join(f'{x:.2f}' for x in rewards)}")
+    return sum(rewards[-2:]) / 2 - rewards[0]
 
 
 def grpo_from_a_mixed_start(tmp_path, env: EnvConfig, warm: tuple, mixed: tuple, max_len: int, mixed_max_len: int,
@@ -65,7 +85,7 @@ def grpo_from_a_mixed_start(tmp_path, env: EnvConfig, warm: tuple, mixed: tuple,
     """The learning tests' design: a warm start on good traces, more SFT on traces of which most skip
     the behaviour the environment rewards (``mixed``: make-env-data flags), then GRPO with the
     environment's example; held-out episodes at T=1 before and after GRPO (``schedule``: how long)."""
-    sft, data = warm_start(tmp_path, env.name, schedule.sft_steps, "--tools-style", "none",
+    sft, data = warm_start(tmp_path, env.name, schedule, "--tools-style", "none",
                            "--n-eval", str(schedule.held_out), *warm, max_len=max_len)
     assert main(["make-env-data", env.name, str(tmp_path / "mixed"), "--tools-style", "none", "--seed", "1",
                  "--n-eval", "0", *mixed]) == 0
@@ -79,7 +99,7 @@ def grpo_from_a_mixed_start(tmp_path, env: EnvConfig, warm: tuple, mixed: tuple,
     assert main(["rl", str(EXAMPLES / f"grpo_{env.name}.yaml"), f"model.path={start}",
                  f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", f"num_steps={schedule.grpo_steps}",
                  "kl.track=false", "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}",
-                 *rl_overrides]) == 0
+                 *rl_overrides, *grpo_args(schedule)]) == 0
     return before, episodes(latest_checkpoint(tmp_path / "rl"), held_out, env, schedule.samples, 1.0, max_new_tokens)
 
 
@@ -150,3 +170,27 @@ def assert_the_report_shows_episodes(run_dir: Path, out: Path) -> None:
 
     assert "<h3>Episodes</h3>" in out.read_text()  # turns, tool calls and errors, reset time
     assert len(series_for(ENV_PANEL, find_runs([run_dir]))) == 4
+
+
+REPAIR = EnvConfig(name="code_repair", max_turns=3, max_total_tokens=256)
+
+
+def code_repair_run(tmp_path, schedule: Schedule) -> tuple[list, list[dict]]:
+    """A warm start on direct and repair conversations (the calculator recipe's SFT), then GRPO with
+    examples/grpo_code_repair.yaml; held-out episodes at T=1 after it. The trained GRPO steps' rows."""
+    sft, data = warm_start(tmp_path, "code_repair", schedule, "--n-train", "1000", "--n-eval", str(schedule.held_out))
+    assert main(["rl", str(EXAMPLES / "grpo_code_repair.yaml"), f"model.path={sft}",
+                 f"data.path={data / 'prompts_train.jsonl'}", "data.eval_path=", f"num_steps={schedule.grpo_steps}",
+                 "kl.track=false", "save_every=0", "logging.progress=false", f"out_dir={tmp_path / 'rl'}",
+                 *grpo_args(schedule)]) == 0
+    held_out = [json.loads(line) for line in (data / "prompts_eval.jsonl").read_text().splitlines()]
+    eps = episodes(latest_checkpoint(tmp_path / "rl"), held_out, REPAIR, schedule.samples, 1.0, 32)
+    print(f"code repair held-out pass (T=1, {len(held_out)} x {schedule.samples}): after the first turn "
+          f"{first_turn_pass(eps):.3f}, after the last {success(eps):.3f}; turns per episode "
+          f"{sum(e.turns for e in eps) / len(eps):.2f}")
+    assert not any(e.outcome.cls is OutcomeClass.INFRA_FAIL for e in eps)
+    return eps, trained_rows(tmp_path / "rl")
+
+
+def first_turn_pass(eps) -> float:
+    return sum(bool(e.turn_rewards) and e.turn_rewards[0] >= 1.0 for e in eps) / len(eps)
