@@ -7,13 +7,16 @@ passes. Agreement with evalplus' own verdicts on six models is measured by
 
 from __future__ import annotations
 
+import concurrent.futures
+import queue
 from pathlib import Path
 
 import pytest
 
 from posttrain.data.records import load_tasks
 from posttrain.sandbox.audit import trivial_jobs
-from posttrain.sandbox.pool import SandboxPool, SandboxUnavailable
+from posttrain.outcome import Outcome
+from posttrain.sandbox.pool import Job, SandboxPool, SandboxUnavailable
 from posttrain.sandbox.records import to_job
 from posttrain.sandbox.worker import SandboxConfig
 
@@ -23,16 +26,47 @@ FILES = {"HumanEvalPlus": 164, "MbppPlus": 378}
 # Its reference needs more memory than the sandbox gives the judge (1 GiB): TASK_FAIL, masked.
 # (evalplus computes expected outputs without a limit, and fails all six models' programs there.)
 OVER_MEMORY = {"Mbpp/255"}
+# References that take tens of seconds (Mbpp/392, Mbpp/599) or several (the rest): judged first,
+# so that no sandbox is left with one of them at the end while the other waits.
+SLOWEST = ("Mbpp/392", "Mbpp/599", "Mbpp/603", "Mbpp/271", "Mbpp/123", "Mbpp/592", "Mbpp/630")
+SANDBOXES = 2
 
 
 @pytest.fixture(scope="module")
-def pool():
+def pools():
+    """One single-sandbox pool per core: `judge_task_by_task` sends all of a task's programs to
+    one sandbox, back to back."""
+    made = []
     try:
-        p = SandboxPool(SandboxConfig(workers=2))
+        made += [SandboxPool(SandboxConfig(workers=1)) for _ in range(SANDBOXES)]
     except SandboxUnavailable as e:
         pytest.skip(str(e))
-    yield p
-    p.close()
+    yield made
+    for p in made:
+        p.close()
+
+
+def judge_task_by_task(pools: list[SandboxPool], jobs_per_task: list[list[Job]]) -> list[list[Outcome]]:
+    """Each task's jobs judged back to back on one sandbox, tasks spread over the pools. The judge
+    keeps a task's expected outputs (the reference's run on every input, most of a task's time)
+    for the next program on the same task; with the programs of a task on one sandbox in a row
+    the reference runs once a task, not once a program."""
+    todo = queue.SimpleQueue()
+    for i, jobs in enumerate(jobs_per_task):
+        todo.put((i, jobs))
+    out: list[list[Outcome]] = [[] for _ in jobs_per_task]
+
+    def drain(pool: SandboxPool) -> None:
+        while True:
+            try:
+                i, jobs = todo.get_nowait()
+            except queue.Empty:
+                return
+            out[i] = pool.run(jobs)
+
+    with concurrent.futures.ThreadPoolExecutor(len(pools)) as ex:
+        list(ex.map(drain, pools))
+    return out
 
 
 def plus_tasks(name: str) -> list[dict]:
@@ -45,37 +79,25 @@ def test_every_record_loads_in_both_variants(name):
         assert len(load_tasks(DATA / f"{name}.jsonl.gz", "evalplus", variant=variant)) == FILES[name]
 
 
+def slowest_first(tasks: list[dict]) -> list[dict]:
+    rank = {tid: i for i, tid in enumerate(SLOWEST)}
+    return sorted(tasks, key=lambda t: rank.get(t["id"], len(rank)))
+
+
 @pytest.mark.parametrize("name", sorted(FILES))
-def test_every_canonical_passes_and_no_trivial_program_does(pool, name):
-    tasks = plus_tasks(name)
+def test_every_canonical_passes_and_no_trivial_program_does(pools, name):
+    tasks = slowest_first(plus_tasks(name))
     refs = [to_job(t, t["id"], program_key="reference") for t in tasks]
-    verdicts = pool.run(refs)
-    failed = {t["id"]: f"{o.cls.value}/{o.reason} {o.detail[:120]}" for t, o in zip(tasks, verdicts)
-              if o.cls.value != "PASS"}
+    trivial = [trivial_jobs(ref) for ref in refs]
+    verdicts = judge_task_by_task(pools, [[ref, *programs.values()] for ref, programs in zip(refs, trivial)])
+    # A canonical over its time limit is judged once more on its own: on a loaded machine a program
+    # can lose the CPU for longer than the limit; a limit that is wrong fails it twice.
+    late = [i for i, v in enumerate(verdicts) if (v[0].cls.value, v[0].reason) == ("MODEL_FAIL", "timeout")]
+    for i, again in zip(late, judge_task_by_task(pools, [[refs[i]] for i in late])):
+        verdicts[i] = [again[0], *verdicts[i][1:]]
+    failed = {t["id"]: f"{v[0].cls.value}/{v[0].reason} {v[0].detail[:120]}" for t, v in zip(tasks, verdicts)
+              if v[0].cls.value != "PASS"}
     assert {i: v for i, v in failed.items() if not (i in OVER_MEMORY and v.startswith("TASK_FAIL/bad_test"))} == {}
-    trivial = [(t["id"], label, job) for t, ref in zip(tasks, refs) for label, job in trivial_jobs(ref).items()]
-    passed = [(i, label) for (i, label, _), o in zip(trivial, pool.run([j for _, _, j in trivial]))
-              if o.cls.value == "PASS"]
+    passed = [(t["id"], label) for t, programs, v in zip(tasks, trivial, verdicts)
+              for label, o in zip(programs, v[1:]) if o.cls.value == "PASS"]
     assert passed == []
-
-
-def test_check_on_the_release_records_charges_neither_reference_time_nor_its_memory(tmp_path, capsys):
-    """``posttrain sandbox check`` on real MBPP+ records: an O(1) program for Mbpp/599, whose
-    reference takes tens of seconds, passes; Mbpp/255, whose reference runs the judge out of
-    memory, is TASK_FAIL (masked), not the program's MODEL_FAIL."""
-    import gzip
-    import json
-
-    from posttrain.cli import main
-    from tests.data.test_evalplus import real_records
-
-    o1 = "def sum_average(number):\n    total = number * (number + 1) // 2\n    return (total, total / number)\n"
-    (r599, r255) = real_records("MbppPlus", ["Mbpp/599", "Mbpp/255"])
-    path = tmp_path / "MbppPlus.jsonl.gz"
-    with gzip.open(path, "wt") as f:
-        f.write(json.dumps({**r599, "program": o1}) + "\n")
-        f.write(json.dumps({**r255, "program": r255["prompt"] + r255["canonical_solution"]}) + "\n")
-    assert main(["sandbox", "check", str(path), "--workers", "1"]) == 0
-    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(o["id"], o["outcome"], o["base"]["outcome"]) for o in out] == [
-        ("Mbpp/599", "PASS", "PASS"), ("Mbpp/255", "TASK_FAIL", "PASS")]
