@@ -1,8 +1,8 @@
-"""What the learning tests share (tests/envs/test_learning_*.py): learning in environments on the
-embedded tiny model, the way a user would run it: make the data with `posttrain make-env-data`,
-warm-start with `posttrain sft` on the traces, then `posttrain rl` in the environment; success is
-measured on held-out problems' episodes. One test file per environment, so the slow lane's workers
-(pytest-xdist, a file each) run them side by side."""
+"""What the learning tests share (tests/envs/test_learning_*.py): learning in environments on an
+embedded model (tiny; nano for CI's short runs), the way a user would run it: make the data with
+`posttrain make-env-data`, warm-start with `posttrain sft` on the traces, then `posttrain rl` in the
+environment; success is measured on held-out problems' episodes. One test file per environment, so
+the slow lane's workers (pytest-xdist, a file each) run them side by side."""
 
 from __future__ import annotations
 
@@ -70,14 +70,6 @@ def warm_start(tmp_path, env: str, schedule: Schedule, *make_data, max_len: int 
 
 def grpo_args(schedule: Schedule) -> list[str]:
     return [] if schedule.grpo_lr is None else [f"optim.lr={schedule.grpo_lr}"]
-
-
-def reward_rise(rows: list[dict]) -> float:
-    """How much GRPO raised its own reward: the mean of the last two trained steps' ``reward/mean``
-    less the first step's (sampled from the starting policy, before any update)."""
-    rewards = [r["reward/mean"] for r in rows if "loss" in r]
-    print(f"GRPO reward/mean by step: {', '.join(f'{x:.2f}' for x in rewards)}")
-    return sum(rewards[-2:]) / 2 - rewards[0]
 
 
 def grpo_from_a_mixed_start(tmp_path, env: EnvConfig, warm: tuple, mixed: tuple, max_len: int, mixed_max_len: int,
