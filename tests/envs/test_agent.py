@@ -119,6 +119,12 @@ def test_a_rewrite_where_rows_are_not_split_is_infra_fail_history_rewritten(nano
     assert (ep.outcome.cls, ep.outcome.reason) == (OutcomeClass.INFRA_FAIL, "history_rewritten")
 
 
+def test_many_agents_connecting_at_once_all_reach_the_endpoint(nano_tokenizer, scripted):
+    """A step's agents all start, and connect, at the same moment."""
+    episodes = play(scripted(lambda prompt, i: "5"), nano_tokenizer, [TASK] * 4, n=16, agent=f"{AGENTS}:tool_loop")
+    assert [e.outcome.cls for e in episodes] == [OutcomeClass.PASS] * 64, {e.outcome.detail for e in episodes}
+
+
 # ---------------------------------------------------------------------------------- outcomes
 @pytest.mark.parametrize("agent, options, cls, reason", [
     ("raises_first", {}, "INFRA_FAIL", "agent_error"),
