@@ -112,10 +112,14 @@ def export_state_dict(model, world: World, *, raw: dict | None = None) -> dict[s
     it when the model is sharded (the gather is a collective) unless ``raw``, the gathered
     `full_state_dict`, is passed.
     """
-    from posttrain.models.hf import is_lora, merged_state_dict
+    from posttrain.models.hf import is_lora
 
     if not is_sharded(model):
-        return merged_state_dict(model) if world.main else {}
+        if not world.main:
+            return {}
+        raw = {k: v.detach() for k, v in model.state_dict().items()}
+        # merged from the state dict, not a deep copy of the model: only the adapted layers are new tensors
+        return merge_lora_weights(raw, _lora_scaling(model)) if is_lora(model) else raw
     if raw is None:
         return _joined(export_buckets(model, world, float("inf")))
     if not world.main or not is_lora(model):

@@ -59,3 +59,29 @@ def test_export_buckets_stream_the_whole_gather_from_the_shards(nano_model_dir):
             assert x["buckets"] >= 4, x
             assert x["largest"] < model_bytes / 3, (x, model_bytes)
         assert other[case]["buckets"] == x["buckets"] and other[case]["names"] == 0, other[case]
+
+
+def test_a_lora_models_export_merges_without_copying_the_model(nano_model_dir):
+    # The weight sync exports a LoRA model every step: the merge must equal peft's merge_and_unload
+    # exactly, leave the adapter as it was, and not copy the weights the adapters leave alone.
+    import copy
+
+    from posttrain.core.dist import World
+    from posttrain.core.fsdp import export_state_dict
+    from posttrain.models.hf import LoraConfig, ModelConfig, load_model
+
+    model = load_model(ModelConfig(path=str(nano_model_dir), lora=LoraConfig(enabled=True, r=4, alpha=8)))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # peft starts B at 0, which would make the merge a no-op
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+    adapter = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    got = export_state_dict(model, World())
+    assert got.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in adapter.items())
+    embed = model.get_input_embeddings().weight
+    assert got["model.embed_tokens.weight"].data_ptr() == embed.data_ptr(), "the untouched weights were copied"
