@@ -13,6 +13,13 @@ with the min-max range, and its ratio to the float32 reference's.
 
     .venv/bin/python bench/precision_mismatch.py              # 2 seeds x 6 steps, 16 runs: 2 min on 2 cores
     .venv/bin/python bench/precision_mismatch.py --models tiny,qwen3 --seeds 3 --steps 12
+    .venv/bin/python bench/precision_mismatch.py --model runs/smollm2 --lr 1e-5 --seeds 1 --steps 2
+
+``--model`` runs the arms on a model folder (or GGUF file) of your own instead of the built ones,
+e.g. SmolLM2-135M-Instruct from `posttrain make-model smollm2-135m-instruct runs/smollm2`;
+``--arms`` keeps only the named arms (their labels as printed). ``capped`` is the fraction of
+tokens whose weight a truncation capped (`is/truncated_frac`), ``masked tok`` the fraction a
+rejection dropped: where either is above 0, that correction binds.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ def letters(completion, example):
 '''
 
 
-def prepare(out: Path, models: list[str]) -> dict:
+def prepare(out: Path, models: list[str], given: str = "") -> dict:
     from posttrain.models.tiny import build_tiny
     from posttrain.tasks.arithmetic import write_arithmetic
 
@@ -50,6 +57,8 @@ def prepare(out: Path, models: list[str]) -> dict:
     (out / "bench_letters.py").write_text(REWARD)
     sys.path.insert(0, str(out))
     data = write_arithmetic(out / "data", n_train=400, n_eval=32, seed=0, digits=2, ops="+", fmt="trace")
+    if given:
+        return {"data": {k: str(v) for k, v in data.items()}, "models": {models[0]: given}}
     paths = {m: str(build_tiny(out / m, "tiny", seed=0, arch="llama" if m == "tiny" else m)) for m in models}
     return {"data": {k: str(v) for k, v in data.items()}, "models": paths}
 
@@ -62,7 +71,7 @@ def one_run(model: str, data: dict, dtype: str, correction: list[str], seed: int
     cfg = load_config(RLConfig, None, [
         f"model.path={model}", f"data.path={data['prompts_train']}", "verifier=bench_letters:letters",
         "rollout.group_size=8", f"rollout.max_new_tokens={args.max_new}", "prompts_per_step=8",
-        f"num_steps={args.steps}", "optim.lr=1e-3", "eval_every=0", "save_every=0", "kl.track=false",
+        f"num_steps={args.steps}", f"optim.lr={args.lr}", "eval_every=0", "save_every=0", "kl.track=false",
         "logging.progress=false", f"seed={seed}", f"rollout.engine_dtype={dtype}", f"out_dir={out}", *correction])
     shutil.rmtree(out, ignore_errors=True)  # a finished run there would be resumed, not rerun
     run = setup(cfg)
@@ -76,7 +85,7 @@ def one_run(model: str, data: dict, dtype: str, correction: list[str], seed: int
     mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in rows)  # noqa: E731
     return {"kl": mean("mismatch/kl"), "dlogp_mean": mean("mismatch/logprob_abs_diff_mean"),
             "dlogp_max": max(r["mismatch/logprob_abs_diff_max"] for r in rows),
-            "masked_tokens": mean("is/masked_token_frac"), "reward": held_out}
+            "masked_tokens": mean("is/masked_token_frac"), "capped": mean("is/truncated_frac"), "reward": held_out}
 
 
 def held_out_reward(run, data: dict, seed: int) -> float:
@@ -98,19 +107,32 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.fmean(values))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
 
 
-def report(results: dict, models: list[str]) -> None:
+def report(results: dict, models: list[str], arms: list) -> None:
     head = f"{'model':8} {'engine/correction':20} {'mismatch/kl':>10} {'mean|dlogp|':>11} {'max|dlogp|':>10} " \
-           f"{'masked tok':>10}  {'held-out reward [min, max]':28} {'vs fp32':>7}"
+           f"{'masked tok':>10} {'capped':>7}  {'held-out reward [min, max]':28} {'vs fp32':>7}"
     print(head)
     for m in models:
-        ref = statistics.fmean(r["reward"] for r in results[(m, ARMS[0][0])])
-        for label, _, _ in ARMS:
+        ref = statistics.fmean(r["reward"] for r in results[(m, arms[0][0])])
+        for label, _, _ in arms:
             rs = results[(m, label)]
             mean = lambda key: statistics.fmean(r[key] for r in rs)  # noqa: E731
             reward = [r["reward"] for r in rs]
             print(f"{m:8} {label:20} {mean('kl'):10.2e} {mean('dlogp_mean'):11.2e} "
-                  f"{max(r['dlogp_max'] for r in rs):10.2e} {mean('masked_tokens'):10.4f}  "
+                  f"{max(r['dlogp_max'] for r in rs):10.2e} {mean('masked_tokens'):10.4f} {mean('capped'):7.4f}  "
                   f"{spread(reward, '{:.3f}'):28} {statistics.fmean(reward) / ref:7.3f}")
+
+
+def chosen_arms(labels: str) -> list:
+    """The arms named in ``labels`` (all when empty), in ARMS' order; the reference must be among them."""
+    if not labels:
+        return ARMS
+    names = labels.split(",")
+    unknown = sorted(set(names) - {a[0] for a in ARMS})
+    if unknown or ARMS[0][0] not in names:
+        print(f"--arms: {', '.join(unknown) or 'float32/none is the reference and must be one'}; "
+              f"labels: {', '.join(a[0] for a in ARMS)}", file=sys.stderr)
+        sys.exit(2)
+    return [a for a in ARMS if a[0] in names]
 
 
 def main() -> None:
@@ -120,6 +142,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--max-new", type=int, default=24)
     p.add_argument("--out", default="runs/bench-precision")
+    p.add_argument("--model", default="", help="a model folder or GGUF file to run instead of the built tiny ones")
+    p.add_argument("--lr", type=float, default=1e-3, help="1e-3 climbs from a random start; ~1e-5 for a real model")
+    p.add_argument("--arms", default="", help="comma-separated arm labels to run (default: all; float32/none first)")
     args = p.parse_args()
     import torch
 
@@ -127,16 +152,17 @@ def main() -> None:
 
     quiet_transformers()
     torch.set_num_threads(1)
-    out, models = Path(args.out), args.models.split(",")
-    paths = prepare(out, models)
+    out, models = Path(args.out), [Path(args.model).stem] if args.model else args.models.split(",")
+    arms = chosen_arms(args.arms)
+    paths = prepare(out, models, args.model)
     results, t0 = {}, time.perf_counter()
     for m in models:
-        for i, (label, dtype, correction) in enumerate(ARMS):
+        for i, (label, dtype, correction) in enumerate(arms):
             results[(m, label)] = [one_run(paths["models"][m], paths["data"], dtype, correction, seed,
                                            out / f"{m}-arm{i}-s{seed}", args) for seed in range(args.seeds)]
-    print(f"{len(models) * len(ARMS) * args.seeds} runs of {args.steps} GRPO steps in {time.perf_counter() - t0:.0f} s "
+    print(f"{len(models) * len(arms) * args.seeds} runs of {args.steps} GRPO steps in {time.perf_counter() - t0:.0f} s "
           f"(8 prompts x 8 samples x {args.max_new} new tokens a step; held-out: 32 prompts x 4 samples)")
-    report(results, models)
+    report(results, models, arms)
 
 
 if __name__ == "__main__":
