@@ -86,15 +86,15 @@ def outcome_of(result, pass_threshold: float) -> Outcome:
 
 
 def scores_of(result) -> dict:
+    """The numbers of the ``scores`` an agent returned (``env/<key>_mean``); others are left out."""
     scores = result.get("scores") if isinstance(result, dict) else None
-    return {str(k): float(v) for k, v in (scores or {}).items() if type(v) in (int, float)} \
-        if isinstance(scores, dict) else {}
+    if not isinstance(scores, dict):
+        return {}
+    return {str(k): float(v) for k, v in scores.items() if type(v) in (int, float)}
 
 
 class AgentEnv(ProxiedEnv):
     """One episode of the user's agent (see the module docstring)."""
-
-    proxied = True
 
     def __init__(self, agent: str = "", agent_cmd: str = "", timeout_s: float = 300.0, max_calls: int = 64,
                  max_request_bytes: int = 8 << 20, host: str = "127.0.0.1", pass_threshold: float = 1.0,

@@ -288,6 +288,7 @@ class ProxiedEnv(Environment):
     ``self.channel.events`` and hand each model request to `first_request` / `next_request`."""
 
     tools_style = "json"
+    proxied = True  # the runner counts its episodes in the agent/* metrics
 
     def __init__(self):
         self.channel: Channel | None = None

@@ -205,8 +205,6 @@ def outcome_of(result: dict, pass_threshold: float) -> Outcome:
 class VerifiersEnv(ProxiedEnv):
     """One episode of a verifiers environment (see the module docstring)."""
 
-    proxied = True
-
     def __init__(self, taskset: str, *, taskset_options: dict | None = None, env_options: dict | None = None,
                  python: str = "", pass_threshold: float = 1.0, timeout_s: float = 120.0,
                  max_turns: int | None = None, tools_style: str = "json"):
