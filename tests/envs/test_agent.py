@@ -22,7 +22,7 @@ from posttrain.envs.trajectory import agent_metrics, episodes_to_rollouts
 from posttrain.outcome import OutcomeClass
 from posttrain.rollout import SamplingParams, TorchEngine
 from tests.envs.agents import COMMAND
-from tests.envs.conftest import ScriptedEngine
+from tests.envs.conftest import ScriptedEngine, rl_then_eval
 from tests.envs.test_runner import Recorder
 
 AGENTS = "tests.envs.agents"
@@ -233,6 +233,15 @@ def test_posttrain_rl_trains_an_agent(nano_model_dir, tmp_path, mode):
         # does not write there, re-renders differently and starts a row of its own: rows and breaks agree
         assert r["agent/calls"] == 3.0 and r["agent/rows"] == 1.0 + r["agent/rerender_breaks"] / 4
         assert r["outcomes/INFRA_FAIL_frac"] == 0.0 and r["mismatch/logprob_abs_diff_max"] < 1e-4
+
+
+def test_held_out_eval_and_posttrain_eval_run_an_agent(nano_model_dir, tmp_path):
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Add {a} and 1.", "a": a, "b": 1}) + "\n" for a in range(4)))
+    env = "{name: agent, agent: '" + AGENTS + ":tool_loop', max_total_tokens: 400}"
+    last, result = rl_then_eval(nano_model_dir, data, env, tmp_path)
+    assert last["eval/heldout/greedy/agent/calls"] == 3.0 and "eval/heldout/greedy/pass@1" in last
+    assert result["num_problems"] == 4 and result["env"]["env/turns_mean"] == 3.0
 
 
 @pytest.mark.parametrize("override, needle", [
