@@ -17,6 +17,13 @@ A block that cannot run here says why in the doc, on the line before it::
 
     <!-- docs-test: skip (needs a GPU) -->
 
+A block whose documented step counts take minutes even at those sizes names, on the line before
+it, overrides that some of its commands get on top of the small ones (per subcommand; inside a
+``sweep``, the swept command's), e.g. fewer SFT steps and the RL run started from that step's
+checkpoint; they bind only under ``POSTTRAIN_DOCS_SMALL``::
+
+    <!-- docs-test: small (sft: num_steps=100; rl: model.path=runs/sft/checkpoints/step-100) -->
+
 Command transcripts (a command and what it printed) are ```text blocks; an unlabelled block that
 starts with a command is an error, so a new page cannot slip past the harness.
 """
@@ -39,6 +46,19 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED = ["examples", "scripts", "bench", "tests", "posttrain", "pyproject.toml", "constraints.txt",
           ".venv", ".venv-vllm", ".venv-verifiers"]
 SKIP = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
+SMALLER = re.compile(r"^<!-- docs-test: small \((?P<args>[^)]+)\) -->$")
+EXTRA_ENV = "POSTTRAIN_DOCS_EXTRA"  # a block's own small overrides: its SMALLER marker's text
+
+
+def block_overrides(text: str) -> dict[str, tuple[str, ...]]:
+    """A SMALLER marker's ``CMD: key=value ...; CMD: ...`` as {CMD: overrides}."""
+    out = {}
+    for part in filter(str.strip, text.split(";")):
+        cmd, sep, args = part.partition(":")
+        if not sep or cmd.strip() not in SMALL or not args.split():
+            raise ValueError(f"docs-test small marker: {part.strip()!r} is not 'COMMAND: key=value ...'")
+        out[cmd.strip()] = tuple(args.split())
+    return out
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
 COMMAND = re.compile(r"^\s*(\$ )?(posttrain [a-z-]+( |$)|torchrun |\.venv/bin/|bash scripts/|python )")
 BLOCK_TIMEOUT_S = 540  # under pytest's own 600
@@ -65,33 +85,38 @@ QUIET = {"sft", "rl", "distill", "dpo", "rm"}  # no progress bars in a captured 
 CAPPED = {"eval_generate": "4"}
 
 
-def small_argv(argv: list[str]) -> list[str]:
-    """``argv`` (``posttrain CMD ...`` or ``torchrun ... -m posttrain CMD ...``) made cheap."""
+def small_argv(argv: list[str], block: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """``argv`` (``posttrain CMD ...`` or ``torchrun ... -m posttrain CMD ...``) made cheap; a
+    training command also gets its block's own overrides for it (``block[CMD]``; they win)."""
+    block = block or {}
     head = argv.index("posttrain") + 1 if argv[0] == "torchrun" and "posttrain" in argv else 1
     if head >= len(argv) or argv[head] not in SMALL:
         return argv
     cmd, args = argv[head], list(argv[head + 1:])
-    if cmd == "sweep":  # the swept command's overrides go right after its config; one seed
+    if cmd == "sweep":  # the swept command's overrides go right after its config, the block's after the shared ones; one seed
         inner = args[args.index("--command") + 1] if "--command" in args else "rl"
-        return argv[:head + 2] + small_argv(["posttrain", inner])[2:] + args[1:] + ["--seeds", "1"]
+        flags = next((i for i, a in enumerate(args) if i and a.startswith("--")), len(args))
+        return (argv[:head + 2] + small_argv(["posttrain", inner])[2:] + args[1:flags] + list(block.get(inner, ()))
+                + args[flags:] + ["--seeds", "1"])
     max_len = max([256] + [int(a.split("=", 1)[1]) for a in args if a.startswith("data.max_len=")])
     extra = [a.format(max_len=max_len) for a in SMALL[cmd]]
     extra += [f"{key}={v}" for key, v in CAPPED.items() if any(a.startswith(key + "=") for a in args)]
     if cmd in QUIET:
-        extra.append("logging.progress=false")
+        extra += ["logging.progress=false", *block.get(cmd, ())]
     return argv[:head + 1] + args + extra
 
 
 def shim_main(argv: list[str]) -> None:
     """Entry of the shell functions ``posttrain`` and ``torchrun`` a block sees."""
     if os.environ.get("POSTTRAIN_DOCS_SMALL", "1") != "0":
-        argv = small_argv(argv)
+        argv = small_argv(argv, block_overrides(os.environ.get(EXTRA_ENV, "")))
     real = str(ROOT / ".venv" / "bin" / argv[0])
     os.execv(real, [real, *argv[1:]])
 
 
-def blocks() -> list[tuple[Path, int, str, str]]:
-    """(page, line, body, why skipped or "") for every ```bash block, in page order."""
+def blocks() -> list[tuple[Path, int, str, str, str]]:
+    """(page, line, body, why skipped or "", the block's own small overrides or "") for every
+    ```bash block, in page order."""
     out = []
     for page in PAGES:
         text = page.read_text()
@@ -100,8 +125,9 @@ def blocks() -> list[tuple[Path, int, str, str]]:
                 continue
             line = text.count("\n", 0, m.start()) + 1
             before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
-            skip = SKIP.match(before)
-            out.append((page, line, m.group("body"), skip.group("why") if skip else ""))
+            skip, smaller = SKIP.match(before), SMALLER.match(before)
+            out.append((page, line, m.group("body"), skip.group("why") if skip else "",
+                        smaller.group("args") if smaller else ""))
     return out
 
 
@@ -123,7 +149,8 @@ def test_skip_markers_give_a_reason_and_precede_a_block():
         lines = page.read_text().splitlines()
         for i, line in enumerate(lines):
             if line.strip().startswith("<!-- docs-test"):  # a marker is a line of its own
-                assert SKIP.match(line.strip()), f"{page.name}:{i + 1}: malformed marker {line!r}"
+                assert SKIP.match(line.strip()) or SMALLER.match(line.strip()), \
+                    f"{page.name}:{i + 1}: malformed marker {line!r}"
                 assert i + 1 < len(lines) and lines[i + 1].startswith("```bash"), \
                     f"{page.name}:{i + 1}: a docs-test marker must sit on the line before a ```bash block"
 
@@ -142,6 +169,32 @@ def test_small_argv_appends_overrides_that_win_and_keeps_step_counts():
     sweep = small_argv(["posttrain", "sweep", "s.yaml", "num_steps=30", "--command", "sft", "--seeds", "3"])
     assert sweep[:3] == ["posttrain", "sweep", "s.yaml"] and sweep[3].startswith("data.tokens_per_batch=")
     assert sweep[-7:] == ["num_steps=30", "--command", "sft", "--seeds", "3", "--seeds", "1"]
+
+
+def test_a_blocks_own_small_overrides_win_in_their_command_only():
+    block = block_overrides("sft: num_steps=20 save_every=20; rl: model.path=m/step-20")
+    assert block == {"sft": ("num_steps=20", "save_every=20"), "rl": ("model.path=m/step-20",)}
+    sft = small_argv(["posttrain", "sft", "x.yaml", "num_steps=1000"], block)
+    assert sft[3] == "num_steps=1000" and sft[-2:] == ["num_steps=20", "save_every=20"]
+    assert small_argv(["posttrain", "rl", "y.yaml"], block)[-1] == "model.path=m/step-20"
+    assert "num_steps=20" not in small_argv(["posttrain", "dpo", "z.yaml"], block)
+    assert small_argv(["posttrain", "report", "runs/a"], block) == ["posttrain", "report", "runs/a"]
+    sweep = small_argv(["posttrain", "sweep", "s.yaml", "num_steps=30", "--grid", "optim.lr=1,2"], {"rl": ("num_steps=5",)})
+    assert sweep[sweep.index("num_steps=30") + 1] == "num_steps=5"  # after the shared overrides, before the grid
+    assert sweep[-4:] == ["--grid", "optim.lr=1,2", "--seeds", "1"]
+    bare = small_argv(["posttrain", "sweep", "s.yaml", "--command", "sft"], block)
+    assert bare.index("num_steps=20") < bare.index("--command") and "model.path=m/step-20" not in bare
+    for bad in ("num_steps=20", "train: num_steps=20", "sft:"):
+        with pytest.raises(ValueError, match="docs-test small marker"):
+            block_overrides(bad)
+
+
+def test_each_small_marker_binds_the_block_under_it_and_parses():
+    found = {(p, line): extra for p, line, _, _, extra in blocks() if extra}
+    assert found  # the pages use them (docs/ray.md, docs/envs.md, ...)
+    for (page, line), extra in found.items():
+        assert page.read_text().splitlines()[line - 2] == f"<!-- docs-test: small ({extra}) -->"
+        block_overrides(extra)
 
 
 def _run(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
@@ -186,7 +239,7 @@ def _workspace(root: Path) -> Path:
 
 def first_session_sft() -> str:
     """The README's "A first session by hand" up to its SFT (what the other pages build on)."""
-    body = next(body for page, _, body, _ in blocks() if page.name == "README.md" and "posttrain sft" in body)
+    body = next(body for page, _, body, *_ in blocks() if page.name == "README.md" and "posttrain sft" in body)
     return "".join(line + "\n" for line in body.splitlines() if line.startswith(("posttrain make-", "posttrain sft")))
 
 
@@ -248,12 +301,12 @@ ALL = blocks()
 
 
 @pytest.mark.docs
-@pytest.mark.parametrize("page,line,body,why", ALL, ids=[f"{p.relative_to(ROOT)}:{n}" for p, n, _, _ in ALL])
-def test_documented_block_runs(page, line, body, why, workspaces):
+@pytest.mark.parametrize("page,line,body,why,extra", ALL, ids=[f"{p.relative_to(ROOT)}:{n}" for p, n, *_ in ALL])
+def test_documented_block_runs(page, line, body, why, extra, workspaces):
     if why:
         pytest.skip(why)
     script = _preamble() + body.replace(".venv/bin/posttrain", "posttrain")
-    r = _run(script, workspaces.get(page), _env())
+    r = _run(script, workspaces.get(page), {**_env(), EXTRA_ENV: extra})
     assert r.returncode == 0, f"{page.relative_to(ROOT)}:{line} exited {r.returncode}:\n{r.stdout[-4000:]}"
     if page == README and "posttrain sft" in body:
         workspaces.readme_passed = True
