@@ -120,8 +120,8 @@ def vllm_server(tmp_path_factory, vllm_model_dir):
 
 @pytest.fixture(scope="session")
 def vllm_lora_server(tmp_path_factory, vllm_model_dir):
-    """A second session server, started with runtime LoRA (rank 8, two adapters loaded at once) for
-    the adapter tests."""
-    servers = _vllm_session_server(tmp_path_factory, vllm_model_dir, lora_rank=8)
+    """A second session server, started with runtime LoRA (adapters up to rank 32, the seed recipe's,
+    two loaded at once) for the adapter tests."""
+    servers = _vllm_session_server(tmp_path_factory, vllm_model_dir, lora_rank=32)
     yield servers
     servers.stop()

@@ -105,13 +105,17 @@ def test_each_recipe_runs_two_steps_on_the_cpu(name, nano_model_dir, tmp_path):
 
 @pytest.mark.vllm
 @needs_sandbox
-def test_the_direct_recipe_runs_two_steps_against_a_launched_vllm_server(vllm_model_dir, tmp_path):
-    """The recipe's own topology: the run launches its vLLM server (a CPU build here: float32, eager)
-    with runtime LoRA at rank 32, syncs the adapter each step, and stops the server at the end."""
+def test_the_direct_recipe_runs_two_steps_against_a_running_vllm_server(vllm_lora_server, vllm_model_dir, tmp_path):
+    """The recipe with a server started beforehand (its header's ``rollout.vllm.launch=0
+    rollout.urls=[...]``; the session's LoRA server, a CPU build: float32, eager): the adapter at
+    rank 32 is synced each step and sampled from. (A run that launches and stops its own servers:
+    tests/rl/test_rl_vllm.py.)"""
     from posttrain.rl.run import run_rl
 
-    cpu = {"rollout.vllm.dtype": "float32", "rollout.vllm.enforce_eager": "true", "rollout.vllm.max_model_len": 512}
-    cfg = _config("direct", {**_lengths(vllm_model_dir, tmp_path / "run"), **cpu})
+    server = {"rollout.vllm.launch": 0, "rollout.urls": json.dumps(vllm_lora_server.urls),
+              "rollout.vllm.probe_tol": 1e-4}
+    cfg = _config("direct", {**_lengths(vllm_model_dir, tmp_path / "run"), **server})
+    assert cfg.model.lora.r == 32
     run_rl(cfg, printer=lambda *_: None)
     _check_two_steps(tmp_path / "run", "direct")
     for r in _rows(tmp_path / "run"):
