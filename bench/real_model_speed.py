@@ -295,7 +295,7 @@ def grpo_section(path: str, args, printer) -> dict:
         printer(f"\nGRPO step: {args.grpo_prompts} prompts x G={args.grpo_g} x {args.grpo_new} new tokens "
                 f"(rows up to {width} tokens), micro-batch {args.micro_batch} rows, "
                 f"{args.grpo_warmup} warm-up + {args.grpo_steps} timed steps a side, interleaved")
-        for name, lora in (("LoRA r=32", True), ("full", False)):
+        for name, lora in [a for a in (("LoRA r=32", True), ("full", False)) if a[0].split()[0] in args.grpo_arms]:
             run = our_grpo_run(path, prompts, root / f"ours-{lora}", args, lora, steps, args.micro_batch * width)
             cb = make_interleaver({"ours": run}, args.grpo_warmup)
             trainer = trl_grpo(path, prompts, root / f"trl-{lora}", args, lora, steps, cb)
@@ -492,6 +492,7 @@ def main() -> None:
     parser.add_argument("--grpo-prompts", type=int, help="GRPO prompts a step (default 8)")
     parser.add_argument("--grpo-g", type=int, help="GRPO group size (default 8)")
     parser.add_argument("--grpo-new", type=int, help="GRPO new tokens a completion (default 32)")
+    parser.add_argument("--grpo-arms", default="LoRA,full", help="GRPO arms to run: LoRA (r=32), full")
     parser.add_argument("--grpo-steps", type=int, help="GRPO timed steps a side, after one warm-up (default 3)")
     parser.add_argument("--sft-steps", type=int, help="SFT timed steps a side, after one warm-up (default 6)")
     parser.add_argument("--sft-tokens", type=int, help="SFT tokens a step, packed in rows of 512 (default 1024)")
