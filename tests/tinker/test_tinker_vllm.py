@@ -185,11 +185,11 @@ def test_clients_taking_turns_stay_loaded(servers):
 
 def test_bad_requests_stay_4xx(servers):
     http, _, bases = servers
-    wide = new_client(http, rank=16)  # the session server takes rank <= 8
+    wide = new_client(http, rank=64)  # the session server takes rank <= 32
     sid = result(http, http.post("/api/v1/save_weights_for_sampler", json={"model_id": wide}))["sampling_session_id"]
     pushed = bases["vllm"].sampling.version
     prompt = {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}
-    for body, words in [({"sampling_params": {"max_tokens": 4}}, "rank <= 8"),
+    for body, words in [({"sampling_params": {"max_tokens": 4}}, "rank <= 32"),
                         ({"sampling_params": {"max_tokens": 33}}, "max_tokens"),
                         ({"sampling_params": {"max_tokens": 4}, "topk_sample_logprobs": 2}, "not served"),
                         ({"sampling_params": {"max_tokens": 4}, "topk_prompt_logprobs": 21}, "0..20"),
