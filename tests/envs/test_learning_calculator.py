@@ -24,6 +24,7 @@ def test_grpo_raises_calculator_episode_success(tmp_path):
 SHORT_CALC = Schedule(sft_steps=300, grpo_steps=6, held_out=32, size="nano", sft_lr=3e-3, sft_warmup=20)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # ~1.5 min on a core
 def test_a_short_grpo_run_raises_calculator_tool_use_and_success(tmp_path):

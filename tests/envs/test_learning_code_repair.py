@@ -25,6 +25,7 @@ def test_code_repair_passes_more_after_the_last_turn_than_after_the_first(tmp_pa
 REPAIR_CI = Schedule(sft_steps=300, grpo_steps=3, held_out=20, samples=8, size="nano", sft_lr=3e-3, sft_warmup=20)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_short_run_passes_more_after_the_last_turn_than_after_the_first(tmp_path):

@@ -39,6 +39,7 @@ def test_grpo_raises_repo_episode_success(tmp_path, both_cores):
 SHORT_REPO = Schedule(sft_steps=500, grpo_steps=6, held_out=16)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_short_grpo_run_raises_repo_edits_and_success(tmp_path, both_cores):

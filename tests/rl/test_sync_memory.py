@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "weight_sync_streaming.py"
 SLACK = 4 * 2**20  # threads, Python objects and page rounding around the tensors
 
 
+@pytest.mark.long
 def test_rank0_holds_a_bucket_and_a_parameter_not_the_model():
     r = subprocess.run([sys.executable, str(BENCH), "--model", "small", "--buckets", "whole", "4", "--repeats", "2",
                         "--json"], check=False, capture_output=True, text=True, timeout=600,

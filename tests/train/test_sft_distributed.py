@@ -80,6 +80,7 @@ def _greedy(ckpt, prompt="Solve: 12 × 34", new_tokens=6):
                           min_new_tokens=new_tokens)[0].tolist()
 
 
+@pytest.mark.long
 def test_kill_two_ranks_then_resume_on_two_and_on_one(nano_model_dir, arith_data_dir, tmp_path, torchrun):
     """kill -9 of a 2-rank run after a checkpoint; resuming its run directory at world size 2 and at
     world size 1 (DCP re-shards) both reach the uninterrupted 2-rank run's losses and weights."""
