@@ -229,13 +229,3 @@ def is_lora(model) -> bool:
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
-
-
-def merged_state_dict(model) -> dict[str, torch.Tensor]:
-    """Full-model weights (LoRA merged, without touching the trained adapter) under HF names."""
-    if not is_lora(model):
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    import copy
-
-    merged = copy.deepcopy(model).merge_and_unload()
-    return {k: v.detach() for k, v in merged.state_dict().items()}

@@ -49,11 +49,22 @@ def capture_policy(monkeypatch) -> list:
     return policies
 
 
+def merged_state_dict(model) -> dict:
+    """The reference full-model weights: peft's own merge on a copy (LoRA merged, the adapter untouched)."""
+    from posttrain.models.hf import is_lora
+
+    if not is_lora(model):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    import copy
+
+    return {k: v.detach() for k, v in copy.deepcopy(model).merge_and_unload().state_dict().items()}
+
+
 def assert_checkpoint_is_policy(ckpt, policy, start_dir):
     """The saved folder reloads as the trained policy (weights and logits), not as the start."""
     from transformers import AutoModelForCausalLM
 
-    from posttrain.models.hf import load_tokenizer, merged_state_dict
+    from posttrain.models.hf import load_tokenizer
 
     saved = AutoModelForCausalLM.from_pretrained(ckpt)
     got, want = saved.state_dict(), merged_state_dict(policy)
