@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from posttrain.errors import UserError
+from posttrain.models.gguf import is_gguf_path
 from posttrain.serve.serve_cli import API_KEY_ENV, is_loopback
 
 TINY = "posttrain/tiny"
@@ -35,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", required=True, help="folder checkpoints are written to and read from")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                         help=f"a base model clients may train: NAME as clients send it, PATH a local model folder "
-                             f"(repeatable; default: the embedded tiny model as {TINY!r})")
+                             f"or a GGUF file, converted once into the cache (repeatable; default: the embedded tiny "
+                             f"model as {TINY!r})")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
@@ -95,10 +97,24 @@ def _models(specs: list[str], root: Path, world=None) -> dict[str, Path]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise UserError(f"--model={spec}: expected NAME=PATH")
+        if is_gguf_path(path):
+            path = _converted(path, f"--model={name}", world)
         if not (Path(path) / "config.json").is_file():
             raise UserError(f"--model={spec}: {path} is not a local model folder (no config.json); nothing is downloaded")
         out[name] = Path(path)
     return out
+
+
+def _converted(path: str, key: str, world) -> str:
+    """A GGUF file's converted folder, as every command reads one (`posttrain.models.gguf`): rank 0
+    converts it on first use, the other ranks then find it in the cache."""
+    from posttrain.models.hf import model_folder
+
+    if world is None or world.main:
+        model_folder(path, key)
+    if world is not None:
+        world.barrier()
+    return model_folder(path, key)
 
 
 def load_base(name: str, path: Path, max_context: int | None, sampler=None, orders=None):
