@@ -98,8 +98,10 @@ class AgentEnv(ProxiedEnv):
 
     def __init__(self, agent: str = "", agent_cmd: str = "", timeout_s: float = 300.0, max_calls: int = 64,
                  max_request_bytes: int = 8 << 20, host: str = "127.0.0.1", pass_threshold: float = 1.0,
-                 tools_style: str = "json"):
+                 tools_style: str = "json", verdict: str = "", venv: str = ""):
         super().__init__()
+        if verdict not in ("", "swe"):
+            raise ValueError(f"env.options.verdict={verdict!r}: '' (the agent's reward) or 'swe' (the task's hidden tests)")
         if bool(agent) == bool(agent_cmd):
             raise ValueError("env.name=agent needs one of env.agent (package.module:function) or env.agent_cmd")
         self.fn = resolve_agent(agent) if agent else None
@@ -109,6 +111,7 @@ class AgentEnv(ProxiedEnv):
         self.pass_threshold, self.tools_style = pass_threshold, tools_style
         self.proc: subprocess.Popen | None = None
         self.deadline, self.calls = 0.0, 0
+        self.verdict, self.venv, self.sandbox, self.sandbox_error = verdict, venv, None, ""
 
     # ------------------------------------------------------------------------------ the agent
     def _start(self, task: dict, base_url: str, key: str) -> None:
@@ -171,17 +174,41 @@ class AgentEnv(ProxiedEnv):
             return self._end(Outcome.infra_fail("agent_error" if how == "raised" else "agent_exit", result[:500]))
         if self.calls == 0:
             return self._end(Outcome.infra_fail("no_model_call", "the agent returned without calling the model"))
+        if self.sandbox is not None:
+            return self._judge()
         outcome = outcome_of(result, self.pass_threshold)
         return StepResult(reward=outcome.reward, done=True, outcome=outcome, info={"scores": scores_of(result)})
+
+    def _judge(self) -> StepResult:
+        """The task's hidden tests on the tree the agent's commands left (``verdict=swe``)."""
+        if self.sandbox_error:
+            return self._end(Outcome.infra_fail("sandbox", self.sandbox_error[:500]))
+        outcome, fractions = self.sandbox.verdict()
+        return StepResult(reward=outcome.reward, done=True, outcome=outcome, info={"scores": fractions})
+
+    def _execute(self, body: dict) -> dict:
+        try:
+            return self.sandbox.execute(body)
+        except EnvInfraError as e:  # the machinery failed, not the command: the episode is masked
+            self.sandbox_error = str(e)
+            raise
 
     def _end(self, outcome: Outcome) -> StepResult:
         return StepResult(done=True, outcome=outcome)
 
     def reset(self, example: dict) -> list[dict]:
+        task = {k: v for k, v in example.items() if not k.startswith("_")}
+        if self.verdict == "swe":  # the agent gets the issue, never the record's fix or hidden tests
+            from posttrain.envs.agent_swe import SweSandbox
+
+            self.sandbox = SweSandbox(venv=self.venv)
+            task = self.sandbox.reset(example)
         key = secrets.token_urlsafe(24)
         base_url = self.open_channel(key, self.max_calls, self.max_request_bytes)
+        if self.sandbox is not None:
+            self.channel.executor = self._execute
         self.deadline = time.monotonic() + self.timeout_s
-        self._start({k: v for k, v in example.items() if not k.startswith("_")}, base_url, key)
+        self._start(task, base_url, key)
         first = self._next()
         if isinstance(first, StepResult):  # it ended before its first model call
             o = first.outcome

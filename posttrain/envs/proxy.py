@@ -67,6 +67,8 @@ class Channel:
         self.events: queue.Queue = queue.Queue()
         self.key, self.max_calls, self.max_request_bytes = key, max_calls, max_request_bytes
         self.calls, self.busy, self.lock = 0, False, threading.Lock()
+        self.executor = None  # the ``exec`` route's handler, set by an environment that runs commands
+        self.exec_lock = threading.Lock()
 
     def admit(self) -> int:
         """0 when a request may go on (it is then counted and the channel busy), else its HTTP code."""
@@ -128,6 +130,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         channel = self._channel(["chat", "completions"])
+        execute = channel is None and self._channel(["exec"])
+        if execute and execute.executor is not None:
+            return self._exec(execute)
         try:
             size = int(self.headers.get("content-length") or 0)
         except ValueError:
@@ -161,6 +166,31 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             channel.release()
         self._answer(body, pending.answer, pending.tool_calls)
+
+    def _exec(self, channel: Channel) -> None:
+        """``POST .../exec``: a command for the episode's sandbox (`posttrain.envs.agent_swe`); one
+        at a time, inside the same key and size bounds as a model call."""
+        try:
+            size = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            size = -1
+        if not 0 <= size <= channel.max_request_bytes:
+            return self._send(413, _error("a request body of 0 to the episode's bound of bytes"), close=True)
+        body = self.rfile.read(size)
+        if not self._authorised(channel):
+            return self._send(401, _error("wrong key for this episode"))
+        if not channel.exec_lock.acquire(blocking=False):
+            return self._send(409, _error("one command at a time per episode"))
+        try:
+            payload = json.loads(body or b"{}")
+            result = channel.executor(payload if isinstance(payload, dict) else {})
+        except ValueError as e:
+            return self._send(400, _error(str(e)[:200]))
+        except Exception as e:  # noqa: BLE001 - the sandbox failed: the agent sees it; the episode's verdict says more
+            return self._send(503, _error(f"the sandbox failed: {type(e).__name__}: {e}"[:300]))
+        finally:
+            channel.exec_lock.release()
+        self._send(200, json.dumps(result).encode())
 
     def _answer(self, body: dict, text: str, tool_calls: list[dict]) -> None:
         model, rid = body.get("model", "posttrain"), f"chatcmpl-{uuid.uuid4().hex[:12]}"

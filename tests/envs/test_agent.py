@@ -206,13 +206,34 @@ def test_the_door_keys_paths_sizes_and_counts():
     assert post(route.format(a), "key-a", json=body).status_code == 429  # max_calls=1
     assert chan_a.events.get(timeout=1)[0] == "limit"  # the episode learns it ran out of calls
     for path in ("/v1/load_weights", f"/ep/{a}/v1/load_weights", f"/ep/{a}/v1/weights", "/v1/chat/completions",
-                 f"/ep/{a}/v1/../../v1/models", "/health", f"/ep/{a}/v1/chat/completions/x"):
+                 f"/ep/{a}/v1/../../v1/models", "/health", f"/ep/{a}/v1/chat/completions/x",
+                 f"/ep/{a}/v1/exec"):  # no commands: this episode has no sandbox
         assert post(path, "key-a", json={}).status_code == 404, path
         assert httpx.get(e.url + path, headers={"authorization": "Bearer key-a"}, timeout=10).status_code == 404, path
     assert httpx.get(e.url + f"/ep/{b}/v1/models", headers={"authorization": "Bearer key-a"}).status_code == 401
     e.close(a)
     assert post(route.format(a), "key-a", json=body).status_code == 404  # a closed episode's door is gone
     e.close(b)
+
+
+def test_the_exec_route_runs_only_for_an_episode_with_a_sandbox_and_its_key():
+    e = endpoint()
+    a, chan_a = e.open(key="key-a")
+    ran = []
+    chan_a.executor = lambda body: ran.append(body["command"]) or {"output": "ok", "returncode": 0}
+    route = f"/ep/{a}/v1/exec"
+    assert post(route, "key-b", json={"command": "ls"}).status_code == 401 and ran == []
+    assert post(route, json={"command": "ls"}).status_code == 401 and ran == []
+    reply = post(route, "key-a", json={"command": "ls"})
+    assert reply.status_code == 200 and reply.json() == {"output": "ok", "returncode": 0} and ran == ["ls"]
+    assert post(route, "key-a", content=b"{").status_code == 400
+    e.close(a)
+    assert post(route, "key-a", json={"command": "ls"}).status_code == 404 and ran == ["ls"]
+
+
+def test_an_unknown_verdict_is_refused():
+    with pytest.raises(ValueError, match="verdict"):
+        AgentEnv(agent=f"{AGENTS}:tool_loop", verdict="tests")
 
 
 # -------------------------------------------------------------------------------- posttrain rl
