@@ -2,9 +2,16 @@
 on SmolLM2-135M-Instruct, two steps each through the command's entry point in this process.
 
 What a wrong implementation would break: the metrics the contract names are there and finite, the
-checkpoint's weights are not the starting model's (a step that updated nothing, or a LoRA adapter
-that never merged, leaves them equal), the async run's samples are never older than the bound,
-and distillation's reverse KL to the teacher is measured on every step."""
+sampler's log-probs are the trainer's on every step (float32 rounding, ~3e-5: a stale lm_head or a
+sync that never reached the sampler is off by nats; in sync mode step 2 samples after the first
+push), the checkpoint's weights are not the starting model's (a step that updated nothing, or a
+LoRA adapter that never merged, leaves them equal), the async run's samples are never older than
+the bound, and distillation's reverse KL to the teacher is measured on every step.
+
+The RL runs skip what other lanes check and would cost a second model here: the KL reference
+(``kl.track=false``; the tracked KL is the default suite's) and the async start-up self-test
+(``asynchrony.self_test=false``: its agreement check is what step 1's mismatch bound checks, and
+its pushes of perturbed weights are tested on the tiny models)."""
 
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ def rl_args(model_dir, prompts, out: Path, *extra: str) -> list[str]:
     return [f"model.path={model_dir}", f"data.path={prompts}", "verifier=code", "algorithm=grpo",
             "model.lora.enabled=true", "model.lora.r=32", "model.lora.alpha=64", "optim.lr=1e-3",
             "optim.warmup_steps=0", "rollout.group_size=4", "rollout.max_new_tokens=40", "rollout.temperature=1.0",
-            "prompts_per_step=2", "num_steps=2", "eval_every=0", "save_every=0", "seed=3",
+            "prompts_per_step=2", "num_steps=2", "eval_every=0", "save_every=0", "seed=3", "kl.track=false",
             "logging.progress=false", f"out_dir={out}", *extra]
 
 
@@ -54,6 +61,7 @@ def assert_trained_steps(metrics: list[dict]) -> None:
         for key in CONTRACT:
             assert key in r and math.isfinite(r[key]), key
         assert r["outcomes/PASS_frac"] + r["outcomes/MODEL_FAIL_frac"] == pytest.approx(1.0)  # no sandbox failure
+        assert r["mismatch/logprob_abs_diff_max"] < 1e-3, r["step"]  # the sampler holds the trainer's weights
     assert any(r["groups/zero_variance_frac"] < 1 for r in steps), "every group flat: nothing to learn from"
 
 
@@ -70,7 +78,8 @@ def assert_weights_moved(run_dir: Path, base) -> None:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_grpo_code_reward_lora_r32(smollm2_dir, smollm2, code_prompts, tmp_path, mode):
     out = tmp_path / mode
-    assert main(["rl", *rl_args(smollm2_dir, code_prompts, out, f"mode={mode}", "max_staleness=1")]) == 0
+    extra = ["asynchrony.self_test=false"] if mode == "async" else []
+    assert main(["rl", *rl_args(smollm2_dir, code_prompts, out, f"mode={mode}", "max_staleness=1", *extra)]) == 0
     metrics = rows(out)
     assert_trained_steps(metrics)
     assert_weights_moved(out, smollm2[0])
