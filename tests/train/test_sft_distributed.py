@@ -80,6 +80,10 @@ def _greedy(ckpt, prompt="Solve: 12 × 34", new_tokens=6):
                           min_new_tokens=new_tokens)[0].tolist()
 
 
+# The slow lane's: four launches (~60 s on a worker). The default suite resumes across world sizes
+# (tests/train/test_pairwise_distributed.py, one process to two ranks) and after kill -9 in one
+# process (tests/train/test_sft.py).
+@pytest.mark.slow
 @pytest.mark.long
 def test_kill_two_ranks_then_resume_on_two_and_on_one(nano_model_dir, arith_data_dir, tmp_path, torchrun):
     """kill -9 of a 2-rank run after a checkpoint; resuming its run directory at world size 2 and at
