@@ -95,6 +95,37 @@ def calls_forever(task, base_url, api_key):
     return 1.0
 
 
+def parallel(task: dict, base_url: str, api_key: str, retries: int = 2) -> dict:
+    """Two calls in flight at once (two threads, one client): the endpoint answers one and
+    refuses the other with 409, which the openai client retries (``retries``) once the first is
+    answered. Scores: how many calls ended refused."""
+    import threading
+
+    import openai
+
+    llm = OpenAI(base_url=base_url, api_key=api_key, max_retries=retries, timeout=60)
+    start, replies, refused = threading.Barrier(2), [], []
+
+    def ask(k: int) -> None:
+        start.wait()
+        try:
+            messages = [{"role": "user", "content": f"{task['prompt']} ({k})"}]
+            replies.append(llm.chat.completions.create(model="posttrain", messages=messages).choices[0].message.content)
+        except openai.ConflictError:
+            refused.append(k)
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"reward": float(len(replies) == 2), "scores": {"refused": float(len(refused))}}
+
+
+def parallel_no_retry(task: dict, base_url: str, api_key: str) -> dict:
+    return parallel(task, base_url, api_key, retries=0)
+
+
 COMMAND = '''
 import json, os, sys
 

@@ -113,6 +113,24 @@ def test_an_agent_that_rewrites_its_history_gets_a_new_row_counted_and_aligned(n
     assert agent_metrics([ep])["agent/rerender_breaks"] == 1 and agent_metrics([ep])["agent/rows"] == 2.0
 
 
+@pytest.mark.parametrize("agent, refused, turns", [("parallel", 0.0, 2), ("parallel_no_retry", 1.0, 1)])
+def test_two_calls_in_flight_get_a_row_each_or_a_409_never_mixed(nano_tokenizer, agent, refused, turns):
+    def script(prompt, i):  # the first answer takes a while: the second call surely arrives meanwhile
+        time.sleep(0.5 if prompt.count("(") == 1 and not sleeps else 0.0)
+        sleeps.append(1)
+        return "ok"
+
+    sleeps: list = []
+    engine = Recorder(ScriptedEngine(nano_tokenizer, script))
+    (ep,) = play(engine, nano_tokenizer, [TASK], agent=f"{AGENTS}:{agent}")
+    assert ep.outcome.is_reward and ep.scores == {"refused": refused}, (ep.outcome, ep.scores)
+    assert ep.turns == turns and len(ep.segments) == turns  # each answered call is a row of its own
+    ro, _ = episodes_to_rollouts([ep], SamplingParams())
+    assert assert_rows_are_what_was_sampled(ro, engine) == turns
+    prompts = [nano_tokenizer.decode(p) for p in ro.prompt_ids]
+    assert all(p.count("Add 2 and 3. (") == 1 for p in prompts)  # each row holds one call's messages only
+
+
 def test_a_rewrite_where_rows_are_not_split_is_infra_fail_history_rewritten(nano_tokenizer, scripted):
     limits = EpisodeLimits(max_turns=4, max_total_tokens=2048, split_on_prefix_break=False)
     (ep,) = play(scripted(lambda prompt, i: "ok"), nano_tokenizer, [TASK], limits=limits, agent=f"{AGENTS}:rewriting")
