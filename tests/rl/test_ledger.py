@@ -58,7 +58,7 @@ def _cli(*args):
 
 @pytest.mark.slow
 def test_kill_9_at_random_points_then_resume_trains_every_prompt_exactly_once(rl_overrides, reward_plugin, tmp_path):
-    steps, P, K = 16, 4, 2
+    steps, P, K = 10, 4, 2  # two kills, each 2+ steps after the last checkpoint, leave steps to resume
     args = rl_overrides(verifier=f"{reward_plugin}:letters", mode="async", max_staleness=K, num_steps=steps,
                         save_every=1, keep_last=2, **{"asynchrony.self_test": False})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
