@@ -24,7 +24,8 @@ pytestmark = pytest.mark.vllm
 
 VLLM_TOL = 1e-4
 """vLLM's CPU kernels against transformers' forward, both float32 (the sync probe's default
-tolerance): 1.9e-5 measured before the sync and 1.2e-5 after it; a stale lm_head is off by 0.42."""
+tolerance): 0.9e-5 to 1.9e-5 measured before the sync, 1.2e-5 to 1.3e-5 after it; a stale lm_head is
+off by 0.41 to 0.42 (vLLM's CPU build takes no seed: each run samples other tokens)."""
 
 STALE_MIN = 0.05
 
@@ -49,6 +50,7 @@ def test_a_full_sync_moves_vllms_tied_head_with_the_embedding(smollm2_vllm_serve
     assert before <= VLLM_TOL, before
     trainer = stepped(base, tokenizer)
     weights = export_state_dict(trainer, World())
+    # the session server keeps these weights: a later case on it syncs the ones it needs first
     engine.load_weights(weights, 1, weights_checksum(weights), probe=_probe(trainer, tokenizer))
     gap, stale_gap = _sampled_gaps(engine, tokenizer, trainer, stale_head(trainer, base))
     print(f"vLLM vs base {before:.2e}; after the sync vs trainer {gap:.2e}, vs a stale lm_head {stale_gap:.3f}")
