@@ -19,7 +19,8 @@ The door (what an agent can reach):
   or key gets 404 / 401;
 - one request at a time per episode (409), a bounded body (413) and a bounded number of calls
   (429; the environment then ends the episode at its call limit);
-- ``POST .../chat/completions`` and ``GET .../models`` are the only routes: nothing else of
+- ``POST .../exec`` (an episode with a sandbox only) runs no more commands than the call bound;
+- ``POST .../chat/completions`` and ``GET .../models`` are the only other routes: nothing else of
   posttrain (weights, servers, other episodes' trajectories) is reachable through it.
 
 Sampling parameters in the requests are ignored: posttrain's sampling decides, as its trainer must
@@ -68,7 +69,7 @@ class Channel:
         self.key, self.max_calls, self.max_request_bytes = key, max_calls, max_request_bytes
         self.calls, self.busy, self.lock = 0, False, threading.Lock()
         self.executor = None  # the ``exec`` route's handler, set by an environment that runs commands
-        self.exec_lock = threading.Lock()
+        self.exec_lock, self.execs = threading.Lock(), 0
 
     def admit(self) -> int:
         """0 when a request may go on (it is then counted and the channel busy), else its HTTP code."""
@@ -181,6 +182,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(401, _error("wrong key for this episode"))
         if not channel.exec_lock.acquire(blocking=False):
             return self._send(409, _error("one command at a time per episode"))
+        # an agent runs a command per model call at most in the usual loop: the call bound bounds both
+        if channel.max_calls and channel.execs >= channel.max_calls:
+            channel.exec_lock.release()
+            return self._send(429, _error(f"more than {channel.max_calls} commands"))
+        channel.execs += 1
         try:
             payload = json.loads(body or b"{}")
             result = channel.executor(payload if isinstance(payload, dict) else {})

@@ -249,6 +249,15 @@ def test_the_exec_route_runs_only_for_an_episode_with_a_sandbox_and_its_key():
     assert post(route, "key-a", json={"command": "ls"}).status_code == 404 and ran == ["ls"]
 
 
+def test_the_exec_route_runs_no_more_commands_than_the_call_bound():
+    e = endpoint()
+    a, chan = e.open(key="k", max_calls=2)
+    ran = []
+    chan.executor = lambda body: ran.append(body["command"]) or {"output": "", "returncode": 0}
+    codes = [post(f"/ep/{a}/v1/exec", "k", json={"command": f"echo {i}"}).status_code for i in range(3)]
+    assert codes == [200, 200, 429] and ran == ["echo 0", "echo 1"]
+
+
 def test_an_unknown_verdict_is_refused():
     with pytest.raises(ValueError, match="verdict"):
         AgentEnv(agent=f"{AGENTS}:tool_loop", verdict="tests")
