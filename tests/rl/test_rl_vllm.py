@@ -68,7 +68,7 @@ def test_grpo_against_vllm(request, vllm_model_dir, arith_data_dir, reward_plugi
 
 def test_two_launched_servers_one_killed_mid_run_relaunches_with_the_current_adapter(
         vllm_model_dir, arith_data_dir, reward_plugin, tmp_path, monkeypatch):
-    """``rollout.vllm.launch=2`` with a LoRA policy, async K=1. Server 1 gets SIGKILL at step 2:
+    """``rollout.vllm.launch=2`` with a LoRA policy, async K=1. Server 1 gets SIGKILL at step 3:
     its requests go to server 0, it leaves the rotation, is relaunched in the background, handed
     the newest adapter (verified by the probe) and put back; the run finishes with every prompt
     trained once, within the staleness bound, and stops both servers at the end."""
@@ -86,9 +86,9 @@ def test_two_launched_servers_one_killed_mid_run_relaunches_with_the_current_ada
         return start(self)
 
     def take_killing_then_waiting(self, step):
-        if step == 2:
+        if step == 3:
             self.engine.servers.kill(1)
-        if step == 4:  # let the relaunch finish (a CPU server takes 30-100 s to start)
+        if step == 6:  # let the relaunch finish (a CPU server takes 30-100 s to start)
             deadline = time.monotonic() + 300
             while self.engine.live < 2 and time.monotonic() < deadline:
                 time.sleep(1)
@@ -96,7 +96,7 @@ def test_two_launched_servers_one_killed_mid_run_relaunches_with_the_current_ada
 
     monkeypatch.setattr(VLLMServers, "start", record)
     monkeypatch.setattr(AsyncController, "take", take_killing_then_waiting)
-    steps = 5  # the relaunch (a server start) is the cost; steps 4 and 5 run on both servers again
+    steps = 8
     cfg = load_config(RLConfig, None, _overrides(vllm_model_dir, arith_data_dir, tmp_path / "run", reward_plugin,
                                                  **{"rollout.vllm.launch": 2, "rollout.vllm.max_model_len": 256,
                                                     "model.lora.enabled": "true", "model.lora.r": 8,
