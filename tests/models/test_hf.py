@@ -2,6 +2,7 @@
 exit 2, nothing written, whether the hub answers, cannot be reached, or is switched off."""
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -49,92 +50,139 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def hub_env(hub_without_repo, tmp_path):
+def _hub_env(hub: str, hf_home: Path) -> dict:
     """mode -> environment: the hub answers (without the repo), cannot be reached, or is off."""
     base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    base["HF_HOME"] = str(tmp_path / "hf-home")  # an empty hub cache
-    return {"missing": {**base, "HF_ENDPOINT": hub_without_repo},
+    base["HF_HOME"] = str(hf_home)  # a hub cache holding only what a case lays out in it
+    return {"missing": {**base, "HF_ENDPOINT": hub},
             "unreachable": {**base, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"},
-            "offline": {**base, "HF_ENDPOINT": hub_without_repo, "HF_HUB_OFFLINE": "1"}}
+            "offline": {**base, "HF_ENDPOINT": hub, "HF_HUB_OFFLINE": "1"}}
 
 
 REASON = {"missing": "has no model runs/", "unreachable": "could not be reached",
           "offline": "HF_HUB_OFFLINE is set"}
 
+# Runs each case's command in one process per hub mode, in the case's own fresh folder, with file
+# descriptor 2 sent to a file of its own: the hub settings are read when huggingface_hub is
+# imported, so a mode needs a process, but its cases can share it (a torch import each is seconds).
+DRIVER = """
+import json, os, sys, tempfile, traceback
+from posttrain.cli import main
+results = {}
+for name, cwd, args in json.loads(sys.argv[1]):
+    os.chdir(cwd)
+    sys.stderr.flush()
+    saved, log = os.dup(2), tempfile.TemporaryFile()
+    os.dup2(log.fileno(), 2)
+    try:
+        code = main(args)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    log.seek(0)
+    results[name] = {"returncode": code, "stderr": log.read().decode()}
+print(json.dumps(results))
+"""
 
-def posttrain(cwd: Path, env: dict, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "posttrain.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
 
-
-def assert_one_line_error(proc, key: str, value: str, mode: str):
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert f"{key}={value}: not a local folder" in lines[0]
-    assert REASON[mode] in lines[0], lines[0]
-
-
-def newcomer_folder(tmp_path) -> Path:
+def newcomer_folder(root: Path) -> Path:
     """A fresh folder with the examples and nothing built."""
-    work = tmp_path / "work"
+    work = root / "work"
     shutil.copytree(EXAMPLES, work / "examples")
     return work
 
 
+def _cases(nano_model_dir, arith_data_dir) -> dict[str, tuple[str, list]]:
+    """case -> (hub mode, command line)."""
+    rl_with_a_model = ["rl", "examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
+                       f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path="]
+    cases = {f"sft-{mode}": (mode, ["sft", "examples/sft_arith.yaml"]) for mode in REASON}
+    for command, config, mode in TRAINING:
+        cases[f"{command}-{mode}"] = (mode, [command, f"examples/{config}", f"model.path={MISSING}"])
+    for mode in ("missing", "offline"):
+        cases[f"eval-{mode}"] = (mode, ["eval", f"model={MISSING}", "out_dir=runs/eval", "--no-progress"])
+    for setting, extra, mode in SECOND_MODELS:
+        cases[setting] = (mode, [*rl_with_a_model, f"{setting}=acme/ref-model", *extra])
+    cases["teacher.path"] = ("offline", ["distill", "examples/distill_arith.yaml", f"model.path={nano_model_dir}",
+                                         "teacher.path=runs/teacher"])
+    cases["cached-hub-id"] = ("offline", ["sft", "examples/sft_arith.yaml", "model.path=acme/nano"])
+    return cases
+
+
+TRAINING = [("rl", "grpo_arith.yaml", "missing"), ("dpo", "dpo_arith.yaml", "unreachable"),
+            ("rm", "rm_arith.yaml", "offline"), ("distill", "distill_arith.yaml", "missing")]
+SECOND_MODELS = [("kl.ref_path", [], "unreachable"), ("reward_model.path", ["algorithm=ppo"], "missing")]
+
+
+@pytest.fixture(scope="module")
+def runs(hub_without_repo, nano_model_dir, arith_data_dir, tmp_path_factory):
+    """case -> {"returncode", "stderr", "work": the folder it ran in}."""
+    root = tmp_path_factory.mktemp("hub-cases")
+    envs = _hub_env(hub_without_repo, root / "hf-home")
+    _cache_as_hub_model(nano_model_dir, root / "hf-home", "acme/nano")
+    cases, out = _cases(nano_model_dir, arith_data_dir), {}
+    for mode in REASON:
+        mine = [(name, str(newcomer_folder(root / name)), args) for name, (m, args) in cases.items() if m == mode]
+        proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(mine)], env=envs[mode],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for name, result in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+            out[name] = {**result, "work": root / name / "work"}
+    return out
+
+
+def assert_one_line_error(result: dict, key: str, value: str, mode: str):
+    assert result["returncode"] == 2, result["stderr"]
+    lines = result["stderr"].strip().splitlines()
+    assert len(lines) == 1, result["stderr"]
+    assert "Traceback" not in result["stderr"]
+    assert f"{key}={value}: not a local folder" in lines[0]
+    assert REASON[mode] in lines[0], lines[0]
+
+
+def nothing_written(result: dict) -> bool:
+    return sorted(p.name for p in result["work"].iterdir()) == ["examples"]
+
+
 @pytest.mark.parametrize("mode", ["missing", "unreachable", "offline"])
-def test_sft_example_before_make_tiny(mode, hub_env, tmp_path):
-    work = newcomer_folder(tmp_path)
-    proc = posttrain(work, hub_env[mode], "sft", "examples/sft_arith.yaml")
-    assert_one_line_error(proc, "model.path", MISSING, mode)
-    assert str(work / MISSING) in proc.stderr  # the local folder that was tried
-    assert sorted(p.name for p in work.iterdir()) == ["examples"]  # no run directory
+def test_sft_example_before_make_tiny(mode, runs):
+    r = runs[f"sft-{mode}"]
+    assert_one_line_error(r, "model.path", MISSING, mode)
+    assert str(r["work"] / MISSING) in r["stderr"]  # the local folder that was tried
+    assert nothing_written(r)  # no run directory
 
 
-@pytest.mark.parametrize("command, config, mode", [
-    ("rl", "grpo_arith.yaml", "missing"),
-    ("dpo", "dpo_arith.yaml", "unreachable"),
-    ("rm", "rm_arith.yaml", "offline"),
-    ("distill", "distill_arith.yaml", "missing"),
-])
-def test_training_commands_name_model_path(command, config, mode, hub_env, tmp_path):
-    work = newcomer_folder(tmp_path)
-    proc = posttrain(work, hub_env[mode], command, f"examples/{config}", f"model.path={MISSING}")
-    assert_one_line_error(proc, "model.path", MISSING, mode)
-    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+@pytest.mark.parametrize("command, config, mode", TRAINING)
+def test_training_commands_name_model_path(command, config, mode, runs):
+    r = runs[f"{command}-{mode}"]
+    assert_one_line_error(r, "model.path", MISSING, mode)
+    assert nothing_written(r)
 
 
 @pytest.mark.parametrize("mode", ["missing", "offline"])
-def test_eval_names_model(mode, hub_env, tmp_path):
-    work = newcomer_folder(tmp_path)
-    proc = posttrain(work, hub_env[mode], "eval", f"model={MISSING}", "out_dir=runs/eval", "--no-progress")
-    assert_one_line_error(proc, "model", MISSING, mode)
-    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+def test_eval_names_model(mode, runs):
+    r = runs[f"eval-{mode}"]
+    assert_one_line_error(r, "model", MISSING, mode)
+    assert nothing_written(r)
 
 
-@pytest.mark.parametrize("setting, extra, mode", [
-    ("kl.ref_path", [], "unreachable"),
-    ("reward_model.path", ["algorithm=ppo"], "missing"),
-])
-def test_rl_second_models_name_their_key(setting, extra, mode, hub_env, nano_model_dir, arith_data_dir, tmp_path):
-    work = newcomer_folder(tmp_path)
-    proc = posttrain(work, hub_env[mode], "rl", "examples/grpo_arith.yaml", f"model.path={nano_model_dir}",
-                     f"data.path={arith_data_dir / 'prompts_train.jsonl'}", "data.eval_path=",
-                     f"{setting}=acme/ref-model", *extra)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().startswith(f"posttrain rl: error: {setting}=acme/ref-model: not a local folder")
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+@pytest.mark.parametrize("setting, extra, mode", SECOND_MODELS)
+def test_rl_second_models_name_their_key(setting, extra, mode, runs):
+    r = runs[setting]
+    assert r["returncode"] == 2, r["stderr"]
+    assert r["stderr"].strip().startswith(f"posttrain rl: error: {setting}=acme/ref-model: not a local folder")
+    assert len(r["stderr"].strip().splitlines()) == 1
+    assert nothing_written(r)
 
 
-def test_distill_teacher_path(hub_env, nano_model_dir, tmp_path):
-    work = newcomer_folder(tmp_path)
-    proc = posttrain(work, hub_env["offline"], "distill", "examples/distill_arith.yaml",
-                     f"model.path={nano_model_dir}", "teacher.path=runs/teacher")
-    assert_one_line_error(proc, "teacher.path", "runs/teacher", "offline")
-    assert sorted(p.name for p in work.iterdir()) == ["examples"]
+def test_distill_teacher_path(runs):
+    r = runs["teacher.path"]
+    assert_one_line_error(r, "teacher.path", "runs/teacher", "offline")
+    assert nothing_written(r)
 
 
 def _cache_as_hub_model(model_dir: Path, hf_home: Path, repo: str) -> None:
@@ -146,14 +194,11 @@ def _cache_as_hub_model(model_dir: Path, hf_home: Path, repo: str) -> None:
     shutil.copytree(model_dir, root / "snapshots" / commit)
 
 
-def test_cached_hub_model_loads_offline(hub_env, nano_model_dir, tmp_path):
+def test_cached_hub_model_loads_offline(runs):
     """A hub id in the local cache needs no hub: the run gets past the model to the (missing) data."""
-    work = newcomer_folder(tmp_path)
-    env = hub_env["offline"]
-    _cache_as_hub_model(nano_model_dir, Path(env["HF_HOME"]), "acme/nano")
-    proc = posttrain(work, env, "sft", "examples/sft_arith.yaml", "model.path=acme/nano")
-    assert proc.returncode == 2, proc.stderr
-    assert "runs/arith-data/train.jsonl" in proc.stderr and "model.path" not in proc.stderr
+    r = runs["cached-hub-id"]
+    assert r["returncode"] == 2, r["stderr"]
+    assert "runs/arith-data/train.jsonl" in r["stderr"] and "model.path" not in r["stderr"]
 
 
 # ------------------------------------------------------------------------------ in process
