@@ -44,6 +44,7 @@ def pytest_collection_modifyitems(config, items):
     pyproject.toml replaces with this one). Why: by count alone, a file whose one test takes minutes
     comes last and runs alone at the end of the lane while the other workers wait (seen: the
     repository learning run, the slow lane's last 8 minutes)."""
+    _deselect_release_unless_asked(config, items)
     counts: dict = {}
     for item in items:
         counts[item.path] = counts.get(item.path, 0) + 1
@@ -138,3 +139,15 @@ def vllm_lora_server(tmp_path_factory, vllm_model_dir):
     servers = _vllm_session_server(tmp_path_factory, vllm_model_dir, lora_rank=32)
     yield servers
     servers.stop()
+
+
+def _deselect_release_unless_asked(config, items) -> None:
+    """A `release` test runs only under a marker expression that asks for `release`: one that is
+    also in a CI lane's marker (say a slow file's module mark) would otherwise run there for tens of
+    minutes (seen: the full code demo in the slow lane)."""
+    if re.search(r"(?<!not )\brelease\b", config.getoption("markexpr") or ""):
+        return
+    release = [item for item in items if item.get_closest_marker("release")]
+    if release:
+        config.hook.pytest_deselected(items=release)
+        items[:] = [item for item in items if not item.get_closest_marker("release")]
