@@ -134,17 +134,11 @@ class _Handler(BaseHTTPRequestHandler):
         execute = channel is None and self._channel(["exec"])
         if execute and execute.executor is not None:
             return self._exec(execute)
+        raw = self._read_body(channel.max_request_bytes if channel is not None else MAX_REQUEST_BYTES)
+        if raw is None:
+            return None
         try:
-            size = int(self.headers.get("content-length") or 0)
-        except ValueError:
-            size = -1
-        if size < 0:
-            return self._send(400, _error("a request needs a content-length of 0 or more bytes"), close=True)
-        limit = channel.max_request_bytes if channel is not None else MAX_REQUEST_BYTES
-        if size > limit:
-            return self._send(413, _error(f"a request body may have at most {limit} bytes"), close=True)
-        try:
-            body = json.loads(self.rfile.read(size) or b"{}")
+            body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
         except ValueError as e:  # malformed JSON is a ValueError too
@@ -168,16 +162,26 @@ class _Handler(BaseHTTPRequestHandler):
             channel.release()
         self._answer(body, pending.answer, pending.tool_calls)
 
-    def _exec(self, channel: Channel) -> None:
-        """``POST .../exec``: a command for the episode's sandbox (`posttrain.envs.agent_swe`); one
-        at a time, inside the same key and size bounds as a model call."""
+    def _read_body(self, limit: int) -> bytes | None:
+        """The request's body, or None once a 400 (no valid content-length) or 413 (over ``limit``) is sent."""
         try:
             size = int(self.headers.get("content-length") or 0)
         except ValueError:
             size = -1
-        if not 0 <= size <= channel.max_request_bytes:
-            return self._send(413, _error("a request body of 0 to the episode's bound of bytes"), close=True)
-        body = self.rfile.read(size)
+        if size < 0:
+            self._send(400, _error("a request needs a content-length of 0 or more bytes"), close=True)
+            return None
+        if size > limit:
+            self._send(413, _error(f"a request body may have at most {limit} bytes"), close=True)
+            return None
+        return self.rfile.read(size)
+
+    def _exec(self, channel: Channel) -> None:
+        """``POST .../exec``: a command for the episode's sandbox (`posttrain.envs.agent_swe`); one
+        at a time, inside the same key and size bounds as a model call."""
+        body = self._read_body(channel.max_request_bytes)
+        if body is None:
+            return None
         if not self._authorised(channel):
             return self._send(401, _error("wrong key for this episode"))
         if not channel.exec_lock.acquire(blocking=False):
