@@ -20,7 +20,12 @@ mathematics with fewer kernels:
 * grouped-query attention multiplies q grouped as (B, n_kv, rep, hd) against K directly, with no
   repeat of K/V;
 * `keep(rows)` compacts the batch (index-selects the live rows of the cache, positions and
-  padding bias) so finished samples stop costing compute.
+  padding bias) so finished samples stop costing compute;
+* on the CPU the LM head runs in blocks of vocabulary rows (`LM_HEAD_BLOCK_BYTES` of weight each):
+  one matmul against the whole (V, E) weight streams it from memory with the rows' partial
+  results evicted between passes, while a block stays in cache for all rows of the batch. Each
+  logit is the same dot product either way (the reduction over E is not split), and on
+  SmolLM2-135M (V = 49,152) the head took about 20% less time at 16 and 64 rows.
 
 The mathematics (RMSNorm in float32, rotate-half RoPE with the model's own ``inv_freq`` and
 attention scaling, softmax in float32) mirrors the Hugging Face Llama code, so greedy outputs agree
@@ -40,6 +45,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 QK_NORM_MODEL_TYPES = ("qwen3",)
 """Types whose attention normalises each q and k head (RMSNorm over head_dim) before RoPE."""
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+LM_HEAD_BLOCK_BYTES = 2 << 20
+"""Weight bytes of one block of the CPU LM head (see the module docstring): about an L2 cache."""
 
 
 def supports(model) -> bool:
@@ -87,6 +94,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
+def lm_head_blocks(weight_VE: torch.Tensor, bias_V: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor | None]] | None:
+    """The LM head's (weight, bias) views in blocks of vocabulary rows, or None where one matmul is
+    best (off the CPU, where a kernel launch per block costs more than cache misses, or one block)."""
+    rows = max(1, LM_HEAD_BLOCK_BYTES // (weight_VE.shape[1] * weight_VE.element_size()))
+    if weight_VE.device.type != "cpu" or rows >= weight_VE.shape[0]:
+        return None
+    biases = bias_V.split(rows) if bias_V is not None else [None] * len(weight_VE.split(rows))
+    return list(zip(weight_VE.split(rows), biases))
+
+
 def _cat_bias(*linears) -> torch.Tensor | None:
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
@@ -118,6 +135,7 @@ class FastLlamaDecoder:
         self.final_norm = m.norm.weight
         self.lm_head = self.model.lm_head.weight
         self.lm_head_bias = self.model.lm_head.bias
+        self.lm_head_blocks = lm_head_blocks(self.lm_head, self.lm_head_bias)
         self.layers, self.qk_norms = [], []
         for layer in m.layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -177,7 +195,10 @@ class FastLlamaDecoder:
         return h_BQE
 
     def _logits(self, h_BE: torch.Tensor) -> torch.Tensor:
-        return F.linear(_rms_norm(h_BE, self.final_norm, self.eps), self.lm_head, self.lm_head_bias).float()
+        x = _rms_norm(h_BE, self.final_norm, self.eps)
+        if self.lm_head_blocks is None:
+            return F.linear(x, self.lm_head, self.lm_head_bias).float()
+        return torch.cat([F.linear(x, w, b) for w, b in self.lm_head_blocks], dim=-1).float()
 
     @torch.inference_mode()
     def prefill(self, ids_UP: torch.Tensor, pad_U: torch.Tensor, expand_b: torch.Tensor, total_len: int) -> torch.Tensor:

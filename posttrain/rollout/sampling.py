@@ -83,8 +83,11 @@ def sample_next(
         return token, logp, torch.zeros_like(logp)
     scaled = logits_BV if sampling.temperature == 1.0 else logits_BV / sampling.temperature
     full_logp_BV = scaled.log_softmax(-1)
-    cand_BK, index_BK = truncate_logits(scaled, sampling.top_k, sampling.top_p)
-    cand_logp_BK = cand_BK.log_softmax(-1)
+    if 0 < sampling.top_k < scaled.shape[-1] or sampling.top_p < 1.0:
+        cand_BK, index_BK = truncate_logits(scaled, sampling.top_k, sampling.top_p)
+        cand_logp_BK = cand_BK.log_softmax(-1)
+    else:  # nothing truncated: the sampled distribution is the full one, computed once
+        cand_logp_BK, index_BK = full_logp_BV, None
     col = _inverse_cdf_draw(cand_logp_BK.exp(), u_B)
     token = col.squeeze(-1) if index_BK is None else index_BK.gather(-1, col).squeeze(-1)
     logp = full_logp_BV.gather(-1, token[:, None]).squeeze(-1)
