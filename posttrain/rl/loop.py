@@ -240,7 +240,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
             if run.behaviour is not None:  # async: stale rows under their own version, before score keeps a graph
                 run.behaviour.record(run.version, run.policy.model)
                 stale = score_stale_rows(run.policy, batch, run.version, run.behaviour)
-            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=with_ref, train_rows=train_rows)
+            defer = defers_old_logprobs(run, with_ref, info)
+            batch.old_logp_BT, batch.ref_logp_BT, m = run.policy.score(batch, with_ref=with_ref, train_rows=train_rows,
+                                                                       defer=defer)
             metrics |= m
         if run.ppo is not None:  # GAE over token rewards with the learned critic; equal rewards still teach
             targets, m = run.ppo.targets(run, batch, timer)
@@ -249,8 +251,10 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
             with timer("adv"):
                 batch.adv_B, m = advantages(cfg, batch, world)
         split = split_mismatch(batch, run.version, *stale) if run.behaviour is not None else {}
-        batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
-        metrics |= m | world.mean_metrics(correction | split, float(batch.scored_mask_BT.sum()))
+        if not defer:
+            batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
+            metrics |= world.mean_metrics(correction | split, float(batch.scored_mask_BT.sum()))
+        metrics |= m
         metrics |= rollout_metrics(ro, outcomes, metrics.pop("groups/zero_variance_frac", 0.0)) | info
         metrics["tokens/generated"] = sum(ro.model_tokens())
         if info.get("dynamic_sampling/starved"):
@@ -262,12 +266,26 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
                 metrics |= run.policy.train_step(batch, run.loss_fn, aggregation=cfg.aggregation_mode,
                                                  epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
                                                  norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step,
-                                                 train_rows=train_rows)
+                                                 train_rows=train_rows, correct=(lambda mb: off_policy_correction(
+                                                     mb, cfg)[:2]) if defer else None)
+        if defer:  # the old log-probs are complete now: the correction's metrics over the whole step
+            metrics |= world.mean_metrics(off_policy_correction(batch, cfg)[2], float(batch.scored_mask_BT.sum()))
     if run.precision is not None:  # before the sync: the next version loads in the dtype chosen here
         metrics |= follow_the_gap(run, step, metrics.get("mismatch/kl"))
     with timer("sync"):
         sync_weights(run)
     return metrics
+
+
+def defers_old_logprobs(run: RLRun, with_ref: bool, info: dict) -> bool:
+    """Whether the update's own forward gives the old log-probs of the rows that train
+    (`Policy.score`'s ``defer``): with one update a step the policy has not moved between scoring
+    and updating, so its log-probs are the old ones, and everything the update reads from them (the
+    PPO ratio's anchor, the importance weights) is per row. Not when the step has something to do
+    with them before the update: the reference forward and its KL (the advantages may read it),
+    PPO's critic, the async per-version scoring of stale rows, or a starved step that never updates."""
+    return (run.policy.reuse_score_forward and run.ppo is None and run.behaviour is None and not with_ref
+            and not info.get("dynamic_sampling/starved"))
 
 
 def rows_to_train(cfg: RLConfig, batch: RLBatch, outcomes: list[Outcome], first_episode: int) -> torch.Tensor | None:

@@ -19,6 +19,13 @@ micro-batch and the model has no active dropout, ``score`` records it with autog
 weights, same inputs; eval vs train mode only differ through dropout), and the memory held is the
 one micro-batch the update would hold anyway.
 
+With several micro-batches the caller can go further (``score(defer=True)``, then
+``train_step(correct=...)``): the rows that train are not scored at all, and each micro-batch's
+forward in the update gives their old log-probs (its own log-probs, detached: the weights have not
+moved yet), their entropy and, through ``correct``, their importance weights, all of which depend
+on the row alone. ``batch.old_logp_BT`` is complete once the update returns, for the step's
+whole-batch metrics. One forward a row instead of two, as TRL does with one iteration a generation.
+
 Rows that cannot change the update are not differentiated (``train_rows``): in the GRPO family a
 zero-variance group's advantage is exactly 0, so when the loss has no term that is non-zero at
 advantage 0 its rows add exactly nothing to the loss or its gradient. ``score`` runs them without
@@ -46,6 +53,7 @@ from posttrain.rl.packed import install as install_packing, packed_logits, packe
 from posttrain.rl.shared_prefix import TargetLogits, completion_logits
 
 LossFn = Callable[[torch.Tensor, RLBatch], tuple[torch.Tensor, dict]]
+Correct = Callable[[RLBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 class Policy:
@@ -64,6 +72,7 @@ class Policy:
         self.device = next(model.parameters()).device
         self.reuse_score_forward = reuse_score_forward and not has_active_dropout(model)
         self._kept = None  # (batch, core.updates, logp_BT with graph) recorded by score
+        self._deferred = None  # (batch, [entropy sum, token count]) of rows score left to the update
 
     def _target_logits(self, model, mb: RLBatch) -> TargetLogits:
         """Logits scoring ``input_ids[:, 1:]`` (the completion targets only, each shared prompt run
@@ -106,8 +115,8 @@ class Policy:
             return []
         return self.micro_batches(batch, rows)
 
-    def score(self, batch: RLBatch, with_ref: bool = True,
-              train_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    def score(self, batch: RLBatch, with_ref: bool = True, train_rows: torch.Tensor | None = None,
+              defer: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """``(old_logp_BT, ref_logp_BT, metrics)``: the current policy's and the reference's log-probs
         of the batch's tokens (0 off ``mask_BT``; the reference's is None without one, or when
         ``with_ref`` is off) and the entropy. ``train_rows`` (N,) bool: the rows the update will
@@ -115,7 +124,11 @@ class Policy:
 
         ``batch.score_weight_B`` (None: every row, weight 1) picks the rows to score: a row of weight
         0 is not run, and its old log-probs are the behaviour policy's (importance weight 1; it must
-        not train); the entropy weighs each scored row's tokens by its weight."""
+        not train); the entropy weighs each scored row's tokens by its weight.
+
+        ``defer``: the rows that train are left to the update's forwards (their old log-probs are 0
+        until ``train_step`` fills them in, and the entropy comes with its metrics); only without the
+        reference forward and with one update a step."""
         self.model.eval()
         rows = torch.arange(len(batch))
         weight_B = batch.score_weight_B
@@ -126,11 +139,15 @@ class Policy:
         if weight_B is not None and bool((weight_B[trained] == 0).any()):
             raise ValueError("every row that trains must be scored (score_weight_B > 0)")
         frozen = scored[:0] if train_rows is None else scored[~train_rows[scored]]
-        trained_plan = self.plan(batch, trained)
+        if defer and (not self.reuse_score_forward or with_ref and self.ref_model is not None):
+            raise ValueError("defer needs one update a step, no dropout and no reference forward")
+        trained_plan = [] if defer else self.plan(batch, trained)
         keep = self.reuse_score_forward and len(trained_plan) == 1  # one micro-batch: no extra memory
         self._kept = None
         steps = [(idx, False) for idx in self.plan(batch, frozen)] + [(idx, keep) for idx in trained_plan]
-        old, ref, metrics, logp = self._score(batch, steps, with_ref and self.ref_model is not None)
+        old, ref, entropy, logp = self._score(batch, steps, with_ref and self.ref_model is not None)
+        self._deferred = (batch, entropy) if defer else None
+        metrics = {} if defer else {"entropy": self.mean_entropy(entropy)}
         if keep:
             self._kept = (batch, self.core.updates, logp, trained_plan[0])
         else:
@@ -160,20 +177,33 @@ class Policy:
             ent_count += float(m.sum())
             if ref is not None:
                 ref[idx, : logp.shape[1]] = ref_logp
-        ent_sum, ent_count = self.world.all_reduce(ent_sum), self.world.all_reduce(ent_count)
         ref = ref * batch.mask_BT if ref is not None else None
-        return old * batch.mask_BT, ref, {"entropy": ent_sum / max(ent_count, 1.0)}, logp
+        return old * batch.mask_BT, ref, [ent_sum, ent_count], logp
+
+    def mean_entropy(self, entropy: list[float]) -> float:
+        """The step's entropy from this rank's ``[sum, count]``: a collective under torchrun."""
+        ent_sum, ent_count = self.world.all_reduce(entropy[0]), self.world.all_reduce(entropy[1])
+        return ent_sum / max(ent_count, 1.0)
 
     def train_step(self, batch: RLBatch, loss_fn: LossFn, *, aggregation: str, epochs: int = 1,
                    mini_batches: int = 1, norm_constant: float = 1.0, seed: int = 0,
-                   train_rows: torch.Tensor | None = None) -> dict:
+                   train_rows: torch.Tensor | None = None, correct: Correct | None = None) -> dict:
         """``epochs`` passes; each pass shuffles the rows into ``mini_batches`` optimizer steps.
+
+        After ``score(defer=True)``: ``correct(mb)`` gives ``(old_logp_BT, is_weights_BT)`` for the
+        loss from a micro-batch whose ``old_logp_BT`` was just set to its own detached log-probs (the
+        off-policy correction, row by row); the metrics then carry the step's entropy.
 
         ``train_rows`` (N,) bool: the rows to differentiate (None: all). The others must have
         advantage exactly 0 (a loss with no term that is non-zero at advantage 0 is the caller's
         to check); the loss metrics are then over the rows that train."""
         if train_rows is not None and (batch.token_adv_BT is not None or bool(batch.adv_B[~train_rows].any())):
             raise ValueError("rows left out of the backward must have a per-sample advantage of exactly 0")
+        deferred, self._deferred = self._deferred, None
+        if (deferred is not None) != (correct is not None) or deferred and deferred[0] is not batch:
+            raise ValueError("correct= goes with score(defer=True) of the same batch")
+        if deferred and epochs * mini_batches != 1:
+            raise ValueError("deferred old log-probs need one update a step: the second would see moved weights")
         self.model.train()
         agg = AGGREGATIONS[aggregation]
         sums: dict[str, float] = {}
@@ -182,14 +212,16 @@ class Policy:
         for _ in range(epochs):
             # one process's mini-batches at any world size (split episodes can make them uneven)
             for mini in mini_batch_rows(len(batch), mini_batches, gen, self.world):
-                metrics = self._update(batch, mini, loss_fn, agg, norm_constant, train_rows)
+                fused = None if deferred is None else (correct, deferred[1])
+                metrics = self._update(batch, mini, loss_fn, agg, norm_constant, train_rows, fused)
                 accumulate(sums, metrics)  # means add up here, extremes stay extremes over all updates
                 for k in metrics:
                     counts[k] = counts.get(k, 0) + 1
-        return mean_over_updates(sums, counts)
+        out = mean_over_updates(sums, counts)
+        return out if deferred is None else out | {"entropy": self.mean_entropy(deferred[1])}
 
     def _update(self, batch: RLBatch, rows: torch.Tensor, loss_fn: LossFn, agg, norm_constant: float,
-                train_rows: torch.Tensor | None = None) -> dict:
+                train_rows: torch.Tensor | None = None, fused=None) -> dict:
         """One optimizer step; denominators are over the whole mini-batch of every rank, whichever
         of its rows are differentiated."""
         global_tokens = max(self.world.all_reduce(int(batch.train_mask_BT[rows].sum())), 1)
@@ -207,7 +239,9 @@ class Policy:
             rows_ = idx if live else placeholder_rows(batch)
             mb = batch.select(rows_)
             logp = self._kept_forward(batch, idx)
-            if logp is None:
+            if fused is not None:
+                logp = self._old_from_forward(batch, idx, mb, *fused)
+            elif logp is None:
                 logp, _ = self._forward_grad(mb)
             loss_BT, metrics = loss_fn(logp, mb)
             loss = agg(loss_BT, mb.train_mask_BT, global_num_tokens=global_tokens, global_num_seqs=global_seqs,
@@ -234,6 +268,20 @@ class Policy:
         if bool((where < 0).any()):
             return None
         return logp[where.to(logp.device)]
+
+    def _old_from_forward(self, batch: RLBatch, idx: torch.Tensor, mb: RLBatch, correct: Correct,
+                          entropy: list[float]) -> torch.Tensor:
+        """The update's forward of ``mb`` (rows ``idx`` of ``batch``; none for a placeholder), which
+        also gives what ``score`` left to it: the rows' old log-probs, entropy and correction."""
+        logp, ent = self._forward(self.model, mb, with_entropy=True)
+        mb.old_logp_BT = logp.detach() * mb.mask_BT  # what score would have recorded
+        if len(idx):
+            batch.old_logp_BT[idx, : logp.shape[1]] = mb.old_logp_BT
+            weight = 1.0 if batch.score_weight_B is None else batch.score_weight_B[idx, None]
+            entropy[0] += float((ent * mb.mask_BT * weight).sum())
+            entropy[1] += float((mb.mask_BT * weight).sum())
+        mb.old_logp_BT, mb.is_weights_BT = correct(mb)
+        return logp
 
     def _forward_grad(self, mb: RLBatch):
         return self._forward(self.model, mb)
