@@ -40,6 +40,7 @@ OpenMP thread measures the scheduler); ``--threads 2`` on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -61,6 +62,11 @@ def letters(completion, example):
     if not completion:
         return Outcome.model_fail("empty", reward=0.0)
     return Outcome.model_fail(reward=sum(c.isalpha() for c in completion) / len(completion))
+
+def mostly_letters(completion, example):
+    """1 when at least 80% of the completion is letters, else 0: a binary reward, whose groups are
+    often all 0 or all 1 (zero variance), as a pass/fail verifier's are."""
+    return Outcome.model_fail(reward=float(letters(completion, example).reward >= 0.8))
 '''
 
 
@@ -225,7 +231,7 @@ def our_grpo_run(path: str, prompts: Path, out: Path, args, lora: bool, steps: i
 
     overrides = {"model.path": path, "data.path": prompts, "prompts_per_step": args.grpo_prompts,
                  "rollout.group_size": args.grpo_g, "rollout.max_new_tokens": args.grpo_new,
-                 "verifier": "bench_letters:letters", "eval_every": 0, "save_every": 0, "num_steps": steps,
+                 "verifier": f"bench_letters:{args.grpo_reward}", "eval_every": 0, "save_every": 0, "num_steps": steps,
                  "seed": 0, "out_dir": out, "logging.progress": False, "algorithm": "grpo",
                  "rollout.temperature": 1.0, "kl.coef": 0.0, "kl.track": False, "ppo_epochs": 1, "mini_batches": 1,
                  "micro_batch_tokens": micro_tokens, "optim.lr": 1e-5, "optim.beta1": 0.9, "optim.beta2": 0.95,
@@ -246,7 +252,7 @@ def trl_grpo(path: str, prompts: Path, out: Path, args, lora: bool, steps: int, 
     from posttrain.models.hf import load_tokenizer
     from posttrain.verifiers import build_reward, score_batch
 
-    verifier = build_reward("bench_letters:letters")
+    verifier = build_reward(f"bench_letters:{args.grpo_reward}")
 
     def letters_reward(prompts, completions, completion_ids, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -296,28 +302,55 @@ def grpo_section(path: str, args, printer) -> dict:
                 f"(rows up to {width} tokens), micro-batch {args.micro_batch} rows, "
                 f"{args.grpo_warmup} warm-up + {args.grpo_steps} timed steps a side, interleaved")
         for name, lora in [a for a in (("LoRA r=32", True), ("full", False)) if a[0].split()[0] in args.grpo_arms]:
-            run = our_grpo_run(path, prompts, root / f"ours-{lora}", args, lora, steps, args.micro_batch * width)
-            cb = make_interleaver({"ours": run}, args.grpo_warmup)
+            runs = {"ours": our_grpo_run(path, prompts, root / f"ours-{lora}", args, lora, steps,
+                                         args.micro_batch * width)}
+            if args.grpo_scoring_first:
+                runs[SCORING_FIRST] = our_grpo_run(path, prompts, root / f"first-{lora}", args, lora, steps,
+                                                   args.micro_batch * width)
+            cb = make_interleaver(runs, args.grpo_warmup)
             trainer = trl_grpo(path, prompts, root / f"trl-{lora}", args, lora, steps, cb)
             cb.resume = time.perf_counter()
-            trainer.train()
+            with scoring_first(runs.get(SCORING_FIRST)):
+                trainer.train()
             out[name] = grpo_row(name, cb, args, printer)
-            del run, trainer, cb
+            del runs, trainer, cb
     return out
 
 
+SCORING_FIRST = "ours, scoring first"
+
+
+@contextlib.contextmanager
+def scoring_first(run):
+    """``run`` (if any) scores every row before its update, as before the update's forward gave the
+    old log-probs (`posttrain.rl.loop.defers_old_logprobs`): the same step, one more forward."""
+    from posttrain.rl import loop
+
+    defers = loop.defers_old_logprobs
+    loop.defers_old_logprobs = lambda r, *a: r is not run and defers(r, *a)
+    try:
+        yield
+    finally:
+        loop.defers_old_logprobs = defers
+
+
 def grpo_row(name: str, cb, args, printer) -> dict:
-    trl_s, ours_s = statistics.median(cb.trl_s), statistics.median(cb.ours_s["ours"])
+    trl_s = statistics.median(cb.trl_s)
     want = args.grpo_prompts * args.grpo_g * args.grpo_new
-    tokens = {"TRL": set(cb.tokens[args.grpo_warmup:]), "ours": set(cb.ours_tokens["ours"])}
-    stages = {k[5:-2]: statistics.median(s[k] for s in cb.stages["ours"]) for k in cb.stages["ours"][0]}
-    zv = {"TRL": statistics.mean(cb.trl_zero_variance[args.grpo_warmup:]),
-          "ours": statistics.mean(cb.ours_zero_variance["ours"])}
-    printer(f"{name:10} TRL {trl_s:7.2f} s/step, ours {ours_s:7.2f} s/step: {trl_s / ours_s:.2f}x "
-            f"(tokens a step {tokens}, wanted {want}; zero-variance groups TRL {zv['TRL']:.0%}, ours {zv['ours']:.0%})")
-    printer(f"{'':10} ours' stages (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
-    return {"trl_s": trl_s, "ours_s": ours_s, "speedup": trl_s / ours_s, "stages": stages, "zero_variance": zv,
-            "tokens": {k: sorted(v) for k, v in tokens.items()}}
+    row = {"trl_s": trl_s, "tokens": {"TRL": sorted(set(cb.tokens[args.grpo_warmup:]))},
+           "zero_variance": {"TRL": statistics.mean(cb.trl_zero_variance[args.grpo_warmup:])}}
+    printer(f"{name:10} TRL {trl_s:7.2f} s/step (tokens a step {row['tokens']['TRL']}, wanted {want}; "
+            f"zero-variance groups {row['zero_variance']['TRL']:.0%})")
+    for side in cb.ours_s:
+        ours_s = statistics.median(cb.ours_s[side])
+        stages = {k[5:-2]: statistics.median(s.get(k, 0.0) for s in cb.stages[side]) for k in cb.stages[side][0]}
+        zv, tokens = statistics.mean(cb.ours_zero_variance[side]), sorted(set(cb.ours_tokens[side]))
+        printer(f"{'':10} {side}: {ours_s:7.2f} s/step, {trl_s / ours_s:.2f}x TRL's (tokens a step {tokens}; "
+                f"zero-variance groups {zv:.0%}); stages (median s): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+        row[side] = {"ours_s": ours_s, "speedup": trl_s / ours_s, "stages": stages}
+        row["zero_variance"][side], row["tokens"][side] = zv, tokens
+    return row
 
 
 def sft_records(tokenizer, max_len: int) -> list[dict]:
@@ -493,6 +526,11 @@ def main() -> None:
     parser.add_argument("--grpo-g", type=int, help="GRPO group size (default 8)")
     parser.add_argument("--grpo-new", type=int, help="GRPO new tokens a completion (default 32)")
     parser.add_argument("--grpo-arms", default="LoRA,full", help="GRPO arms to run: LoRA (r=32), full")
+    parser.add_argument("--grpo-reward", default="letters", choices=["letters", "mostly_letters"],
+                        help="GRPO reward: letters (dense: every group has variance) or mostly_letters (binary: "
+                             "many zero-variance groups, whose rows ours does not differentiate and TRL does)")
+    parser.add_argument("--grpo-scoring-first", action="store_true",
+                        help="GRPO: a third side, ours scoring every row before the update (one more forward)")
     parser.add_argument("--grpo-steps", type=int, help="GRPO timed steps a side, after one warm-up (default 3)")
     parser.add_argument("--sft-steps", type=int, help="SFT timed steps a side, after one warm-up (default 6)")
     parser.add_argument("--sft-tokens", type=int, help="SFT tokens a step, packed in rows of 512 (default 1024)")
