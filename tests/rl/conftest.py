@@ -36,14 +36,18 @@ def reward_plugin(tmp_path, monkeypatch):
     return "rl_test_rewards"
 
 
+def rl_args(model_dir, data_dir, **extra) -> list[str]:
+    """Dotted overrides for a small, fast RL run on the nano model (no out_dir unless given)."""
+    base = {"model.path": model_dir, "data.path": data_dir / "prompts_train.jsonl",
+            "rollout.group_size": 4, "rollout.max_new_tokens": 8, "prompts_per_step": 4,
+            "num_steps": 2, "eval_every": 0, "save_every": 0, "logging.progress": False, "optim.lr": 1e-3}
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
 @pytest.fixture
 def rl_overrides(nano_model_dir, arith_data_dir, tmp_path):
     """Dotted overrides for a small, fast RL run on the nano model."""
     def make(**extra):
-        base = {"model.path": nano_model_dir, "data.path": arith_data_dir / "prompts_train.jsonl",
-                "rollout.group_size": 4, "rollout.max_new_tokens": 8, "prompts_per_step": 4,
-                "num_steps": 2, "eval_every": 0, "save_every": 0, "logging.progress": False,
-                "out_dir": tmp_path / "run", "optim.lr": 1e-3}
-        base.update(extra)
-        return [f"{k}={v}" for k, v in base.items()]
+        return rl_args(nano_model_dir, arith_data_dir, **{"out_dir": tmp_path / "run", **extra})
     return make

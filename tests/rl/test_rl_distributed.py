@@ -2,13 +2,18 @@
 groups) equal 1 process, step by step, for the GRPO family (same rollouts) and PPO's critic."""
 
 import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from posttrain.cli import main
+from tests.rl.conftest import PLUGIN, rl_args
+
+PLUGIN_MODULE = "rl_test_rewards"  # the module tests/rl/conftest.py's reward_plugin fixture makes
 
 
 def _metrics(run_dir):
@@ -29,13 +34,102 @@ def _assert_close_weights(a: Path, b: Path):
 ADAM = {"optim.eps": 1e-5}
 
 
-def _run_both(torchrun, args, tmp_path):
-    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
-    r = torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
-    assert r.stdout.count("rl done") == 1, r.stdout  # only process 0 prints
-    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+def _rl(inputs, **extra) -> tuple[str, list[str]]:
+    return "rl", rl_args(inputs.model, inputs.data, **{"optim.lr": 1e-2, **ADAM, **extra})
+
+
+def _grpo(inputs, extra):
+    return _rl(inputs, verifier=f"{PLUGIN_MODULE}:letters", num_steps=3, save_every=3,
+               **{"kl.track_every": 1, **extra})
+
+
+def _zero_variance(inputs, micro_batch_tokens):
+    return _rl(inputs, verifier=f"{PLUGIN_MODULE}:half_flat", num_steps=5, save_every=5, seed=2, prompts_per_step=2,
+               micro_batch_tokens=micro_batch_tokens)
+
+
+def _ppo_critic(inputs):
+    return _rl(inputs, verifier=f"{PLUGIN_MODULE}:letters", algorithm="ppo", num_steps=2, save_every=2,
+               **{"optim.lr": 1e-3, "kl.coef": 0.05, "kl.mode": "reward", "critic.optim.lr": 3e-3,
+                  "critic.optim.eps": 1e-6})
+
+
+def _unequal_groups(inputs, algorithm):
+    ppo = {"ppo_epochs": 2, "mini_batches": 2} if algorithm == "ppo" else {}
+    return _rl(inputs, verifier=f"{PLUGIN_MODULE}:letters", prompts_per_step=3, micro_batch_tokens=16,
+               algorithm=algorithm, **ppo)
+
+
+def _dynamic_sampling(inputs):
+    return _rl(inputs, verifier=f"{PLUGIN_MODULE}:half_flat", prompts_per_step=4, num_steps=3, seed=0,
+               **{"dynamic_sampling.enabled": True, "dynamic_sampling.max_rounds": 2})
+
+
+def _distill(inputs, loss):
+    return "distill", [f"model.path={inputs.model}", f"teacher.path={inputs.teacher}",
+                       f"data.path={inputs.data / 'prompts_train.jsonl'}", "rollout.max_new_tokens=8",
+                       "rollout.group_size=2", "prompts_per_step=4", "optim.lr=3e-3", "optim.eps=1e-6",
+                       "micro_batch_tokens=64", "num_steps=2", "eval_every=0", "logging.progress=false",
+                       f"loss={loss}"]
+
+
+# test -> its command line from the module's inputs and the test's parameters
+TWO_RANK_RUNS = {
+    "test_grpo_two_ranks_equal_one_process": _grpo,
+    "test_a_rank_whose_groups_are_all_zero_variance_keeps_in_step": _zero_variance,
+    "test_ppo_critic_two_ranks_equal_one_process": _ppo_critic,
+    "test_groups_the_ranks_cannot_share_equally": _unequal_groups,
+    "test_dynamic_sampling_two_ranks_equal_one_process": _dynamic_sampling,
+    "test_distillation_two_ranks_equal_one_process": _distill,
+}
+
+
+def _sharp_teacher(model_dir: Path, out: Path) -> Path:
+    """The nano model with its head scaled up: a large KL to learn from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs(nano_model_dir, arith_data_dir, tmp_path_factory):
+    """The runs' model, prompts, teacher, and the user's reward module (importable here and by the ranks)."""
+    root = tmp_path_factory.mktemp("rl-two-ranks")
+    (root / f"{PLUGIN_MODULE}.py").write_text(PLUGIN)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        yield SimpleNamespace(root=root, model=nano_model_dir, data=arith_data_dir,
+                              teacher=_sharp_teacher(nano_model_dir, root / "teacher"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request, inputs, torchrun_each):
+    """Every selected test's 2-rank run, all in one torchrun launch (each launch's imports cost more
+    than the runs' steps): test name -> process 0's output; the runs go to ROOT/<test name>/two."""
+    cases = {}
+    for item in request.session.items:
+        if item.path == request.path and item.originalname in TWO_RANK_RUNS:
+            params = item.callspec.params if hasattr(item, "callspec") else {}
+            command, args = TWO_RANK_RUNS[item.originalname](inputs, **params)
+            cases[item.name] = [command, *args, f"out_dir={inputs.root / item.name / 'two'}"]
+    path = os.pathsep.join(filter(None, [str(inputs.root), os.environ.get("PYTHONPATH")]))
+    return torchrun_each(2, cases, env={"PYTHONPATH": path})[0]
+
+
+def _run_both(request, inputs, two_ranks, command_args):
+    """The test's run in this process, and its 2-rank run: (one's metrics, two's metrics, their folders)."""
+    command, args = command_args
+    one_dir, two_dir = inputs.root / request.node.name / "one", inputs.root / request.node.name / "two"
+    assert main([command, *args, f"out_dir={one_dir}"]) == 0
+    assert two_ranks[request.node.name].count(f"{command} done") == 1, two_ranks[request.node.name]  # only process 0 prints
+    one, two = _metrics(one_dir), _metrics(two_dir)
     assert [m["step"] for m in one] == [m["step"] for m in two]
-    return one, two
+    return one, two, one_dir, two_dir
 
 
 @pytest.fixture
@@ -44,11 +138,11 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
     return reward_plugin
 
 
-# Each case is a 2-rank launch (most of this file's time), so knobs that touch different parts of the
-# step share one: a broken part still makes its case differ from the one process. Plain GRPO with
-# one bucket is every other test's run here (equal rewards at every step need each rank's engine synced).
-# The default suite keeps one two-rank run of each path (sync, PPO's critic, distillation, dynamic
-# sampling, uneven shares, checkpointing); the slow lane adds the other algorithms and batch shapes.
+# Each case is a 2-rank run, so knobs that touch different parts of the step share one: a broken
+# part still makes its case differ from the one process. Plain GRPO with one bucket is every other
+# test's run here (equal rewards at every step need each rank's engine synced). The default suite
+# keeps one two-rank run of each path (sync, PPO's critic, distillation, dynamic sampling, uneven
+# shares, checkpointing); the slow lane adds the other algorithms and batch shapes.
 @pytest.mark.parametrize("extra", [
     {"algorithm": "grpo", "rollout.sync_bucket_mb": 0.05},  # weights streamed to the ranks in ~20 buckets
     # statistics over the whole batch
@@ -60,10 +154,8 @@ def plugin_on_path(reward_plugin, tmp_path, monkeypatch):
     # holds one process with it to one without)
     {"algorithm": "grpo", "rollout.colocate": False, "rollout.sync_bucket_mb": 0.05, "model.activation_checkpointing": True},
 ])
-def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun, extra):
-    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", num_steps=3, save_every=3,
-                                    **{"optim.lr": 1e-2, "kl.track_every": 1, **ADAM, **extra}) if not a.startswith("out_dir=")]
-    one, two = _run_both(torchrun, args, tmp_path)
+def test_grpo_two_ranks_equal_one_process(request, inputs, two_ranks, extra):
+    one, two, one_dir, two_dir = _run_both(request, inputs, two_ranks, _grpo(inputs, extra))
     # colocated by default: each rank sampled its own groups, with the seeds the one process gave them
     assert {m["rollout/generating_ranks"] for m in two} == {1 if extra.get("rollout.colocate") is False else 2}
     for a, b in zip(one, two):
@@ -77,35 +169,27 @@ def test_grpo_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path
     assert all(m["grad_norm"] > 0 for m in one)
     if extra.get("ppo_epochs") or extra.get("mini_batches"):
         assert max(m["policy/ratio_max"] for m in one) > 1.0 + 1e-4
-    _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-3", tmp_path / "two" / "checkpoints" / "step-3")
+    _assert_close_weights(one_dir / "checkpoints" / "step-3", two_dir / "checkpoints" / "step-3")
 
 
 # one micro-batch (the kept forward), or several
 @pytest.mark.parametrize("micro_batch_tokens", [pytest.param(8192, marks=pytest.mark.slow), 64])
-def test_a_rank_whose_groups_are_all_zero_variance_keeps_in_step(rl_overrides, plugin_on_path, tmp_path, torchrun,
-                                                                micro_batch_tokens):
+def test_a_rank_whose_groups_are_all_zero_variance_keeps_in_step(request, inputs, two_ranks, micro_batch_tokens):
     """One group a rank: where one rank's group is flat and the other's is not, the flat rank has no
     row to differentiate and runs placeholders in step with the other (and where both are flat,
     neither runs a backward); every step equals the one-process run."""
-    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:half_flat", num_steps=5, save_every=5, seed=2,
-                                    prompts_per_step=2, micro_batch_tokens=micro_batch_tokens,
-                                    **{"optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
-    one, two = _run_both(torchrun, args, tmp_path)
+    one, two, one_dir, two_dir = _run_both(request, inputs, two_ranks, _zero_variance(inputs, micro_batch_tokens))
     # steps where one rank trains nothing (0.5) and where no rank does (1.0)
     assert {m["groups/zero_variance_frac"] for m in one} >= {0.5, 1.0}
     for a, b in zip(one, two):
         assert b["reward/mean"] == a["reward/mean"]
         for key in ("loss", "grad_norm", "entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
-    _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-5", tmp_path / "two" / "checkpoints" / "step-5")
+    _assert_close_weights(one_dir / "checkpoints" / "step-5", two_dir / "checkpoints" / "step-5")
 
 
-def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
-    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", algorithm="ppo", num_steps=2, save_every=2,
-                                    **{"kl.coef": 0.05, "kl.mode": "reward", "critic.optim.lr": 3e-3, "critic.optim.eps": 1e-6,
-                                       **ADAM})
-            if not a.startswith("out_dir=")]
-    one, two = _run_both(torchrun, args, tmp_path)
+def test_ppo_critic_two_ranks_equal_one_process(request, inputs, two_ranks):
+    one, two, one_dir, two_dir = _run_both(request, inputs, two_ranks, _ppo_critic(inputs))
     assert all(m["rollout/generating_ranks"] == 2 for m in two) and all(m["reward/mean"] == n["reward/mean"]
                                                                        for m, n in zip(one, two))
     for a, b in zip(one, two):
@@ -116,20 +200,16 @@ def test_ppo_critic_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tm
         for key in ("grad_norm", "critic/loss", "critic/grad_norm", "critic/explained_variance"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
     ckpt = "checkpoints/step-2"
-    _assert_close_weights(tmp_path / "one" / ckpt / "critic", tmp_path / "two" / ckpt / "critic")
-    _assert_close_weights(tmp_path / "one" / ckpt, tmp_path / "two" / ckpt)
+    _assert_close_weights(one_dir / ckpt / "critic", two_dir / ckpt / "critic")
+    _assert_close_weights(one_dir / ckpt, two_dir / ckpt)
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
-def test_groups_the_ranks_cannot_share_equally(rl_overrides, plugin_on_path, tmp_path, torchrun, algorithm):
+def test_groups_the_ranks_cannot_share_equally(request, inputs, two_ranks, algorithm):
     """3 groups: rank 0 trains on 2, rank 1 on 1; a row a micro-batch, so rank 1 runs placeholders
     for the micro-batches it has no row for (policy, and PPO's critic). The one-process steps; PPO's
     2 epochs x 2 mini-batches too (each drawn over the whole step's rows, as in one process)."""
-    ppo = {"ppo_epochs": 2, "mini_batches": 2} if algorithm == "ppo" else {}
-    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:letters", prompts_per_step=3, micro_batch_tokens=16,
-                                    algorithm=algorithm, **{"optim.lr": 1e-2, **ADAM, **ppo})
-            if not a.startswith("out_dir=")]
-    one, two = _run_both(torchrun, args, tmp_path)
+    one, two, _, _ = _run_both(request, inputs, two_ranks, _unequal_groups(inputs, algorithm))
     for a, b in zip(one, two):
         assert b["reward/mean"] == a["reward/mean"]
         keys = ("loss", "grad_norm", "entropy", "policy/ratio_max") + (("critic/loss",) if algorithm == "ppo" else ())
@@ -137,14 +217,11 @@ def test_groups_the_ranks_cannot_share_equally(rl_overrides, plugin_on_path, tmp
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=2e-6), (a["step"], key)
 
 
-def test_dynamic_sampling_two_ranks_equal_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
+def test_dynamic_sampling_two_ranks_equal_one_process(request, inputs, two_ranks):
     """Each round every rank samples its own groups and all see the round's; rounds go on until the
     step has its informative groups; a step that keeps a number of groups the ranks cannot share
     equally splits them unequally."""
-    args = [a for a in rl_overrides(verifier=f"{plugin_on_path}:half_flat", prompts_per_step=4, num_steps=3, seed=0,
-                                    **{"dynamic_sampling.enabled": True, "dynamic_sampling.max_rounds": 2,
-                                       "optim.lr": 1e-2, **ADAM}) if not a.startswith("out_dir=")]
-    one, two = _run_both(torchrun, args, tmp_path)
+    one, two, _, _ = _run_both(request, inputs, two_ranks, _dynamic_sampling(inputs))
     assert all(m["rollout/generating_ranks"] == 2 for m in two)
     kept = [m["dynamic_sampling/kept_groups"] for m in one]
     assert all(k >= 2 for k in kept) and any(k % 2 for k in kept), kept  # an unequal share, no starved step
@@ -162,27 +239,14 @@ def test_fewer_prompts_than_ranks_is_one_line(rl_overrides, tmp_path, torchrun):
 
 
 @pytest.mark.parametrize("loss", ["full", pytest.param("sampled", marks=pytest.mark.slow)])
-def test_distillation_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, torchrun, loss):
+def test_distillation_two_ranks_equal_one_process(request, inputs, two_ranks, loss):
     """The student's groups are split over the ranks, the teacher is sharded like the student."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    teacher = tmp_path / "teacher"
-    model = AutoModelForCausalLM.from_pretrained(nano_model_dir)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # a sharp teacher: a large KL to learn from
-    model.save_pretrained(teacher)
-    AutoTokenizer.from_pretrained(nano_model_dir).save_pretrained(teacher)
-    args = [f"model.path={nano_model_dir}", f"teacher.path={teacher}", f"data.path={arith_data_dir / 'prompts_train.jsonl'}",
-            "rollout.max_new_tokens=8", "rollout.group_size=2", "prompts_per_step=4", "optim.lr=3e-3", "optim.eps=1e-6",
-            "micro_batch_tokens=64", "num_steps=2", "eval_every=0", "logging.progress=false", f"loss={loss}"]
-    assert main(["distill", *args, f"out_dir={tmp_path / 'one'}"]) == 0
-    torchrun(2, "distill", *args, f"out_dir={tmp_path / 'two'}")
-    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
-    assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2]
+    one, two, one_dir, two_dir = _run_both(request, inputs, two_ranks, _distill(inputs, loss))
+    assert [m["step"] for m in one] == [1, 2]
     for a, b in zip(one, two):
         for key in ("loss", "grad_norm", "distill/reverse_kl", "distill/kl_pos/0", "entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
-    _assert_close_weights(tmp_path / "one" / "checkpoints" / "step-2", tmp_path / "two" / "checkpoints" / "step-2")
+    _assert_close_weights(one_dir / "checkpoints" / "step-2", two_dir / "checkpoints" / "step-2")
 
 
 def _launch(args):

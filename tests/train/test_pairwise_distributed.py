@@ -51,42 +51,57 @@ def assert_same_run(a, b, eval_key, steps=3, rel=1e-5):
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_rm_two_ranks_equal_one_process(nano_model_dir, pairs_dir, tmp_path, torchrun):
+# The two-rank runs of the tests below, all in one torchrun launch (a launch's imports cost more than
+# the runs' steps). The resumed DPO run starts from a one-process run to step 2 in its folder, and
+# its reference is a second (frozen, sharded) model; the schedule is constant so that a run to
+# step 2 and a run to step 3 agree on the first two steps.
+RESUME = ["optim.schedule=constant"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(nano_model_dir, pairs_dir, tmp_path_factory, torchrun_each):
+    """The 2-rank runs' folders: name -> run dir (rm, dpo, dpo-resumed), and the ranks' stderr."""
+    root = tmp_path_factory.mktemp("pairwise-two-ranks")
+    resume = [f"ref_path={nano_model_dir}", *RESUME]
+    assert main(["dpo", *args(nano_model_dir, pairs_dir, root / "dpo-resumed", *resume, "num_steps=2")]) == 0
+    cases = {"rm": ["rm", *args(nano_model_dir, pairs_dir, root / "rm")],
+             "dpo": ["dpo", *args(nano_model_dir, pairs_dir, root / "dpo")],
+             "dpo-resumed": ["dpo", *args(nano_model_dir, pairs_dir, root / "dpo-resumed", *resume)]}
+    outputs, _ = torchrun_each(2, cases)
+    for name, out in outputs.items():
+        assert out.count(f"{cases[name][0]} done") == 1, out  # only process 0 prints
+    return {name: root / name for name in cases}
+
+
+def test_rm_two_ranks_equal_one_process(nano_model_dir, pairs_dir, tmp_path, two_ranks):
     assert main(["rm", *args(nano_model_dir, pairs_dir, tmp_path / "one")]) == 0
-    torchrun(2, "rm", *args(nano_model_dir, pairs_dir, tmp_path / "two"))
-    assert_same_run(tmp_path / "one", tmp_path / "two", "eval/accuracy")
-    assert_same_run(tmp_path / "one", tmp_path / "two", "eval/loss")
+    assert_same_run(tmp_path / "one", two_ranks["rm"], "eval/accuracy")
+    assert_same_run(tmp_path / "one", two_ranks["rm"], "eval/loss")
     # The consolidated folder is a reward model that transformers loads as it is.
     from transformers import AutoModelForSequenceClassification
 
     start = AutoModelForSequenceClassification.from_pretrained(nano_model_dir, num_labels=1).state_dict()
-    trained = AutoModelForSequenceClassification.from_pretrained(tmp_path / "two" / "checkpoints" / "step-3")
+    trained = AutoModelForSequenceClassification.from_pretrained(two_ranks["rm"] / "checkpoints" / "step-3")
     assert trained.score.weight.shape[0] == 1
-    w = weights(tmp_path / "two")
+    w = weights(two_ranks["rm"])
     torch.testing.assert_close(trained.score.weight.detach(), w["score.weight"])
     assert any(not torch.equal(start[k], w[k]) for k in w if k in start and k != "score.weight"), \
         "the run must train the backbone for the comparison to mean anything"
 
 
-def test_dpo_two_ranks_equal_one_process(nano_model_dir, pairs_dir, tmp_path, torchrun):
+def test_dpo_two_ranks_equal_one_process(nano_model_dir, pairs_dir, tmp_path, two_ranks):
     assert main(["dpo", *args(nano_model_dir, pairs_dir, tmp_path / "one")]) == 0
-    torchrun(2, "dpo", *args(nano_model_dir, pairs_dir, tmp_path / "two"))
-    assert_same_run(tmp_path / "one", tmp_path / "two", "eval/loss")
-    assert_same_run(tmp_path / "one", tmp_path / "two", "eval/rewards/margin")
-    assert rows(tmp_path / "two")[1]["loss"] == pytest.approx(0.6931472, abs=1e-6)  # policy = reference at the start
-    w0, w = load_file(str(Path(nano_model_dir) / "model.safetensors")), weights(tmp_path / "two")
+    assert_same_run(tmp_path / "one", two_ranks["dpo"], "eval/loss")
+    assert_same_run(tmp_path / "one", two_ranks["dpo"], "eval/rewards/margin")
+    assert rows(two_ranks["dpo"])[1]["loss"] == pytest.approx(0.6931472, abs=1e-6)  # policy = reference at the start
+    w0, w = load_file(str(Path(nano_model_dir) / "model.safetensors")), weights(two_ranks["dpo"])
     assert any(not torch.equal(w0[k], w[k]) for k in w0), "the run must train for the comparison to mean anything"
 
 
 def test_dpo_two_ranks_resume_a_one_process_run_with_a_reference_folder(nano_model_dir, pairs_dir, tmp_path,
-                                                                         torchrun):
-    # The reference is a second (frozen, sharded) model; the schedule is constant so that a run to
-    # step 2 and a run to step 3 agree on the first two steps.
-    common = [f"ref_path={nano_model_dir}", "optim.schedule=constant"]
-    assert main(["dpo", *args(nano_model_dir, pairs_dir, tmp_path / "one", *common)]) == 0
-    assert main(["dpo", *args(nano_model_dir, pairs_dir, tmp_path / "two", *common, "num_steps=2")]) == 0
-    torchrun(2, "dpo", *args(nano_model_dir, pairs_dir, tmp_path / "two", *common))
-    assert_same_run(tmp_path / "one", tmp_path / "two", "eval/loss")
+                                                                         two_ranks):
+    assert main(["dpo", *args(nano_model_dir, pairs_dir, tmp_path / "one", f"ref_path={nano_model_dir}", *RESUME)]) == 0
+    assert_same_run(tmp_path / "one", two_ranks["dpo-resumed"], "eval/loss")
 
 
 @pytest.mark.slow  # a two-rank launch; the default suite's runs with placeholders are RL's
