@@ -46,8 +46,11 @@ class OptimConfig:
 
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
+    # torch's fused kernel updates every tensor in one pass; its default on a CPU is a Python loop
+    # over the tensors, 4-5x slower (SmolLM2-135M: 2.3 s a step against 0.45 s, one thread)
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params) or None
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, fused=fused)
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
