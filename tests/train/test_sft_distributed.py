@@ -40,30 +40,53 @@ def assert_same_run(a, b, steps, rel=1e-5):
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, torchrun):
-    common = ["num_steps=3", "grad_accum=2", "eval_every=0", "save_every=0", "data.eval_path="]
-    assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "one", *common)]) == 0
-    r = torchrun(2, "sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "two", *common))
-    assert r.stdout.count("sft done") == 1, r.stdout  # only process 0 prints
-    assert "returned a view tensor" not in r.stderr  # FSDP2's warning about the chunked head's output
-    assert_same_run(tmp_path / "one", tmp_path / "two", 3)
+EQUAL = ["num_steps=3", "grad_accum=2", "eval_every=0", "save_every=0", "data.eval_path="]
+
+
+def _shared(grad_accum):
+    """The default grad_accum=1 (and 3) at 2 ranks. (Adam's eps above the rounding noise of
+    near-zero gradients, whose sums run in another order when a micro-batch is split: at 1e-8 Adam
+    turns that noise into lr-sized steps, 3.5e-6 apart after two steps.)"""
+    return ["num_steps=2", f"grad_accum={grad_accum}", "eval_every=0", "save_every=0", "data.eval_path=",
+            "optim.eps=1e-5"]
+
+
+# test -> its runs' settings from the test's parameters
+TWO_RANK_RUNS = {"test_two_ranks_equal_one_process": lambda: EQUAL,
+                 "test_fewer_or_unequal_micro_batches_than_ranks_share_each_one": _shared}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request, nano_model_dir, arith_data_dir, tmp_path_factory, torchrun_each):
+    """Every selected test's 2-rank run, all in one torchrun launch (a launch's imports cost more
+    than the runs' steps): (test name -> (run dir, process 0's output), the ranks' stderr)."""
+    root, cases = tmp_path_factory.mktemp("sft-two-ranks"), {}
+    for item in request.session.items:
+        if item.path == request.path and item.originalname in TWO_RANK_RUNS:
+            params = item.callspec.params if hasattr(item, "callspec") else {}
+            common = TWO_RANK_RUNS[item.originalname](**params)
+            cases[item.name] = ["sft", *sft_args(nano_model_dir, arith_data_dir, root / item.name, *common)]
+    outputs, stderr = torchrun_each(2, cases)
+    return {name: (root / name, out) for name, out in outputs.items()}, stderr
+
+
+def test_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, request, two_ranks):
+    assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "one", *EQUAL)]) == 0
+    (two, out), stderr = two_ranks[0][request.node.name], two_ranks[1]
+    assert out.count("sft done") == 1, out  # only process 0 prints
+    assert "returned a view tensor" not in stderr  # FSDP2's warning about the chunked head's output
+    assert_same_run(tmp_path / "one", two, 3)
     w1 = _weights(tmp_path / "one" / "checkpoints" / "step-3")
     w0 = load_file(str(Path(nano_model_dir) / "model.safetensors"))
     assert any(not torch.equal(w0[k], w1[k]) for k in w0), "the run must train for the comparison to mean anything"
 
 
 @pytest.mark.parametrize("grad_accum", [1, pytest.param(3, marks=pytest.mark.slow)])  # 3: the slow lane
-def test_fewer_or_unequal_micro_batches_than_ranks_share_each_one(nano_model_dir, arith_data_dir, tmp_path, torchrun,
-                                                                  grad_accum):
-    """The default grad_accum=1 (and 3) at 2 ranks: each rank takes half of every micro-batch's
-    examples, and the step is the one-process step. (Adam's eps above the rounding noise of
-    near-zero gradients, whose sums run in another order when a micro-batch is split: at 1e-8 Adam
-    turns that noise into lr-sized steps, 3.5e-6 apart after two steps.)"""
-    common = ["num_steps=2", f"grad_accum={grad_accum}", "eval_every=0", "save_every=0", "data.eval_path=",
-              "optim.eps=1e-5"]
-    assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "one", *common)]) == 0
-    torchrun(2, "sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "two", *common))
-    assert_same_run(tmp_path / "one", tmp_path / "two", 2)
+def test_fewer_or_unequal_micro_batches_than_ranks_share_each_one(nano_model_dir, arith_data_dir, tmp_path, request,
+                                                                  two_ranks, grad_accum):
+    """Each rank takes half of every micro-batch's examples, and the step is the one-process step."""
+    assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "one", *_shared(grad_accum))]) == 0
+    assert_same_run(tmp_path / "one", two_ranks[0][request.node.name][0], 2)
 
 
 def _torchrun_cmd(nproc, *args):
