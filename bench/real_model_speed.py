@@ -69,6 +69,10 @@ def mostly_letters(completion, example):
     """1 when at least 80% of the completion is letters, else 0: a binary reward, whose groups are
     often all 0 or all 1 (zero variance), as a pass/fail verifier's are."""
     return Outcome.model_fail(reward=float(letters(completion, example).reward >= 0.8))
+
+def nearly_all_letters(completion, example):
+    """mostly_letters at 90%: more groups all 0."""
+    return Outcome.model_fail(reward=float(letters(completion, example).reward >= 0.9))
 '''
 
 
@@ -572,9 +576,10 @@ def main() -> None:
     parser.add_argument("--grpo-g", type=int, help="GRPO group size (default 8)")
     parser.add_argument("--grpo-new", type=int, help="GRPO new tokens a completion (default 32)")
     parser.add_argument("--grpo-arms", default="LoRA,full", help="GRPO arms to run: LoRA (r=32), full")
-    parser.add_argument("--grpo-reward", default="letters", choices=["letters", "mostly_letters"],
-                        help="GRPO reward: letters (dense: every group has variance) or mostly_letters (binary: "
-                             "many zero-variance groups, whose rows ours does not differentiate and TRL does)")
+    parser.add_argument("--grpo-reward", default="letters", choices=["letters", "mostly_letters", "nearly_all_letters"],
+                        help="GRPO reward: letters (dense: every group has variance) or mostly_letters / "
+                             "nearly_all_letters (binary, at 80% / 90% letters: zero-variance groups, whose rows "
+                             "ours does not differentiate and TRL does)")
     parser.add_argument("--grpo-scoring-first", action="store_true",
                         help="GRPO: a third side, ours scoring every row before the update (one more forward)")
     parser.add_argument("--grpo-steps", type=int, help="GRPO timed steps a side, after one warm-up (default 3)")
