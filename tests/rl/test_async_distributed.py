@@ -3,13 +3,16 @@ apart — the engine process, or rollout servers — and hands every rank the st
 trains its own. 2 ranks (gloo) equal 1 process; a killed run resumes with every prompt trained once."""
 
 import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from posttrain.cli import main
 from tests.rl.test_async import _comparable
-from tests.rl.test_rl_distributed import ADAM, _kill_after_checkpoint
+from tests.rl.conftest import PLUGIN, rl_args
+from tests.rl.test_rl_distributed import ADAM, PLUGIN_MODULE, _kill_after_checkpoint
 
 
 def _rows(run_dir):
@@ -27,13 +30,56 @@ def _args(rl_overrides, plugin, **extra) -> list[str]:
             if not a.startswith("out_dir=")]
 
 
-def test_async_k0_at_two_ranks_equals_one_process(rl_overrides, plugin_on_path, tmp_path, torchrun):
+def _async_args(inputs, **extra) -> list[str]:
+    return rl_args(inputs.model, inputs.data, verifier=f"{PLUGIN_MODULE}:letters", mode="async",
+                   **{"optim.lr": 1e-2, **ADAM, **extra})
+
+
+K0, SERVERS = "test_async_k0_at_two_ranks_equals_one_process", "test_async_k0_at_two_ranks_against_two_servers_equals_one_process"
+K0_ARGS, SERVERS_ARGS = {"max_staleness": 0, "num_steps": 3}, {"max_staleness": 0, "num_steps": 3, "kl.track": False}
+
+
+@pytest.fixture(scope="module")
+def inputs(nano_model_dir, arith_data_dir, tmp_path_factory):
+    """The runs' model, prompts and the user's reward module (importable here and by the ranks)."""
+    root = tmp_path_factory.mktemp("async-two-ranks")
+    (root / f"{PLUGIN_MODULE}.py").write_text(PLUGIN)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        yield SimpleNamespace(root=root, model=nano_model_dir, data=arith_data_dir)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request, inputs, torchrun_each):
+    """The selected tests' 2-rank runs in one torchrun launch (a launch's imports cost more than the
+    runs' steps): ({test name: run dir}, the versions its two servers ended at). The servers' run
+    gets a pair of ``posttrain serve`` apps of its own, stopped after the launch."""
+    from tests.rl.test_rl_http import _http
+    from tests.rollout.test_http_engine import real_server
+
+    selected = {item.originalname for item in request.session.items if item.path == request.path}
+    cases, pair = {}, []
+    if K0 in selected:
+        cases[K0] = ["rl", *_async_args(inputs, **K0_ARGS), f"out_dir={inputs.root / K0}"]
+    try:
+        if SERVERS in selected:
+            pair = [real_server(inputs.model) for _ in range(2)]
+            http = [f"{k}={v}" for k, v in _http(pair).items()]
+            cases[SERVERS] = ["rl", *_async_args(inputs, **SERVERS_ARGS), *http, f"out_dir={inputs.root / SERVERS}"]
+        path = os.pathsep.join(filter(None, [str(inputs.root), os.environ.get("PYTHONPATH")]))
+        torchrun_each(2, cases, env={"PYTHONPATH": path})
+        versions = [s.app.state.serve.version for s in pair]
+    finally:
+        for s in pair:
+            s.stop()
+    return {name: inputs.root / name for name in cases}, versions
+
+
+def test_async_k0_at_two_ranks_equals_one_process(inputs, two_ranks, tmp_path):
     """The engine process on rank 0, K=0: the same samples, and the same update split over two
     ranks (loss, grad norm within 1e-5), step for step, self-test included."""
-    args = _args(rl_overrides, plugin_on_path, max_staleness=0, num_steps=3)
-    assert main(["rl", *args, f"out_dir={tmp_path / 'one'}"]) == 0
-    torchrun(2, "rl", *args, f"out_dir={tmp_path / 'two'}")
-    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert main(["rl", *_async_args(inputs, **K0_ARGS), f"out_dir={tmp_path / 'one'}"]) == 0
+    one, two = _rows(tmp_path / "one"), _rows(two_ranks[0][K0])
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
     assert two[0]["selftest/passed"] == 1
     assert all(r["grad_norm"] > 0 for r in one[1:])
@@ -64,29 +110,22 @@ def test_async_k1_at_two_ranks_killed_and_resumed_trains_every_prompt_once(rl_ov
     assert len(trained) == len(set(trained)) == steps * 4
 
 
-def test_async_k0_at_two_ranks_against_two_servers_equals_one_process(rl_overrides, plugin_on_path, nano_model_dir,
-                                                                     tmp_path, torchrun):
+def test_async_k0_at_two_ranks_against_two_servers_equals_one_process(inputs, two_ranks, tmp_path):
     """Rank 0 a client of two ``posttrain serve`` apps (loopback HTTP), the other rank only trains:
-    the same run as one process against the same servers."""
+    the same run as one process against two servers of its own."""
     from tests.rl.test_rl_http import _http
     from tests.rollout.test_http_engine import real_server
 
-    args = _args(rl_overrides, plugin_on_path, max_staleness=0, num_steps=3, **{"kl.track": False})
-    rows = {}
-    for ranks in (1, 2):
-        pair = [real_server(nano_model_dir) for _ in range(2)]
-        try:
-            http = [f"{k}={v}" for k, v in _http(pair).items()]
-            out = f"out_dir={tmp_path / str(ranks)}"
-            if ranks == 1:
-                assert main(["rl", *args, *http, out]) == 0
-            else:
-                torchrun(2, "rl", *args, *http, out)
-            assert [s.app.state.serve.version for s in pair] == [3, 3]
-        finally:
-            for s in pair:
-                s.stop()
-        rows[ranks] = _rows(tmp_path / str(ranks))
+    pair = [real_server(inputs.model) for _ in range(2)]
+    try:
+        http = [f"{k}={v}" for k, v in _http(pair).items()]
+        assert main(["rl", *_async_args(inputs, **SERVERS_ARGS), *http, f"out_dir={tmp_path / 'one'}"]) == 0
+        assert [s.app.state.serve.version for s in pair] == [3, 3]
+    finally:
+        for s in pair:
+            s.stop()
+    assert two_ranks[1] == [3, 3]  # the 2-rank run's servers
+    rows = {1: _rows(tmp_path / "one"), 2: _rows(two_ranks[0][SERVERS])}
     assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]] == [0, 1, 2, 3]
     assert all(r["grad_norm"] > 0 for r in rows[1][1:])
     for a, b in zip(rows[1], rows[2]):
