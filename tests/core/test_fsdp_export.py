@@ -14,14 +14,22 @@ from safetensors.torch import load_file
 SCRIPT = Path(__file__).with_name("export_ranks.py")
 
 
-def test_shards_are_halves_and_only_rank0_gets_the_full_weights(nano_model_dir, tmp_path):
-    out = tmp_path / "exported.safetensors"
+@pytest.fixture(scope="module")
+def ranks(nano_model_dir, tmp_path_factory):
+    """export_ranks.py and bucket_ranks.py's cases in one launch of 2 ranks: (their JSON lines,
+    the weights rank 0 exported)."""
+    out = tmp_path_factory.mktemp("export") / "exported.safetensors"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPT), str(nano_model_dir), str(out)]
+           str(SCRIPT), str(nano_model_dir), str(out), "--buckets"]
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-4000:]
-    rows = sorted((json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")), key=lambda x: x["rank"])
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")], out
+
+
+def test_shards_are_halves_and_only_rank0_gets_the_full_weights(nano_model_dir, ranks):
+    lines, out = ranks
+    rows = sorted((x for x in lines if "case" not in x), key=lambda x: x["rank"])
     assert [x["rank"] for x in rows] == [0, 1] and all(x["world_size"] == 2 for x in rows)
     total = rows[0]["total"]
     assert total > 100_000
@@ -40,15 +48,10 @@ def test_shards_are_halves_and_only_rank0_gets_the_full_weights(nano_model_dir, 
         torch.testing.assert_close(exported[k], original[k], rtol=0, atol=0, msg=k)
 
 
-def test_export_buckets_stream_the_whole_gather_from_the_shards(nano_model_dir):
+def test_export_buckets_stream_the_whole_gather_from_the_shards(nano_model_dir, ranks):
     # Buckets of 0.05 MB over a sharded model (activation checkpointing on; and with LoRA, merged or
     # the adapter alone): joined they are exactly the whole gather, and no bucket is near the model's size.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPT.with_name("bucket_ranks.py")), str(nano_model_dir)]
-    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-4000:]
-    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    rows = [x for x in ranks[0] if "case" in x]
     main = {x["case"]: x for x in rows if x["rank"] == 0}
     other = {x["case"]: x for x in rows if x["rank"] == 1}
     assert set(main) == {"plain", "lora", "lora-adapter"}
