@@ -1,12 +1,19 @@
-"""The code demo's RL settings chosen on the training split: a small sweep of RL learning rate (and SFT length).
+"""The code demo's RL settings chosen on the training split: a small sweep of RL settings (and SFT length).
 
 Builds the demo's model, data, mid-training and SFT starts once (`posttrain.demo.code`, full profile
-sizes), then runs each arm's RL recipe at every learning rate, one run after another, and prints one
-row per (arm, sft steps, lr): the training pass fraction (``outcomes/PASS_frac``, the format bonus
-left out) and reward over the first and last ``--window`` steps, the zero-variance fraction, KL to
-the start and entropy at the last steps. Only the training split's reward is read: never a benchmark.
+sizes; a stage already in ``--out`` is reused), then runs each arm's RL recipe at every sweep point,
+one run after another, and prints one row per (arm, SFT steps, point): the training pass fraction
+(``outcomes/PASS_frac``, the format bonus left out) and reward over the first and last ``--window``
+steps, and over the last steps the zero-variance fraction, KL to the start, entropy and gradient norm; with ``--check N``,
+the start's and the end's sampled pass rate on a fixed draw of N training problems (8 samples each
+at T = 1, paired by problem: far less noisy than the per-step figures). Only the training split's reward is read: never a benchmark.
 
-    python bench/seed_mini_sweep.py --out runs/seed-sweep --lrs 1e-3 3e-4 1e-4 --rl-steps 24 --sft-steps 150 300
+A point is a set of RL overrides, ``NAME=KEY=VALUE,KEY=VALUE`` (the demo's own settings otherwise):
+
+    python bench/seed_mini_sweep.py --out runs/seed-sweep --sft-steps 300 600 \\
+        --points "lr1e-4=optim.lr=1e-4" "full3e-5=optim.lr=3e-5,model.lora.enabled=false"
+
+``--rl-steps`` and ``--lrs`` (one point per rate) keep the older form working.
 """
 
 from __future__ import annotations
@@ -18,49 +25,114 @@ from pathlib import Path
 
 from posttrain.demo import code as demo
 
-COLUMNS = ("outcomes/PASS_frac", "reward/mean", "groups/zero_variance_frac", "kl/ref", "entropy")
+FIRST_LAST = ("outcomes/PASS_frac", "reward/mean")
+LAST = ("groups/zero_variance_frac", "kl/ref", "entropy", "grad_norm")
 
 
-def window(metrics: Path, key: str, width: int) -> tuple[float, float]:
+def read_metrics(metrics: Path) -> list[dict]:
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def window(steps: list[dict], key: str, width: int) -> tuple[float, float]:
     """Mean of ``key`` over the first and the last ``width`` steps that report it."""
-    values = [row[key] for row in map(json.loads, metrics.read_text().splitlines()) if key in row]
+    values = [row[key] for row in steps if key in row]
     if not values:
         return float("nan"), float("nan")
     return sum(values[:width]) / len(values[:width]), sum(values[-width:]) / len(values[-width:])
 
 
-def row(arm: str, sft_steps: int, lr: float, metrics: Path, width: int) -> str:
+def find_key(steps: list[dict], name: str) -> str:
+    """The metric logged under ``name`` or, for the optimizer's figures, the first key ending in it."""
+    keys = {k for row in steps for k in row}
+    return name if name in keys else next((k for k in sorted(keys) if k.endswith(name)), name)
+
+
+def row(arm: str, sft_steps: int, point: str, metrics: Path, width: int) -> str:
+    steps = read_metrics(metrics)
     cells = []
-    for key in COLUMNS:
-        first, last = window(metrics, key, width)
-        cells.append(f"{first:.3f} → {last:.3f}" if key in COLUMNS[:2] else f"{last:.3f}")
-    return f"| {arm} | {sft_steps} | {lr:g} | " + " | ".join(cells) + " |"
+    for key in FIRST_LAST:
+        first, last = window(steps, key, width)
+        cells.append(f"{first:.3f} → {last:.3f}")
+    cells += [f"{window(steps, find_key(steps, key), width)[1]:.3g}" for key in LAST]
+    return f"| {arm} | {sft_steps} | {point} | " + " | ".join(cells) + " |"
+
+
+def train_sample(paths: dict, out: Path, count: int, seed: int) -> Path:
+    """``count`` training problems drawn with ``seed`` (the file lists them template by template)."""
+    import random
+
+    rows = Path(paths["train_kodcode"]).read_text().splitlines()
+    random.Random(seed).shuffle(rows)
+    path = out / "data" / f"train_check_{count}.jsonl"
+    path.write_text("\n".join(rows[:count]) + "\n")
+    return path
+
+
+def train_pass(model: str, problems: Path, out_dir: Path, arm: str, tokens: int, seed: int):
+    """The sampled pass rate (T = 1, 8 samples a problem) of ``model`` on the training problems in
+    ``problems``: the training reward on a fixed set, without the format bonus. Reused when written."""
+    from posttrain.eval.results import read_eval_json
+    from posttrain.eval.runner import BenchmarkConfig, DecodingProfile, EvalConfig, run_eval
+
+    if not (out_dir / "eval.json").is_file():
+        cfg = EvalConfig(model=model, label=out_dir.name, seed=seed, out_dir=str(out_dir),
+                         benchmarks=[BenchmarkConfig(name="train", kind="kodcode", path=str(problems))],
+                         profiles=[DecodingProfile(name="t1", temperature=1.0, n=8, max_new_tokens=tokens)],
+                         ks=[1], thinking=arm == "reasoning")
+        run_eval(cfg, show_progress=False)
+    return read_eval_json(out_dir / "eval.json")[0]
+
+
+def check_cell(before, after) -> str:
+    from posttrain.eval.seed_table import cell
+
+    c = cell(before, after)
+    return f"{c.before:.1f} → {c.after:.1f} ({c.change:+.1f} [{c.low:+.1f}, {c.high:+.1f}])"
+
+
+def parse_points(args) -> list[tuple[str, list[str]]]:
+    points = [(f"lr={lr:g}", [f"optim.lr={lr:g}"]) for lr in args.lrs or []]
+    for text in args.points or []:
+        name, _, settings = text.partition("=")
+        points.append((name, [s for s in settings.split(",") if s]))
+    return points or [("default", [])]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-4, 1e-4])
-    ap.add_argument("--sft-steps", type=int, nargs="+", default=[150])
-    ap.add_argument("--rl-steps", type=int, default=24)
+    ap.add_argument("--lrs", type=float, nargs="+")
+    ap.add_argument("--points", nargs="+", help="NAME=KEY=VALUE,KEY=VALUE: one RL run per point")
+    ap.add_argument("--sft-steps", type=int, nargs="+", default=[demo.PROFILES["full"]["sft_steps"]])
+    ap.add_argument("--rl-steps", type=int, default=demo.PROFILES["full"]["rl_steps"])
     ap.add_argument("--arms", nargs="+", default=list(demo.RECIPES), choices=list(demo.RECIPES))
     ap.add_argument("--window", type=int, default=4, help="steps averaged at each end (default 4)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check", type=int, default=0,
+                    help="also measure start and end on this many training problems x 8 samples at T = 1 (paired)")
     args = ap.parse_args(argv)
     args.no_progress = True
     out = Path(args.out)
     p = demo.PROFILES["full"] | {"progress": False, "rl_steps": args.rl_steps}
     paths = demo.prepare(out, p, args.seed)
     base = demo.stage_midtrain(out, p, paths, args)
-    lines = ["| arm | SFT steps | RL lr | pass frac first → last | reward first → last | zero-variance | KL | entropy |",
-             "|---|---|---|---|---|---|---|---|"]
+    check = " train pass@1 start → end (Δ [95% CI]) |" if args.check else ""
+    lines = ["| arm | SFT steps | point | pass frac first → last | reward first → last | zero-variance | KL | "
+             "entropy | grad norm |" + check, "|---" * (9 + bool(check)) + "|"]
+    problems = train_sample(paths, out, args.check, args.seed) if args.check else None
     for sft_steps in args.sft_steps:
         for arm in args.arms:
             start = demo.stage_sft(out / f"sft{sft_steps}", p | {"sft_steps": sft_steps}, paths, base, arm, args)
-            for lr in args.lrs:
-                run_dir = out / f"sft{sft_steps}" / f"lr{lr:g}"
-                demo.stage_rl(run_dir, p | {"rl_lr": lr}, paths, start, arm, args)
-                lines.append(row(arm, sft_steps, lr, run_dir / arm / "metrics.jsonl", args.window))
+            for name, overrides in parse_points(args):
+                run_dir = out / f"sft{sft_steps}" / name
+                demo.stage_rl(run_dir, p | {"rl_overrides": overrides}, paths, start, arm, args)
+                line = row(arm, sft_steps, name, run_dir / arm / "metrics.jsonl", args.window)
+                if problems is not None:
+                    tokens = p["reasoning_tokens" if arm == "reasoning" else "direct_tokens"]
+                    before = train_pass(start, problems, out / f"sft{sft_steps}" / f"check-{arm}", arm, tokens, args.seed)
+                    after = train_pass(str(run_dir / arm), problems, run_dir / f"check-{arm}", arm, tokens, args.seed)
+                    line += f" {check_cell(before, after)} |"
+                lines.append(line)
                 print(lines[-1], flush=True)
     print("\n".join(lines))
     return 0

@@ -151,7 +151,8 @@ def stage_rl(out: Path, p: dict, paths: dict, start: str, arm: str, args) -> Non
         f"model.path={start}", "model.device=cpu", f"data.path={paths['train_kodcode']}",
         "rollout.backend=torch", f"rollout.max_new_tokens={tokens}", f"rollout.group_size={p['group_size']}",
         f"prompts_per_step={p['prompts_per_step']}", f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}",
-        f"seed={args.seed}", "save_every=0", f"out_dir={out / arm}", f"logging.progress={not args.no_progress}"])
+        f"seed={args.seed}", "save_every=0", f"out_dir={out / arm}", f"logging.progress={not args.no_progress}",
+        *p.get("rl_overrides", ())])
     run_rl(cfg)
 
 
