@@ -268,8 +268,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
                                                  norm_constant=float(cfg.rollout.max_new_tokens), seed=cfg.seed + step,
                                                  train_rows=train_rows, correct=(lambda mb: off_policy_correction(
                                                      mb, cfg)[:2]) if defer else None)
-        if defer:  # the old log-probs are complete now: the correction's metrics over the whole step
-            metrics |= world.mean_metrics(off_policy_correction(batch, cfg)[2], float(batch.scored_mask_BT.sum()))
+        if defer:  # the old log-probs are complete now: the batch as scoring first leaves it, the metrics over the step
+            batch.old_logp_BT, batch.is_weights_BT, correction = off_policy_correction(batch, cfg)
+            metrics |= world.mean_metrics(correction, float(batch.scored_mask_BT.sum()))
     if run.precision is not None:  # before the sync: the next version loads in the dtype chosen here
         metrics |= follow_the_gap(run, step, metrics.get("mismatch/kl"))
     with timer("sync"):

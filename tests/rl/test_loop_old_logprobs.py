@@ -31,8 +31,12 @@ def _two_steps(overrides: list[str], defer: bool, monkeypatch):
             m.setattr(loop, "defers_old_logprobs", lambda *a: False)
         run = setup(load_config(RLConfig, None, overrides))
         scored = _count_rows_without_grad(run)
+        batches, train_step = [], run.policy.train_step
+        run.policy.train_step = lambda batch, loss_fn, **kw: batches.append(batch) or train_step(batch, loss_fn, **kw)
         metrics = [rl_step(run, step, StageTimer()) for step in (1, 2)]
-    return metrics, scored, [p.detach().clone() for p in run.policy.model.parameters()]
+    # what the step leaves in its batch (callers read it after the update)
+    left = [(b.old_logp_BT, b.is_weights_BT) for b in batches]
+    return metrics, scored, [p.detach().clone() for p in run.policy.model.parameters()] + left
 
 
 # micro_batch_tokens=40: the 16 rows (up to 18 tokens) run in several micro-batches, so the old
@@ -50,7 +54,7 @@ def test_the_update_forward_gives_the_old_logprobs_and_the_same_step(rl_override
                     "is/ratio_mean", "policy/clip_frac"):
             assert key in a and key in b, key
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
-    for a, b in zip(w_new, w_old):
+    for a, b in zip(w_new, w_old):  # weights, then each step's old log-probs and importance weights
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # the rows that train are never scored apart: only flat groups' stand-ins run without autograd
     trained = sum(round(16 * (1 - m["groups/zero_variance_frac"])) for m in new)
