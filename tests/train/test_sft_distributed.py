@@ -1,5 +1,5 @@
-"""SFT under torchrun: 2 ranks (gloo, FSDP2) equal 1 process on the same global batch, and resume
-across world sizes."""
+"""SFT under torchrun: 2 ranks (gloo, FSDP2) equal 1 process on the same global batch (LoRA too),
+and resume across world sizes."""
 
 import contextlib
 import json
@@ -51,9 +51,22 @@ def _shared(grad_accum):
             "optim.eps=1e-5"]
 
 
-# test -> its runs' settings from the test's parameters
-TWO_RANK_RUNS = {"test_two_ranks_equal_one_process": lambda: EQUAL,
-                 "test_fewer_or_unequal_micro_batches_than_ranks_share_each_one": _shared}
+LORA = ["model.lora.enabled=true", "model.lora.r=4", "optim.lr=1e-2", "optim.eps=1e-6", "num_steps=2",
+        "grad_accum=2", "eval_every=0", "save_every=0", "data.max_len=64", "data.tokens_per_batch=512",
+        "logging.progress=false"]
+
+
+def _lora_args(model_dir, data_dir, out):
+    return [f"model.path={model_dir}", f"data.path={data_dir / 'train.jsonl'}", *LORA, f"out_dir={out}"]
+
+
+# test -> its command line (model, data, run dir, the test's parameters)
+TWO_RANK_RUNS = {
+    "test_two_ranks_equal_one_process": lambda model, data, out: sft_args(model, data, out, *EQUAL),
+    "test_fewer_or_unequal_micro_batches_than_ranks_share_each_one":
+        lambda model, data, out, grad_accum: sft_args(model, data, out, *_shared(grad_accum)),
+    "test_lora_sft_two_ranks_equal_one_process": _lora_args,
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +77,8 @@ def two_ranks(request, nano_model_dir, arith_data_dir, tmp_path_factory, torchru
     for item in request.session.items:
         if item.path == request.path and item.originalname in TWO_RANK_RUNS:
             params = item.callspec.params if hasattr(item, "callspec") else {}
-            common = TWO_RANK_RUNS[item.originalname](**params)
-            cases[item.name] = ["sft", *sft_args(nano_model_dir, arith_data_dir, root / item.name, *common)]
+            argv = TWO_RANK_RUNS[item.originalname](nano_model_dir, arith_data_dir, root / item.name, **params)
+            cases[item.name] = ["sft", *argv]
     outputs, stderr = torchrun_each(2, cases)
     return {name: (root / name, out) for name, out in outputs.items()}, stderr
 
@@ -87,6 +100,23 @@ def test_fewer_or_unequal_micro_batches_than_ranks_share_each_one(nano_model_dir
     """Each rank takes half of every micro-batch's examples, and the step is the one-process step."""
     assert main(["sft", *sft_args(nano_model_dir, arith_data_dir, tmp_path / "one", *_shared(grad_accum))]) == 0
     assert_same_run(tmp_path / "one", two_ranks[0][request.node.name][0], 2)
+
+
+def test_lora_sft_two_ranks_equal_one_process(nano_model_dir, arith_data_dir, tmp_path, request, two_ranks):
+    """LoRA sharded with FSDP2: 2 ranks equal 1 process, and the consolidated checkpoint holds the
+    merged weights plus an adapter gathered from the shards."""
+    assert main(["sft", *_lora_args(nano_model_dir, arith_data_dir, tmp_path / "one")]) == 0
+    one, two = tmp_path / "one", two_ranks[0][request.node.name][0]
+    assert [m["loss"] for m in _metrics(two)] == pytest.approx([m["loss"] for m in _metrics(one)], rel=1e-5)
+    one, two = (run / "checkpoints" / "step-2" for run in (one, two))
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(one / name)), load_file(str(two / name))
+        assert a.keys() == b.keys() and a, name
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=k)
+    base = load_file(str(Path(nano_model_dir) / "model.safetensors"))
+    merged = load_file(str(two / "model.safetensors"))
+    assert any(not torch.equal(base[k], merged[k]) for k in base), "the adapter must be merged into the export"
 
 
 def _torchrun_cmd(nproc, *args):
