@@ -1,12 +1,13 @@
 """Run under torchrun: shard a model with `shard_model`, take one AdamW step, export its weights.
 
-``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/core/export_ranks.py MODEL OUT [--buckets]``
+``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/core/export_ranks.py MODEL OUT [--buckets] [--head-grads GRADS]``
 
 Each rank prints one JSON line: its rank, the parameter count of the whole model, the elements of
 parameters / gradients / optimizer state it holds locally (its shards), and the number of elements
 `export_state_dict` handed it. Rank 0 also saves what it got to ``OUT`` (safetensors). With
-``--buckets``, the same ranks then run bucket_ranks.py's cases (its lines carry a "case"): one
-launch for both, as a launch's imports cost more than either.
+``--buckets``, the same ranks then run bucket_ranks.py's cases (its lines carry a "case"); with
+``--head-grads GRADS``, head_grad_ranks.py's gradients go to GRADS: one launch for all, as a
+launch's imports cost more than any of them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ if __name__ == "__main__":
         import bucket_ranks  # beside this file, on sys.path as the script's folder
 
         bucket_ranks.main(sys.argv[1])
+    if "--head-grads" in sys.argv[3:]:
+        import head_grad_ranks
+
+        head_grad_ranks.main(sys.argv[1], sys.argv[sys.argv.index("--head-grads") + 1])
     from posttrain.core.dist import exit_rank
 
     exit_rank(0)  # as `python -m posttrain` leaves a rank: gloo threads must not abort it at exit

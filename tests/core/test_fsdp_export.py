@@ -1,5 +1,6 @@
 """FSDP2 under torchrun (2 gloo ranks): each rank holds half of the parameters, gradients and AdamW
-state, and exporting the full weights materialises them on rank 0 only."""
+state, and exporting the full weights materialises them on rank 0 only; the chunked head's
+gradients are the one-process gradients."""
 
 import json
 import os
@@ -16,19 +17,20 @@ SCRIPT = Path(__file__).with_name("export_ranks.py")
 
 @pytest.fixture(scope="module")
 def ranks(nano_model_dir, tmp_path_factory):
-    """export_ranks.py and bucket_ranks.py's cases in one launch of 2 ranks: (their JSON lines,
-    the weights rank 0 exported)."""
+    """export_ranks.py, bucket_ranks.py and head_grad_ranks.py in one launch of 2 ranks: (their JSON
+    lines, the weights rank 0 exported, the chunked head's gradients rank 0 saved, the ranks' stderr)."""
     out = tmp_path_factory.mktemp("export") / "exported.safetensors"
+    grads = out.with_name("grads.safetensors")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPT), str(nano_model_dir), str(out), "--buckets"]
+           str(SCRIPT), str(nano_model_dir), str(out), "--buckets", "--head-grads", str(grads)]
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-4000:]
-    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")], out
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")], out, grads, r.stderr
 
 
 def test_shards_are_halves_and_only_rank0_gets_the_full_weights(nano_model_dir, ranks):
-    lines, out = ranks
+    lines, out = ranks[:2]
     rows = sorted((x for x in lines if "case" not in x), key=lambda x: x["rank"])
     assert [x["rank"] for x in rows] == [0, 1] and all(x["world_size"] == 2 for x in rows)
     total = rows[0]["total"]
@@ -62,6 +64,25 @@ def test_export_buckets_stream_the_whole_gather_from_the_shards(nano_model_dir, 
             assert x["buckets"] >= 4, x
             assert x["largest"] < model_bytes / 3, (x, model_bytes)
         assert other[case]["buckets"] == x["buckets"] and other[case]["names"] == 0, other[case]
+
+
+def test_two_ranks_give_the_one_process_head_gradients_without_the_view_warning(nano_model_dir, ranks):
+    """The chunked-head path under FSDP2 (the root module returns the final hidden states, the head
+    is applied outside it): 2 gloo ranks give the one-process gradients, and torch's warning about a
+    root that returns a view is not printed."""
+    from posttrain.models.hf import ModelConfig, load_model, quiet_transformers
+    from tests.core.head_grad_ranks import batch, head_loss
+
+    _, _, grads, stderr = ranks
+    assert "returned a view tensor" not in stderr, stderr[-2000:]
+    quiet_transformers()
+    model = load_model(ModelConfig(path=str(nano_model_dir)))
+    head_loss(model, batch(model.config.vocab_size)).backward()
+    got = load_file(str(grads))
+    assert got.keys() == {n for n, _ in model.named_parameters()}
+    for name, p in model.named_parameters():
+        assert p.grad.abs().max() > 0, name  # every weight is reached, the head's among them
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_a_lora_models_export_merges_without_copying_the_model(nano_model_dir):
