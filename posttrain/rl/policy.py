@@ -19,7 +19,7 @@ micro-batch and the model has no active dropout, ``score`` records it with autog
 weights, same inputs; eval vs train mode only differ through dropout), and the memory held is the
 one micro-batch the update would hold anyway.
 
-With several micro-batches the caller can go further (``score(defer=True)``, then
+The caller can go further, at any number of micro-batches (``score(defer=True)``, then
 ``train_step(correct=...)``): the rows that train are not scored at all, and each micro-batch's
 forward in the update gives their old log-probs (its own log-probs, detached: the weights have not
 moved yet), their entropy and, through ``correct``, their importance weights, all of which depend
