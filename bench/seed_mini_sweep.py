@@ -8,10 +8,11 @@ steps, and over the last steps the zero-variance fraction, KL to the start, entr
 the start's and the end's sampled pass rate on a fixed draw of N training problems (8 samples each
 at T = 1, paired by problem: far less noisy than the per-step figures). Only the training split's reward is read: never a benchmark.
 
-A point is a set of RL overrides, ``NAME=KEY=VALUE,KEY=VALUE`` (the demo's own settings otherwise):
+A point is a set of RL overrides, ``NAME=KEY=VALUE,KEY=VALUE`` (the demo's own settings otherwise,
+a full fine-tune among them):
 
     python bench/seed_mini_sweep.py --out runs/seed-sweep --sft-steps 300 600 \\
-        --points "lr1e-4=optim.lr=1e-4" "full3e-5=optim.lr=3e-5,model.lora.enabled=false"
+        --points "lora3e-4=optim.lr=3e-4,model.lora.enabled=true" "full3e-5=optim.lr=3e-5"
 
 ``--rl-steps`` and ``--lrs`` (one point per rate) keep the older form working.
 """
