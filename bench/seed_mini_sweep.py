@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 from posttrain.demo import code as demo
+from posttrain.demo.code_check import describe, train_pass, train_sample
+from posttrain.eval.seed_table import cell
 
 FIRST_LAST = ("outcomes/PASS_frac", "reward/mean")
 LAST = ("groups/zero_variance_frac", "kl/ref", "entropy", "grad_norm")
@@ -58,39 +60,6 @@ def row(arm: str, sft_steps: int, point: str, metrics: Path, width: int) -> str:
     return f"| {arm} | {sft_steps} | {point} | " + " | ".join(cells) + " |"
 
 
-def train_sample(paths: dict, out: Path, count: int, seed: int) -> Path:
-    """``count`` training problems drawn with ``seed`` (the file lists them template by template)."""
-    import random
-
-    rows = Path(paths["train_kodcode"]).read_text().splitlines()
-    random.Random(seed).shuffle(rows)
-    path = out / "data" / f"train_check_{count}.jsonl"
-    path.write_text("\n".join(rows[:count]) + "\n")
-    return path
-
-
-def train_pass(model: str, problems: Path, out_dir: Path, arm: str, tokens: int, seed: int):
-    """The sampled pass rate (T = 1, 8 samples a problem) of ``model`` on the training problems in
-    ``problems``: the training reward on a fixed set, without the format bonus. Reused when written."""
-    from posttrain.eval.results import read_eval_json
-    from posttrain.eval.runner import BenchmarkConfig, DecodingProfile, EvalConfig, run_eval
-
-    if not (out_dir / "eval.json").is_file():
-        cfg = EvalConfig(model=model, label=out_dir.name, seed=seed, out_dir=str(out_dir),
-                         benchmarks=[BenchmarkConfig(name="train", kind="kodcode", path=str(problems))],
-                         profiles=[DecodingProfile(name="t1", temperature=1.0, n=8, max_new_tokens=tokens)],
-                         ks=[1], thinking=arm == "reasoning")
-        run_eval(cfg, show_progress=False)
-    return read_eval_json(out_dir / "eval.json")[0]
-
-
-def check_cell(before, after) -> str:
-    from posttrain.eval.seed_table import cell
-
-    c = cell(before, after)
-    return f"{c.before:.1f} → {c.after:.1f} ({c.change:+.1f} [{c.low:+.1f}, {c.high:+.1f}])"
-
-
 def parse_points(args) -> list[tuple[str, list[str]]]:
     points = [(f"lr={lr:g}", [f"optim.lr={lr:g}"]) for lr in args.lrs or []]
     for text in args.points or []:
@@ -120,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     check = " train pass@1 start → end (Δ [95% CI]) |" if args.check else ""
     lines = ["| arm | SFT steps | point | pass frac first → last | reward first → last | zero-variance | KL | "
              "entropy | grad norm |" + check, "|---" * (9 + bool(check)) + "|"]
-    problems = train_sample(paths, out, args.check, args.seed) if args.check else None
+    problems = train_sample(paths["train_kodcode"], out / "data", args.check, args.seed) if args.check else None
     for sft_steps in args.sft_steps:
         for arm in args.arms:
             start = demo.stage_sft(out / f"sft{sft_steps}", p | {"sft_steps": sft_steps}, paths, base, arm, args)
@@ -132,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     tokens = p["reasoning_tokens" if arm == "reasoning" else "direct_tokens"]
                     before = train_pass(start, problems, out / f"sft{sft_steps}" / f"check-{arm}", arm, tokens, args.seed)
                     after = train_pass(str(run_dir / arm), problems, run_dir / f"check-{arm}", arm, tokens, args.seed)
-                    line += f" {check_cell(before, after)} |"
+                    line += f" {describe(cell(before, after))} |"
                 lines.append(line)
                 print(lines[-1], flush=True)
     print("\n".join(lines))
