@@ -82,11 +82,16 @@ def _logits(h_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | 
 
 class _HeadTokenLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, bias_V, targets_N, temperature, rows):
+    def forward(ctx, hidden_NH, weight_VH, bias_V, targets_N, temperature, rows, entropy_N):
+        # entropy_N: None, or an (N,) buffer filled with each row's entropy from the same logits (a
+        # metric: written in place, outside autograd, so the head's matmul runs once for both)
         out_N = torch.empty(hidden_NH.shape[0], dtype=torch.float32, device=hidden_NH.device)
         for s in range(0, hidden_NH.shape[0], rows):
             z = _logits(hidden_NH[s:s + rows], weight_VH, bias_V, temperature)
-            out_N[s:s + rows] = z.gather(-1, targets_N[s:s + rows, None]).squeeze(-1) - torch.logsumexp(z, -1)
+            lse = torch.logsumexp(z, -1)
+            out_N[s:s + rows] = z.gather(-1, targets_N[s:s + rows, None]).squeeze(-1) - lse
+            if entropy_N is not None:
+                entropy_N[s:s + rows] = _entropy(z, lse)
         ctx.save_for_backward(hidden_NH, weight_VH, bias_V, targets_N)
         ctx.temperature, ctx.rows = temperature, rows
         return out_N
@@ -101,7 +106,12 @@ class _HeadTokenLogprob(torch.autograd.Function):
             g.scatter_add_(-1, targets_N[s:e, None], torch.ones_like(g[:, :1]))
             return g.mul_(grad_N[s:e, None] / tau)
 
-        return (*_head_grads(ctx, hidden_NH, weight_VH, bias_V, dz), None, None, None)
+        return (*_head_grads(ctx, hidden_NH, weight_VH, bias_V, dz), None, None, None, None)
+
+
+def _entropy(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``-Σ p log p = logsumexp(z) - Σ p z`` per row of fp32 logits ``z`` with their ``logsumexp``."""
+    return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
 def _head_grads(ctx, hidden_NH, weight_VH, bias_V, dz):
@@ -129,16 +139,19 @@ def _head_grads(ctx, hidden_NH, weight_VH, bias_V, dz):
 
 def head_token_logprobs(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
                         targets_BX: torch.Tensor, temperature: float = 1.0, *,
-                        chunk_rows: int | None = None) -> torch.Tensor:
+                        chunk_rows: int | None = None, with_entropy: bool = False):
     """(B, X) fp32 ``log softmax((h W^T + b) / τ)[target]``, differentiable in h, W and b, without
-    (B, X, V) logits (see the module docstring)."""
+    (B, X, V) logits (see the module docstring). With ``with_entropy`` it returns ``(logp, entropy)``,
+    the entropy of each position's distribution taken from the same chunk of logits (no second
+    pass through the head, no gradient: a metric); the log-probs are the same either way."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, X, H = hidden_BXH.shape
     rows = rows_per_chunk(weight_VH.shape[0], chunk_rows)
+    ent = torch.empty(B * X, dtype=torch.float32, device=hidden_BXH.device) if with_entropy else None
     out = _HeadTokenLogprob.apply(hidden_BXH.reshape(B * X, H), weight_VH, bias_V,
-                                  targets_BX.reshape(B * X).long(), temperature, rows)
-    return out.view(B, X)
+                                  targets_BX.reshape(B * X).long(), temperature, rows, ent)
+    return (out.view(B, X), ent.view(B, X)) if with_entropy else out.view(B, X)
 
 
 @torch.no_grad()
@@ -151,8 +164,7 @@ def head_entropy(hidden_BXH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torc
     rows = rows_per_chunk(weight_VH.shape[0], chunk_rows)
     for s in range(0, B * X, rows):
         z = _logits(h_NH[s:s + rows], weight_VH, bias_V, temperature)
-        p = torch.softmax(z, dim=-1)
-        out[s:s + rows] = torch.logsumexp(z, -1) - (p * z).sum(-1)
+        out[s:s + rows] = _entropy(z, torch.logsumexp(z, -1))
     return out.view(B, X)
 
 

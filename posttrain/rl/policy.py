@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from posttrain.algos import AGGREGATIONS, entropy_from_logits, token_logprobs
-from posttrain.algos.head import head_entropy, head_of, head_token_logprobs, hidden_head, movable_head
+from posttrain.algos.head import head_of, head_token_logprobs, hidden_head, movable_head
 from posttrain.core.dist import World, mini_batch_rows
 from posttrain.core.fsdp import export_buckets, export_state_dict, reshard
 from posttrain.core.trainer import TrainCore, accumulate, mean_over_updates, share_of_step
@@ -101,8 +101,10 @@ class Policy:
             with hidden_head(model):
                 t = self._target_logits(model, mb)  # .logits_BXV holds the final hidden states
             head = head_of(model)
-            logp = head_token_logprobs(t.logits_BXV, *head, t.targets_BX, temperature=self.temperature)
-            ent = head_entropy(t.logits_BXV.detach(), *head, temperature=self.temperature) if with_entropy else None
+            # the entropy comes from the log-probs' own pass through the head, not a second one
+            out = head_token_logprobs(t.logits_BXV, *head, t.targets_BX, temperature=self.temperature,
+                                      with_entropy=with_entropy)
+            logp, ent = out if with_entropy else (out, None)
         return t.place(logp).cpu(), None if ent is None else t.place(ent).cpu()
 
     def micro_batches(self, batch: RLBatch, rows: torch.Tensor) -> list[torch.Tensor]:

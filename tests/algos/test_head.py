@@ -48,6 +48,36 @@ def test_chunked_head_equals_full_logits_with_their_gradients(rows, tau, bias):
     z = _plain(h, w, b, x, tau)[1]
     want_ent = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
     torch.testing.assert_close(head_entropy(h, w, b, tau, chunk_rows=rows), want_ent.detach(), atol=1e-5, rtol=1e-5)
+    # the entropy out of the log-probs' own pass: their values and gradients unchanged, bit for bit
+    both, both_grads = _grads(lambda: head_token_logprobs(h, w, b, x, tau, chunk_rows=rows, with_entropy=True)[0],
+                              h, w, b, weights)
+    assert torch.equal(both, got) and all(torch.equal(g, e) for g, e in zip(both_grads, got_grads))
+    ent = head_token_logprobs(h, w, b, x, tau, chunk_rows=rows, with_entropy=True)[1]
+    assert not ent.requires_grad
+    torch.testing.assert_close(ent, want_ent.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_hand_worked_entropy_from_the_log_prob_pass():
+    """Logits log(1, 2, 1) on a 3-token vocabulary: p = (1/4, 1/2, 1/4), entropy 1.5 ln 2, and the
+    log-prob of token 1 is ln(1/2); against float64, within 1e-6."""
+    h = torch.tensor([[[0.0, math.log(2.0), 0.0]]], dtype=torch.float64)
+    logp, ent = head_token_logprobs(h, torch.eye(3, dtype=torch.float64), None, torch.tensor([[1]]),
+                                    with_entropy=True)
+    assert abs(ent.item() - 1.5 * math.log(2.0)) < 1e-6
+    assert abs(logp.item() - math.log(0.5)) < 1e-6
+
+
+def test_the_entropy_costs_no_second_pass_through_the_head(monkeypatch):
+    """One head matmul per chunk with the entropy as without it."""
+    from posttrain.algos import head as head_module
+    h, w, b, x, _ = _case()
+    calls = []
+    logits = head_module._logits
+    monkeypatch.setattr(head_module, "_logits", lambda *a: calls.append(1) or logits(*a))
+    head_token_logprobs(h, w, b, x, chunk_rows=4)
+    without = len(calls)
+    head_token_logprobs(h, w, b, x, chunk_rows=4, with_entropy=True)
+    assert without == 6 and len(calls) == 2 * without  # 21 rows in chunks of 4
 
 
 def test_bf16_inputs_give_fp32_results_close_to_the_fp32_path():

@@ -226,3 +226,19 @@ def assert_same_steps(reference: Policy, other: Policy, steps: int = 2) -> None:
         assert m_other["grad_norm"] == pytest.approx(m_ref["grad_norm"], rel=1e-5)
         assert m_other["loss"] == pytest.approx(m_ref["loss"], rel=1e-5, abs=1e-7)
     _assert_same_weights(reference, other)
+
+
+def test_the_entropy_metric_adds_no_matmul_through_the_head(nano_model_dir, monkeypatch):
+    """The entropy comes from the log-probs' own chunks of logits: as many products with the head's
+    weight with it as without it, and the same log-probs."""
+    policy, _ = _policy(nano_model_dir, reuse=False)
+    weight = policy.model.get_output_embeddings().weight
+    calls, linear = [], torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, *a: calls.append(w is weight) or linear(x, w, *a))
+    mb = _batch().select(torch.arange(8))
+    with torch.no_grad():
+        logp, _ = policy._forward(policy.model, mb)
+        without = sum(calls)
+        logp_ent, ent = policy._forward(policy.model, mb, with_entropy=True)
+    assert without >= 1 and sum(calls) == 2 * without
+    assert torch.equal(logp_ent, logp) and torch.isfinite(ent).all() and ent.abs().sum() > 0
