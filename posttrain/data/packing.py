@@ -24,7 +24,6 @@ compute budget per step.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import random
 
@@ -73,59 +72,46 @@ def plan_batches(lengths: list[int], *, tokens_per_batch: int, pack: bool, seed:
                  epoch: int) -> list[list[int]]:
     """Example indices per batch, for one epoch, in shuffled order (deterministic in seed, epoch).
 
-    Packing: best-fit decreasing over the whole epoch into batches of ``tokens_per_batch`` real
-    tokens, then the batches are shuffled. (Closing a batch as soon as the next shuffled example does
-    not fit left batches about a quarter empty on chat data.) Padding: greedy in the shuffled order,
-    a batch closes when rows × longest row would break the budget.
+    Greedy in the shuffled order: a batch closes when the next example would break the budget
+    (real tokens when packing; rows × longest row when padding).
     """
     too_long = [i for i, n in enumerate(lengths) if n > tokens_per_batch]
     if too_long:
         raise ValueError(f"{len(too_long)} examples are longer than tokens_per_batch={tokens_per_batch} "
                          f"(e.g. index {too_long[0]}, {lengths[too_long[0]]} tokens)")
-    rng = random.Random(seed * 1_000_003 + epoch)
     order = list(range(len(lengths)))
-    rng.shuffle(order)
-    if pack:
-        batches = best_fit_decreasing([lengths[i] for i in order], tokens_per_batch)
-        rng.shuffle(batches)
-        return [[order[k] for k in b] for b in batches]
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    used = longest = 0
     for i in order:
         n = lengths[i]
-        if current and (len(current) + 1) * max(longest, n) > tokens_per_batch:
+        cost = used + n if pack else (len(current) + 1) * max(longest, n)
+        if current and cost > tokens_per_batch:
             batches.append(current)
-            current, longest = [], 0
+            current, used, longest = [], 0, 0
         current.append(i)
+        used += n
         longest = max(longest, n)
     if current:
         batches.append(current)
     return batches
 
 
-def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Positions into ``lengths`` grouped into bins of at most ``capacity``: longest first, each into
-    the bin it leaves fullest (ties: the earlier bin; equal lengths keep their given order)."""
-    bins: list[list[int]] = []
-    rooms: list[tuple[int, int]] = []  # (room left, bin), sorted; full bins leave the list
-    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
-        n = lengths[i]
-        j = bisect.bisect_left(rooms, (n, -1))
-        if j < len(rooms):
-            room, b = rooms.pop(j)
-        else:
-            room, b = capacity, len(bins)
-            bins.append([])
-        bins[b].append(i)
-        if room > n:
-            bisect.insort(rooms, (room - n, b))
-    return bins
-
-
 def pack_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
-    """Best-fit decreasing: positions into ``lengths`` grouped into rows of at most ``seq_len``."""
-    return best_fit_decreasing(lengths, seq_len)
+    """First-fit decreasing: positions into ``lengths`` grouped into rows of at most ``seq_len``."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(seq_len - lengths[i])
+    return rows
 
 
 def _labels(ex: TokenizedExample) -> list[int]:
@@ -154,7 +140,7 @@ def collate(examples: list[TokenizedExample], indices: list[int], *, pack: bool,
             pad_id: int = 0) -> SFTBatch:
     """Build an `SFTBatch` from ``examples[i] for i in indices``.
 
-    ``pack=True``: examples are packed into rows of at most ``seq_len`` tokens (best-fit
+    ``pack=True``: examples are packed into rows of at most ``seq_len`` tokens (first-fit
     decreasing), no attention mask. ``pack=False``: one example per row, right-padded to the
     longest, with an attention mask — unless an example holds several documents (raw-text
     chunks), in which case the mask is left out so their position restarts keep them apart
