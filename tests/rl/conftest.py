@@ -1,5 +1,6 @@
 """RL test fixtures: a user's reward plugin module importable by path, and a config builder."""
 
+import contextlib
 import textwrap
 
 import pytest
@@ -34,6 +35,17 @@ def reward_plugin(tmp_path, monkeypatch):
     (tmp_path / "rl_test_rewards.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     return "rl_test_rewards"
+
+
+@contextlib.contextmanager
+def reward_module_root(tmp_path_factory, name: str):
+    """A folder holding ``rl_test_rewards.py``, on sys.path while the context lasts: for module-scoped
+    fixtures, whose runs (and the ranks they launch) import the user's reward module from it."""
+    root = tmp_path_factory.mktemp(name)
+    (root / "rl_test_rewards.py").write_text(PLUGIN)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        yield root
 
 
 def rl_args(model_dir, data_dir, **extra) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from posttrain.cli import main
 from tests.rl.test_async import _comparable
-from tests.rl.conftest import PLUGIN, rl_args
+from tests.rl.conftest import reward_module_root, rl_args
 from tests.rl.test_rl_distributed import ADAM, PLUGIN_MODULE, _kill_after_checkpoint
 
 
@@ -42,10 +42,7 @@ K0_ARGS, SERVERS_ARGS = {"max_staleness": 0, "num_steps": 3}, {"max_staleness": 
 @pytest.fixture(scope="module")
 def inputs(nano_model_dir, arith_data_dir, tmp_path_factory):
     """The runs' model, prompts and the user's reward module (importable here and by the ranks)."""
-    root = tmp_path_factory.mktemp("async-two-ranks")
-    (root / f"{PLUGIN_MODULE}.py").write_text(PLUGIN)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(root))
+    with reward_module_root(tmp_path_factory, "async-two-ranks") as root:
         yield SimpleNamespace(root=root, model=nano_model_dir, data=arith_data_dir)
 
 

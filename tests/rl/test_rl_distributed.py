@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from posttrain.cli import main
-from tests.rl.conftest import PLUGIN, rl_args
+from tests.rl.conftest import reward_module_root, rl_args
 
 PLUGIN_MODULE = "rl_test_rewards"  # the module tests/rl/conftest.py's reward_plugin fixture makes
 
@@ -99,10 +99,7 @@ def _sharp_teacher(model_dir: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def inputs(nano_model_dir, arith_data_dir, tmp_path_factory):
     """The runs' model, prompts, teacher, and the user's reward module (importable here and by the ranks)."""
-    root = tmp_path_factory.mktemp("rl-two-ranks")
-    (root / f"{PLUGIN_MODULE}.py").write_text(PLUGIN)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(root))
+    with reward_module_root(tmp_path_factory, "rl-two-ranks") as root:
         yield SimpleNamespace(root=root, model=nano_model_dir, data=arith_data_dir,
                               teacher=_sharp_teacher(nano_model_dir, root / "teacher"))
 
