@@ -197,11 +197,14 @@ class RayEngines:
 
     def __init__(self, spec: ReplicaSpec, replicas: int, *, request_timeout_s: float = 600.0,
                  sync_timeout_s: float = 600.0, max_restarts: int = 2, host: str = "127.0.0.1",
-                 stream_weights: bool = False, printer=print):
+                 stream_weights: bool = False, printer=print, start_timeout_s: float | None = None):
         self.ray = require_ray()
         self.spec, self.printer, self.host = spec, printer, host
         self.stream_weights = stream_weights  # `load_version` streams (`load_buckets`), else one put
         self.request_timeout_s, self.sync_timeout_s, self.max_restarts = request_timeout_s, sync_timeout_s, max_restarts
+        # a replica's start (imports, model load) is bounded apart from a sync: on a busy node it can take
+        # longer than a sync is allowed to, and a slow start must not read as a failed sync
+        self.start_timeout_s = sync_timeout_s if start_timeout_s is None else start_timeout_s
         self.version, self.restarts = 0, 0
         self.checksums: dict[int, str] = {}  # slot -> checksum its replica read back last
         self._actor_class = self.ray.remote(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=0)(EngineReplica)
@@ -223,15 +226,17 @@ class RayEngines:
         actor = actor or self.actors[slot]
         return f"engine replica {slot} (actor {actor._actor_id.hex()[:12]})"
 
-    def _wait_started(self) -> None:
-        refs = [a.ready.remote() for a in self.actors]
-        ready, late = self.ray.wait(refs, num_returns=len(refs), timeout=self.sync_timeout_s)
+    def _wait_started(self, slots=None) -> None:
+        slots = range(len(self.actors)) if slots is None else slots
+        if not slots:
+            return
+        refs = {self.actors[slot].ready.remote(): slot for slot in slots}
+        ready, late = self.ray.wait(list(refs), num_returns=len(refs), timeout=self.start_timeout_s)
         if late:
-            slot = refs.index(late[0])
-            raise EngineTimeout(f"{self.name(slot)} did not start within {self.sync_timeout_s:g} s "
+            raise EngineTimeout(f"{self.name(refs[late[0]])} did not start within {self.start_timeout_s:g} s "
                                 f"(rollout.sync_timeout_s); does the cluster have {len(refs)} x "
                                 f"{self.spec.cpus:g} CPUs / {self.spec.gpus:g} GPUs free?")
-        for slot, ref in enumerate(refs):
+        for ref, slot in refs.items():
             self._get(ref, f"{self.name(slot)} failed to start")
 
     def _get(self, ref, what: str):
@@ -405,6 +410,8 @@ class RayEngines:
         import uuid
 
         self._group = None
+        # a replacement joins only once started: the group's own timeout is for a sync, not a start
+        self._wait_started([slot for slot, a in enumerate(self.actors) if a._actor_id not in self._group_actors])
         listen = socket.socket()
         listen.bind((self.host, 0))
         listen.listen()
