@@ -27,6 +27,11 @@ Design choices:
 - Where programs run: ``sandbox`` sets the code verifier's limits; with ``runtime=ray`` and
   ``sandbox.replicas`` > 0 they are judged on the verifier farm (`posttrain.distributed.farm`,
   sandbox actors on the Ray cluster at ``ray.address``), and this machine needs no sandbox.
+- One set of samples per prompt and decoding profile: a benchmark whose prompt an earlier one in
+  the same run already sampled under the same profile (HumanEval and HumanEval+, both read from
+  one evalplus file) is judged on those samples, as evalplus judges one set of samples against the
+  base and the plus inputs; it halves the generation of a base + plus evaluation and pairs the two
+  rows on the same programs. A printed line says how many problems were judged that way.
 - Progress off a terminal (a log file): a plain line when each chunk starts, then at the usual
   interval (``POSTTRAIN_PROGRESS_EVERY_S``, 30 s) while it is generated and judged, however many
   problems a chunk holds (`heartbeat`).
@@ -355,27 +360,65 @@ def _chunk_seed(seed: int, first_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{first_id}".encode()).digest()[:4], "big")
 
 
+Generation = tuple[str, int, str]
+"""One sample as generated: (completion text, completion tokens, finish reason)."""
+
+
+def generation_key(problem: dict, profile: DecodingProfile) -> str:
+    """Samples drawn for one prompt under one way of decoding: two benchmarks that hold the same
+    prompt (HumanEval and HumanEval+ from one evalplus file) may share them, as evalplus judges one
+    set of samples against the base and the plus inputs."""
+    import json
+
+    decoding = {k: v for k, v in dataclasses.asdict(profile).items() if k != "name"}
+    return json.dumps([problem["prompt"], decoding], sort_keys=True, default=str)
+
+
 def run_chunk(engine, tokenizer, verifier, problems: list[dict], profile: DecodingProfile,
-              cfg: EvalConfig) -> list[SampleRecord]:
-    """Generate ``profile.n`` samples for each problem and judge them."""
+              cfg: EvalConfig, drawn: dict[str, list[Generation]] | None = None) -> list[SampleRecord]:
+    """Judge ``profile.n`` samples of each problem: those ``drawn`` already holds for its prompt
+    (`generation_key`), the others generated now in one call."""
     from posttrain.rollout import SamplingParams
     from posttrain.verifiers.evaluate import score
 
-    sampling = SamplingParams(temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k,
-                              max_new_tokens=profile.max_new_tokens, stop=list(profile.stop),
-                              seed=_chunk_seed(cfg.seed, problems[0]["id"]))
-    ro = engine.generate([encode(tokenizer, p["prompt"], cfg) for p in problems], profile.n, sampling)
-    texts = ro.completion_texts(tokenizer)
-    examples = [problems[i] for i in ro.prompt_idx]
-    outcomes = score(verifier, texts, examples, ro.finish_reason)  # a failed server request: INFRA_FAIL
+    drawn = drawn or {}
+    todo = [p for p in problems if generation_key(p, profile) not in drawn]
+    fresh: dict[int, list[Generation]] = {}
+    if todo:
+        sampling = SamplingParams(temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k,
+                                  max_new_tokens=profile.max_new_tokens, stop=list(profile.stop),
+                                  seed=_chunk_seed(cfg.seed, todo[0]["id"]))
+        ro = engine.generate([encode(tokenizer, p["prompt"], cfg) for p in todo], profile.n, sampling)
+        for i, text, ids, finish in zip(ro.prompt_idx, ro.completion_texts(tokenizer), ro.completion_ids,
+                                        ro.finish_reason):
+            fresh.setdefault(id(todo[i]), []).append((text, len(ids), finish))
+    samples = [(p, g) for p in problems for g in fresh.get(id(p)) or drawn[generation_key(p, profile)]]
+    outcomes = score(verifier, [g[0] for _, g in samples], [p for p, _ in samples],
+                     [g[2] for _, g in samples])  # a failed server request: INFRA_FAIL
     seen: dict[str, int] = {}
     records = []
-    for ex, text, ids, finish, o in zip(examples, texts, ro.completion_ids, ro.finish_reason, outcomes):
+    for (ex, (text, tokens, finish)), o in zip(samples, outcomes):
         index = seen[ex["id"]] = seen.get(ex["id"], -1) + 1
         records.append(SampleRecord(problem_id=ex["id"], sample_index=index, completion=text,
                                     outcome=o.cls.value, reason=o.reason, reward=o.reward,
-                                    completion_tokens=len(ids), finish_reason=finish))
+                                    completion_tokens=tokens, finish_reason=finish))
     return records
+
+
+def remember_generations(drawn: dict[str, list[Generation]], problems: list[dict], samples: list[SampleRecord],
+                         profile: DecodingProfile) -> int:
+    """Add each problem's judged samples to ``drawn`` (none with a failed request); how many problems."""
+    by_id: dict[str, list[SampleRecord]] = {}
+    for s in samples:
+        by_id.setdefault(s.problem_id, []).append(s)
+    added = 0
+    for p in problems:
+        group = by_id.get(p["id"], [])
+        if len(group) == profile.n and all(s.finish_reason != "error" for s in group):
+            drawn.setdefault(generation_key(p, profile),
+                             [(s.completion, s.completion_tokens, s.finish_reason) for s in group])
+            added += 1
+    return added
 
 
 def run_env_chunk(engine, tokenizer, env_cfg: EnvConfig, problems: list[dict], profile: DecodingProfile,
@@ -427,6 +470,7 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
         engine, tokenizer = _load_engine(model_path, cfg)
     out = Path(cfg.out_dir)
     results: list[EvalResult] = []
+    drawn: dict[str, list[Generation]] = {}  # samples per (prompt, decoding), shared by benchmarks
     total = sum(len(problems) for _, problems, _ in benches) * len(cfg.profiles)
     with progress_bar(show_progress) as progress:
         task = progress.add_task("eval", total=total, info="")
@@ -437,14 +481,20 @@ def run_eval(cfg: EvalConfig, *, engine=None, tokenizer=None, show_progress: boo
                 progress.update(task, advance=sum(p["id"] in done for p in problems),
                                 description=f"{bench.name} · {profile.name}")
                 todo = [p for p in problems if p["id"] not in done]
+                shared = sum(generation_key(p, profile) in drawn for p in todo) if bench.kind != "env" else 0
+                if shared:
+                    print(f"{bench.name} · {profile.name}: {shared} of {len(todo)} problems judged on the samples "
+                          "already drawn for the same prompt and decoding", flush=True)
                 for start in range(0, len(todo), cfg.chunk_problems):
                     chunk = todo[start:start + cfg.chunk_problems]
                     with heartbeat(progress, task, f"{len(chunk) * profile.n} samples of {len(chunk)} problems"):
                         records = run_env_chunk(engine, tokenizer, verifier, chunk, profile, cfg) \
-                            if bench.kind == "env" else run_chunk(engine, tokenizer, verifier, chunk, profile, cfg)
+                            if bench.kind == "env" else run_chunk(engine, tokenizer, verifier, chunk, profile, cfg, drawn)
                     append_samples(path, records)
                     progress.update(task, advance=len(chunk))
                 samples, _ = last_n_per_problem(read_samples(path), profile.n)
+                if bench.kind != "env":
+                    remember_generations(drawn, problems, samples, profile)
                 ids = {p["id"] for p in problems}
                 results.append(summarize(
                     [s for s in samples if s.problem_id in ids], benchmark=bench.name, profile=profile.name,

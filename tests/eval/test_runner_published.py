@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.data.records import load_tasks
+from posttrain.eval.results import read_samples
 from posttrain.eval.runner import BenchmarkConfig, load_problems, run_eval
 from posttrain.sandbox.worker import probe
 from tests.data.test_evalplus import write_slice
@@ -38,6 +39,46 @@ def test_kodcode_and_evalplus_base_and_plus(tmp_path, tokenizer):
                        show_progress=False)
     assert [(r.benchmark, r.outcomes["PASS"], r.num_problems) for r in results] == [
         ("kodcode", 4, 7), ("humaneval", 6, 6), ("humaneval_plus", 5, 6)]
+
+
+class CountingOracle(OracleEngine):
+    def __init__(self, tokenizer, answers):
+        super().__init__(tokenizer, answers)
+        self.prompts = 0
+
+    def generate(self, prompts, n, sampling):
+        self.prompts += len(prompts)
+        return super().generate(prompts, n, sampling)
+
+
+def test_base_and_plus_are_judged_on_one_set_of_samples(tmp_path, tokenizer, capsys):
+    """As evalplus does: HumanEval+ reuses HumanEval's samples of the same prompt (also from a
+    finished samples file on a later run), judged against its own inputs; another profile does not."""
+    plus = [t for _, t in load_tasks(str(FIXTURES / "evalplus.jsonl"))]
+    gcd = "```python\ndef greatest_common_divisor(a, b):\n    return max(d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0)\n```"
+    answers = {t["prompt"]: gcd if t["entry_point"] == "greatest_common_divisor" else t["completion"] for t in plus}
+    base = f'{{"name": "humaneval", "kind": "evalplus", "variant": "base", "path": "{FIXTURES}/evalplus.jsonl"}}'
+    plus_ = f'{{"name": "humaneval_plus", "kind": "evalplus", "path": "{FIXTURES}/evalplus.jsonl"}}'
+    engine = CountingOracle(tokenizer, answers)
+    results = run_eval(config(tmp_path / "both", f"benchmarks=[{base}, {plus_}]"), engine=engine, tokenizer=tokenizer,
+                       show_progress=False)
+    assert engine.prompts == 6 and [r.outcomes["PASS"] for r in results] == [6, 5]
+    assert "humaneval_plus · greedy: 6 of 6 problems judged on the samples already drawn" in capsys.readouterr().out
+    texts = [[s.completion for s in read_samples(tmp_path / "both" / "samples" / f"{name}.greedy.jsonl")]
+             for name in ("humaneval", "humaneval_plus")]
+    assert texts[0] == texts[1]
+
+    engine = CountingOracle(tokenizer, answers)
+    run_eval(config(tmp_path / "later", f"benchmarks=[{base}]"), engine=engine, tokenizer=tokenizer, show_progress=False)
+    results = run_eval(config(tmp_path / "later", f"benchmarks=[{base}, {plus_}]"), engine=engine,
+                       tokenizer=tokenizer, show_progress=False)
+    assert engine.prompts == 6 and [r.outcomes["PASS"] for r in results] == [6, 5]
+
+    engine = CountingOracle(tokenizer, answers)
+    profiles = 'profiles=[{"name": "short", "max_new_tokens": 8}, {"name": "long", "max_new_tokens": 9}]'
+    run_eval(config(tmp_path / "profiles", f"benchmarks=[{base}, {plus_}]", profiles), engine=engine,
+             tokenizer=tokenizer, show_progress=False)
+    assert engine.prompts == 12  # each profile draws its own; plus shares base's within each
 
 
 def test_livecodebench_difficulty_and_window():
