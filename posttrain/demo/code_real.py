@@ -138,5 +138,49 @@ def evaluate(out: Path, p: dict, start: str, seed: int) -> None:
         print(f"[demo] held-out eval ({label})")
         cfg = EvalConfig(model=model, label=label, seed=seed, out_dir=str(out / "direct" / "evals" / label),
                          benchmarks=benches, profiles=[profile], ks=[1], thinking=False)
+        kept = kept_start_eval(cfg, start) if label == "before" else None
+        if kept is not None:
+            reuse_samples(kept, Path(cfg.out_dir), say=True)
         run_eval(cfg, show_progress=p["progress"])
         save_config(cfg, out / "direct" / "evals" / label / "config.yaml")
+        if kept is not None:
+            reuse_samples(Path(cfg.out_dir), kept)
+
+
+def kept_start_eval(cfg, start: str) -> Path:
+    """Where the start's greedy samples are kept between runs: a greedy evaluation of the same weights
+    under the same settings draws the same programs, so the seeds after the first judge them again
+    instead of generating (a third of a seed's time). Keyed by the weights' bytes and the settings."""
+    import dataclasses
+    import hashlib
+
+    from posttrain import __version__
+    from posttrain.models.gguf import cache_root
+
+    digest = hashlib.sha256()
+    for weights in sorted(Path(start).glob("*.safetensors")):
+        with weights.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    settings = [__version__, [dataclasses.asdict(b) for b in cfg.benchmarks],
+                [dataclasses.asdict(p) for p in cfg.profiles], cfg.thinking, cfg.dtype]
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return cache_root().parent / "start-evals" / digest.hexdigest()[:20]
+
+
+def reuse_samples(src: Path, dst: Path, say: bool = False) -> None:
+    """Copy the samples files of one evaluation folder into another, each unless the other's is as
+    long (an evaluation resumes from its samples files: problems they finish are not generated again)."""
+    import os
+    import shutil
+
+    for path in sorted((src / "samples").glob("*.jsonl")):
+        target = dst / "samples" / path.name
+        if target.exists() and target.stat().st_size >= path.stat().st_size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.copyfile(path, part)
+        part.replace(target)  # a reader never sees half a file
+        if say:
+            print(f"[demo] {path.name}: the start's greedy samples from {src} (same weights and settings)")
