@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if says_bad_input():
             print(f"posttrain {name}: error: {e}", file=sys.stderr)
+        else:
+            wait_for_the_reporting_rank()
         return 2
     except KeyboardInterrupt:
         print(f"posttrain {name}: interrupted", file=sys.stderr)
@@ -127,6 +129,19 @@ def says_bad_input() -> bool:
     machine (a file missing there is that machine's to report); every rank of a machine reads the
     same config and files, so the others would only repeat it."""
     return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def wait_for_the_reporting_rank(seconds: float = 10.0) -> None:
+    """A rank that leaves a bad input to another to report gives that one time to say it: torchrun
+    stops every rank when the first exits with an error, and a process 0 slower to the same error
+    (building its message) was stopped before printing it, leaving a failed launch with no reason.
+    Process 0's own exit ends the wait at once (torchrun stops the others then, quietly)."""
+    import time
+
+    try:
+        time.sleep(seconds)
+    except Terminated:
+        pass
 
 
 def entry() -> None:

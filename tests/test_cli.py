@@ -85,6 +85,22 @@ def test_sigterm_unwinds_a_command_so_its_cleanup_runs(tmp_path):
     assert marker.read_text() == "cleaned up"
 
 
+def test_a_rank_that_leaves_a_bad_input_to_process_0_waits_for_it_to_say_it(tmp_path):
+    """Under torchrun the first rank to exit with an error stops the others: a rank that does not
+    print the bad-input line waits (process 0's exit stops it, quietly) so that process 0, slower to
+    the same error, is not stopped before saying it; process 0 itself says it and leaves at once."""
+    env = {**__import__("os").environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    other = subprocess.Popen([sys.executable, "-c", PROBE, "report", tmp_path / "missing"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    r = _run("report", tmp_path / "missing")
+    assert r.returncode == 2 and "posttrain report: error:" in r.stderr
+    with pytest.raises(subprocess.TimeoutExpired):
+        other.wait(timeout=3)  # process 0 has long finished; the other rank still waits
+    other.send_signal(signal.SIGTERM)  # as torchrun stops it once process 0 has exited
+    _, err = other.communicate(timeout=30)
+    assert other.returncode == 2 and "error" not in err and "Traceback" not in err, err
+
+
 def _keys(cls, prefix=""):
     """Every dotted key of a config class, a list of sections' entries as ``name[].key``."""
     import dataclasses
