@@ -1,7 +1,10 @@
 """Run directories, metrics logging, stage timers and progress bars shared by every trainer.
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per
-step, always written and flushed each step), ``checkpoints/step-N/`` and whatever the stage adds.
+step, always written and flushed each step), ``checkpoints/step-N/`` and whatever the stage adds
+(RL: ``samples.jsonl``, some rollouts of each step). The per-step JSON-lines files (`STEP_LOGS`)
+are emptied when a run starts afresh and cut back to the checkpoint's step on resume, so a killed
+run's steps past its checkpoint appear once, as the resumed run redoes them.
 TensorBoard and Weights & Biases are opt-in mirrors of metrics.jsonl and never required.
 """
 
@@ -36,6 +39,24 @@ class LoggingConfig:
             raise ConfigValueError("wandb_project", "must not contain spaces")
 
 
+SAMPLES_FILE = "samples.jsonl"
+"""RL's rollouts of each step, one JSON object per rollout with its ``step`` (`posttrain.rl.diagnostics`)."""
+STEP_LOGS = ("metrics.jsonl", SAMPLES_FILE)
+"""The run directory's files of one JSON object per line, each with its ``step``."""
+
+
+def restart_step_logs(run_dir: str | Path, resume_step: int) -> None:
+    """A fresh run (``resume_step`` 0) removes the step logs an earlier run left in ``run_dir``;
+    a resumed one drops their lines logged after the checkpoint, so no step is there twice."""
+    for path in (Path(run_dir) / name for name in STEP_LOGS):
+        if not resume_step:
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+
 class MetricsLogger:
     """Appends one JSON line per step to ``metrics.jsonl``; mirrors to TensorBoard / W&B if asked."""
 
@@ -43,10 +64,7 @@ class MetricsLogger:
                  config_dict: dict | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step and self.path.exists():
-            self._truncate_after(resume_step)
-        elif not resume_step:
-            self.path.write_text("")
+        restart_step_logs(run_dir, resume_step)
         self._file = self.path.open("a")
         cfg = cfg or LoggingConfig()
         self._tb = self._wandb = None
@@ -58,12 +76,6 @@ class MetricsLogger:
             import wandb
 
             self._wandb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=config_dict)
-
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop lines logged after the checkpoint so the curve is not duplicated."""
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, metrics: dict) -> None:
         clean = {k: _jsonable(v) for k, v in metrics.items()}

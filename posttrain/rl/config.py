@@ -329,6 +329,19 @@ class RewardModelConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class RLLoggingConfig(LoggingConfig):
+    samples_per_step: int = 4
+    """Rollouts of each step written to OUT_DIR/samples.jsonl (prompt and completion text, reward,
+    outcome class and reason, finish reason, tokens): the best and the worst sample of each of
+    the step's first groups, so a pass and a fail appear side by side (docs/rl.md); 0 = off."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.samples_per_step < 0:
+            raise ConfigValueError("samples_per_step", "must be >= 0 (0 = off)")
+
+
+@dataclasses.dataclass(kw_only=True)
 class RLConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The policy to train (LoRA or full)."""
@@ -345,8 +358,8 @@ class RLConfig:
     """Off-policy correction between the sampler's and the trainer's log-probs."""
     dynamic_sampling: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
     """Skip zero-variance groups by over-sampling."""
-    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-    """Mirrors of metrics.jsonl."""
+    logging: RLLoggingConfig = dataclasses.field(default_factory=RLLoggingConfig)
+    """Mirrors of metrics.jsonl, and the rollouts written each step."""
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     """The learned value model of algorithm=ppo."""
     reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)

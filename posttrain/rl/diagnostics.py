@@ -13,14 +13,25 @@ at all: the data is too easy or too hard for the current policy).
 Entropy collapse is judged against the run's own start (the median of its first steps), never an
 absolute number: an SFT start on a nearly solved task is already certain, and sharpening it is
 not a collapse. Medians over a few steps keep one noisy step from starting or ending a warning.
+
+`write_samples` appends a few rollouts of each step to ``samples.jsonl`` as text, since a number
+(a reward stuck at 0.06) does not say why: truncated completions, the wrong format, an
+explanation before the code. It picks the best and the worst sample of the first groups, as
+TRL's completion table and verl's rollout dumps show text beside the score, but a few lines a
+step instead of every rollout, so the file stays small enough to read over a long run.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import statistics
+from pathlib import Path
 
 from posttrain.outcome import UNGRADED_MARK, Outcome, OutcomeClass
+from posttrain.tracking import SAMPLES_FILE
+
+DETAIL_CHARS = 1000  # a verdict's detail can hold a program's whole output; its head says why
 
 
 def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float) -> dict:
@@ -48,6 +59,52 @@ def rollout_metrics(rollouts, outcomes: list[Outcome], zero_variance_frac: float
                                   if o.cls is not OutcomeClass.PASS and o.reason)
     m.update({key: count / n for key, count in reasons.items()})
     return m
+
+
+def picked_episodes(outcomes: list[Outcome], group_size: int, n: int) -> list[int]:
+    """The ``n`` episodes of a step that `write_samples` writes: group by group, each group's best
+    then its worst; past two a group (more lines than twice the groups), each group's second best
+    and second worst, and so on. Best is the highest reward (a masked outcome, INFRA_FAIL or
+    TASK_FAIL, ranks below every reward); ties go to the earlier sample."""
+    order = []
+    for g in range(len(outcomes) // group_size):
+        ranked = sorted(range(g * group_size, (g + 1) * group_size),
+                        key=lambda e: (not outcomes[e].is_reward, -outcomes[e].reward, e))
+        ends = [ranked[i // 2] if i % 2 == 0 else ranked[-1 - i // 2] for i in range(group_size)]
+        order += [(i // 2, g, i % 2, e) for i, e in enumerate(ends)]
+    return [e for *_, e in sorted(order)[:n]]
+
+
+def write_samples(run_dir: Path, step: int, rollouts, outcomes: list[Outcome], episode_of_row: list[int], *,
+                  tokenizer, group_size: int, n: int) -> None:
+    """Append ``n`` of the step's episodes (`picked_episodes`) to ``run_dir/samples.jsonl``, one
+    JSON object each. An episode of several rows (a multi-turn episode split where the chat
+    template drops earlier turns) is written as its last row, whose prompt holds the earlier turns."""
+    if n <= 0:
+        return
+    lines = []
+    for e in picked_episodes(outcomes, group_size, n):
+        rows = [r for r, ep in enumerate(episode_of_row) if ep == e]
+        if not rows:  # an episode that ended before the model wrote anything has no text to show
+            continue
+        line = {"step": step, "group": e // group_size, "sample": e % group_size}
+        lines.append(json.dumps(line | sample_line(rollouts, rows, outcomes[e], tokenizer), ensure_ascii=False))
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # a step run on its own, outside `drive_rl`, has no run yet
+    with (Path(run_dir) / SAMPLES_FILE).open("a") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def sample_line(rollouts, rows: list[int], outcome: Outcome, tokenizer) -> dict:
+    """One episode (its ``rows`` of ``rollouts``) as text: the prompt as the model saw it (special
+    tokens and chat template kept), the completion as the verifier judged it."""
+    r = rows[-1]
+    completion = rollouts.texts[r] if rollouts.texts is not None else \
+        tokenizer.decode(rollouts.completion_ids[r], skip_special_tokens=True)
+    lengths = rollouts.model_tokens()
+    return {"policy_version": rollouts.policy_version[r], "reward": outcome.reward, "outcome": outcome.cls.value,
+            "reason": outcome.reason, "detail": outcome.detail[:DETAIL_CHARS],
+            "finish_reason": rollouts.finish_reason[r], "completion_tokens": sum(lengths[i] for i in rows),
+            "prompt": tokenizer.decode(rollouts.prompt_ids[r], skip_special_tokens=False), "completion": completion}
 
 
 def ungraded_share(m: dict) -> tuple[float, str]:

@@ -32,7 +32,7 @@ from posttrain.models.hf import check_model_path, disable_dropout, load_model, l
 from posttrain.outcome import Outcome
 from posttrain.rl.batch import RLBatch, concat_groups, group_outcomes, outcome_batch, select_groups
 from posttrain.rl.config import RLConfig, sampling_params
-from posttrain.rl.diagnostics import Watchdog, rollout_metrics
+from posttrain.rl.diagnostics import Watchdog, rollout_metrics, write_samples
 from posttrain.rl.engines import build_engine, colocates, server_dialect
 from posttrain.verifiers.code import farm_metrics
 from posttrain.verifiers.registry import verifier_metrics
@@ -233,6 +233,9 @@ def learn(run: RLRun, step: int, timer: StageTimer, ro: Rollouts, outcomes: list
         metrics = run.ppo.combine_rewards(run, batch) if run.ppo is not None else {}
     # The curriculum's view before `during`: the async controller moves the source while the trainer computes.
     metrics |= run.source.metrics() | farm_metrics() | verifier_metrics(run.verifier) if world.main else {}
+    if world.main:  # every rank holds the whole step (rank 0's or gathered), so rank 0 writes from all of it
+        write_samples(run.run_dir, step, ro, outcomes, episode_of_row, tokenizer=run.tokenizer, group_size=G,
+                      n=cfg.logging.samples_per_step)
     with during or contextlib.nullcontext():  # async: the controller keeps receiving and admitting groups meanwhile
         with timer("logprobs"):
             train_rows, with_ref = rows_to_train(cfg, batch, outcomes, first), reference_due(cfg, step)

@@ -73,6 +73,9 @@ def test_async_ppo_k0_reproduces_sync_ppo_step_for_step(rl_overrides, reward_plu
     assert all(r["critic/grad_norm"] > 0 and r["grad_norm"] > 0 for r in sync)
     for s, a in zip(sync, asyn):
         assert _comparable(s) == pytest.approx(_comparable(a), rel=1e-5, abs=1e-7)
+    # the async driver writes samples.jsonl through the same learn: the same rollouts, as text
+    samples = [(tmp_path / run / "samples.jsonl").read_text().splitlines() for run in ("sync", "async")]
+    assert len(samples[0]) == 8 and samples[0] == samples[1]
 
 
 # ------------------------------------------------------------------------------------- property test

@@ -141,3 +141,20 @@ def test_a_held_out_eval_mostly_ungraded_is_marked_with_its_reasons():
     _run(Watchdog(quiet.append), [eval_metrics(dataclasses.replace(summary, ungraded={"TASK_FAIL/bad_test": 0.25}),
                                                "heldout")])
     assert quiet == []
+
+
+def test_samples_are_each_groups_best_then_worst_group_by_group():
+    """Rewards per group (G=4): g0 = .2 .9 .5 .1, g1 = 1 1 0 INFRA_FAIL, g2 = .3 .3 .3 .3. Best is
+    the highest reward (ties to the earlier sample), worst the lowest, a masked outcome below every
+    reward; past two a group, the second best and second worst of each group follow."""
+    from posttrain.outcome import Outcome
+    from posttrain.rl.diagnostics import picked_episodes
+
+    fail = Outcome.model_fail
+    outcomes = [fail(reward=r) for r in (0.2, 0.9, 0.5, 0.1)] + [
+        Outcome.passed(), Outcome.passed(), fail(reward=0.0), Outcome.infra_fail("sandbox_died")] + [
+        fail(reward=0.3)] * 4
+    assert picked_episodes(outcomes, 4, 4) == [1, 3, 4, 7]
+    assert picked_episodes(outcomes, 4, 7) == [1, 3, 4, 7, 8, 11, 2]
+    assert picked_episodes(outcomes, 4, 12) == [1, 3, 4, 7, 8, 11, 2, 0, 5, 6, 9, 10]
+    assert picked_episodes(outcomes, 4, 1) == [1] and picked_episodes(outcomes, 4, 0) == []

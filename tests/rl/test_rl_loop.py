@@ -1,6 +1,7 @@
 """The sync RL loop on the nano model: gradients, learning, masking, metrics, resume, bad input."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -147,7 +148,18 @@ def test_grpo_family_improves_reward_on_an_easy_task(rl_overrides, reward_plugin
     assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.1, rewards
 
 
-def test_metrics_carry_the_contract_names_and_resume_continues(rl_overrides, reward_plugin, tmp_path):
+def _samples(run_dir):
+    return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def test_metrics_carry_the_contract_names_and_resume_continues(rl_overrides, reward_plugin, arith_data_dir, tmp_path):
+    """Also samples.jsonl, at the default of 4 a step: each step's best and worst of groups 0 and
+    1, with the reward the verifier gives the text written. The resume is from step 1 (step 2's
+    checkpoint removed, as if the run were killed while saving it): the killed run's step-2 lines
+    of metrics.jsonl and samples.jsonl are replaced by the resumed run's, not kept beside them."""
+    import rl_test_rewards
+
+    prompts = [json.loads(line)["prompt"] for line in (arith_data_dir / "prompts_train.jsonl").read_text().splitlines()]
     over = rl_overrides(verifier=f"{reward_plugin}:letters", save_every=1, **{"kl.track_every": 2})
     run_rl(load_config(RLConfig, None, over))
     first = _metrics(tmp_path / "run")
@@ -155,11 +167,27 @@ def test_metrics_carry_the_contract_names_and_resume_continues(rl_overrides, rew
     for name in DESIGN_METRICS:
         assert name in first[-1], name
     assert (tmp_path / "run" / "config.yaml").is_file()
+    samples = _samples(tmp_path / "run")
+    assert [(s["step"], s["group"]) for s in samples] == [(1, 0), (1, 0), (1, 1), (1, 1)] + [(2, 0), (2, 0), (2, 1),
+                                                                                               (2, 1)]
+    for s in samples:
+        judged = rl_test_rewards.letters(s["completion"], {})
+        assert (s["reward"], s["outcome"], s["reason"]) == (judged.reward, judged.cls.value, judged.reason), s
+        assert s["policy_version"] == s["step"] - 1 and s["completion_tokens"] <= 8
+        assert s["finish_reason"] in ("eos", "length") and (s["finish_reason"] == "eos" or s["completion_tokens"] == 8)
+    for best, worst in zip(samples[::2], samples[1::2]):
+        assert best["reward"] >= worst["reward"] and best["sample"] != worst["sample"]
+        assert best["prompt"] == worst["prompt"] and any(p in best["prompt"] for p in prompts)
+    assert samples[0]["prompt"] != samples[2]["prompt"]
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-2")
     run_rl(load_config(RLConfig, None, over + ["num_steps=3"]))
     resumed = _metrics(tmp_path / "run")
     assert [m["step"] for m in resumed] == [1, 2, 3]
     assert resumed[2]["policy_version"] == 3
     assert (tmp_path / "run" / "checkpoints" / "step-3" / "config.json").is_file()
+    again = _samples(tmp_path / "run")
+    assert [s["step"] for s in again] == [1] * 4 + [2] * 4 + [3] * 4
+    assert again[:4] == samples[:4]
 
 
 def test_lora_policy_trains_and_syncs_merged_weights(rl_overrides, reward_plugin):
@@ -228,6 +256,7 @@ def test_bad_input_from_a_fresh_interpreter_is_one_line_exit_2(nano_model_dir, a
     ("rollout.group_sise=4", "group_sise"),
     ("rollout.group_size=four", "rollout.group_size"),
     ("algorithm=ppo2", "algorithm"),
+    ("logging.samples_per_step=-1", "logging.samples_per_step"),
     ("data.path=/nonexistent/p.jsonl", "/nonexistent/p.jsonl"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_data_dir, tmp_path, override, needle,
@@ -267,8 +296,10 @@ def test_tracked_kl_runs_the_reference_on_a_sample_of_steps(rl_overrides, reward
                                                     **{"kl.track_every": 3})))
     assert ["kl/ref" in m for m in _metrics(tmp_path / "run")] == [True, False, True, False]
     run_rl(load_config(RLConfig, None, rl_overrides(verifier=f"{reward_plugin}:letters", num_steps=2,
-                                                    out_dir=tmp_path / "coef", **{"kl.coef": 0.1})))
+                                                    out_dir=tmp_path / "coef", **{"kl.coef": 0.1,
+                                                                                  "logging.samples_per_step": 0})))
     assert all("kl/ref" in m for m in _metrics(tmp_path / "coef"))
+    assert (tmp_path / "run" / "samples.jsonl").is_file() and not (tmp_path / "coef" / "samples.jsonl").exists()
 
 
 SANDBOXED = '''
