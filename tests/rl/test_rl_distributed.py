@@ -40,7 +40,7 @@ def _rl(inputs, **extra) -> tuple[str, list[str]]:
 
 def _grpo(inputs, extra):
     return _rl(inputs, verifier=f"{PLUGIN_MODULE}:letters", num_steps=3, save_every=3,
-               **{"kl.track_every": 1, **extra})
+               **{"kl.track_every": 1, "logging.samples_per_step": 8, **extra})  # 8: from both ranks' groups
 
 
 def _zero_variance(inputs, micro_batch_tokens):
@@ -170,6 +170,10 @@ def test_grpo_two_ranks_equal_one_process(request, inputs, two_ranks, extra):
             tol = 2e-6 if key.startswith("mismatch/") else 1e-7
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=tol), (a["step"], key)
     assert all(m["grad_norm"] > 0 for m in one)
+    # process 0 alone writes samples.jsonl, from the whole step: groups 2 and 3 train on rank 1
+    samples = [(d / "samples.jsonl").read_text().splitlines() for d in (one_dir, two_dir)]
+    assert samples[1] == samples[0] and len(samples[0]) == 3 * 8
+    assert {json.loads(line)["group"] for line in samples[1]} == {0, 1, 2, 3}
     if extra.get("ppo_epochs") or extra.get("mini_batches"):
         assert max(m["policy/ratio_max"] for m in one) > 1.0 + 1e-4
     _assert_close_weights(one_dir / "checkpoints" / "step-3", two_dir / "checkpoints" / "step-3")
