@@ -263,3 +263,10 @@ def test_split_episodes_train_every_segment_with_the_episodes_advantage(nano_mod
     per_row = (-batch.adv_B[:, None] * batch.is_weights_BT * mask).sum(1) / ep_tokens
     assert abs(float(per_row.sum())) > 1e-3
     assert m["loss"] == pytest.approx(float(per_row.sum() / 8), rel=1e-4, abs=1e-7)
+    # samples.jsonl: each group's best (episode 0, split: written as its last row) and worst (3)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [(s["group"], s["sample"], s["reward"]) for s in samples] == [(0, 0, 1.0), (0, 3, 0.0), (1, 0, 1.0),
+                                                                         (1, 3, 0.0)]
+    assert samples[0]["completion"] == run.env.tokenizer.decode(segments[1].completion_ids, skip_special_tokens=True)
+    assert samples[0]["completion_tokens"] == run.env.last[0].model_tokens > sum(segments[1].loss_mask)
+    assert "obs 1" in samples[0]["prompt"]
