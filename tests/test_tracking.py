@@ -1,4 +1,5 @@
-"""Progress bars off a terminal: plain lines while the bar runs, not one picture at the end."""
+"""Run directories and progress bars: the per-step logs on resume and on a fresh start; plain
+progress lines off a terminal while the bar runs, not one picture at the end."""
 
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TERM")}
+
+
+def test_step_logs_are_cut_back_on_resume_and_removed_on_a_fresh_start(tmp_path):
+    """Both per-step files: a resume at step 2 keeps the lines of steps 0-2 (step 0: the start's
+    eval), a fresh start leaves neither an earlier run's metrics nor its samples."""
+    import json
+
+    from posttrain.tracking import MetricsLogger
+
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps({"step": s, "n": i}) + "\n"
+                                             for i, s in enumerate([0, 1, 2, 2, 3, 3])))
+    MetricsLogger(tmp_path, resume_step=2).close()
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert [json.loads(line)["n"] for line in (tmp_path / name).read_text().splitlines()] == [0, 1, 2, 3], name
+    MetricsLogger(tmp_path).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and not (tmp_path / "samples.jsonl").exists()
