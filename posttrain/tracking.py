@@ -3,7 +3,7 @@
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per
 step, always written and flushed each step), ``checkpoints/step-N/`` and whatever the stage adds
 (RL: ``samples.jsonl``, some rollouts of each step). The per-step JSON-lines files (`STEP_LOGS`)
-are emptied when a run starts afresh and cut back to the checkpoint's step on resume, so a killed
+are removed when a run starts afresh and cut back to the checkpoint's step on resume, so a killed
 run's steps past its checkpoint appear once, as the resumed run redoes them.
 TensorBoard and Weights & Biases are opt-in mirrors of metrics.jsonl and never required.
 """
