@@ -24,6 +24,7 @@ def test_quick_real_seed_demo_trains_and_tables_the_real_benchmarks(tmp_path, sm
     # the seed's direct recipe on the real model: GRPO, LoRA r=32, non-thinking, the sandbox's reward
     config = (out / "direct" / "config.yaml").read_text()
     assert "algorithm: grpo" in config and "r: 32" in config and "thinking: false" in config
+    assert "micro_batch_tokens: 2048" in config  # the update's memory on a laptop (posttrain.demo.code_real)
     steps = [json.loads(line) for line in (out / "direct" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all("outcomes/PASS_frac" in s for s in steps)
     # the training problems share no 13-gram with the benchmarks they are evaluated on
