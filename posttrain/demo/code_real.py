@@ -51,7 +51,7 @@ BENCHMARKS = [
 # every stage runs on the real model and files, not that anything is learnt.
 # The update's activations grow with the tokens of a micro-batch (30 layers, no activation
 # checkpointing): the step of 8 x 8 completions peaked at 16 GB of memory at the default 8,192
-# tokens and 5.8 GB at 2,048 (where the update was 15 s of a 196 s step on 2 cores).
+# tokens and 5.8 GB at 2,048.
 MICRO_BATCH_TOKENS = 2048
 PROFILES = {
     "full": dict(sft_steps=0, sft_lr=1e-5, rl_steps=12, prompts_per_step=8, group_size=8, rl_lr=1e-4,
