@@ -37,8 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
+
+from posttrain.errors import UserError
 
 FORMAT_WEIGHT = 0.05
 """The recipe's format bonus (examples/seed_reasoning.yaml, format_weight)."""
@@ -139,6 +142,29 @@ def same_prompts(model: str, problems: Path) -> bool:
     return all(encode_prompt(tok, p, True, True) == encode_prompt(tok, p, True, False) for p in prompts)
 
 
+ASK = ("You are a helpful AI assistant. Think first: write a short plan between <think> and </think>, "
+       "then write the Python function in a ```python block.")
+"""The system message of the asked condition: the instruction the recipe's thinking switch gives a
+template that has one (SmolLM2's ChatML has none, so thinking on renders the direct prompt)."""
+
+
+def asked_model(model: str, folder: Path) -> str:
+    """``model`` with a chat template that opens every conversation with the `ASK` system message (a
+    folder of links to its files but the template)."""
+    src = Path(model)
+    template = src / "chat_template.jinja"
+    if not template.is_file():
+        raise UserError(f"{template}: no chat template file to extend")
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        link = folder / f.name
+        if f.name != template.name and not link.exists():
+            link.symlink_to(f.resolve())
+    system = json.dumps({"role": "system", "content": ASK})
+    (folder / template.name).write_text(f"{{%- set messages = [{system}] + messages -%}}\n" + template.read_text())
+    return str(folder)
+
+
 def sample(model: str, problems: Path, folder: Path, thinking: bool, a) -> list:
     """``a.samples`` samples a problem at ``a.temperature``, judged; reused when written."""
     from posttrain.eval.results import read_samples
@@ -157,22 +183,26 @@ def sample(model: str, problems: Path, folder: Path, thinking: bool, a) -> list:
     return read_samples(path)
 
 
-def sft(model: str, traces: Path, out: Path, a) -> str:
-    """A full fine-tune on the traces (the real demo's SFT settings but the data); reused when written."""
+def sft(model: str, traces: Path, out: Path, a) -> dict[int, str]:
+    """A full fine-tune on the traces (the real demo's SFT settings but the data and a constant rate
+    after warm-up, so the checkpoint at each of ``a.sft_steps`` is what a run of that length would
+    leave); step -> checkpoint, reused when written (an interrupted run resumes)."""
+    import math
+
     from posttrain.config import load_config
     from posttrain.train.sft import SFTConfig, run_sft
 
-    done = out / "checkpoints" / f"step-{a.sft_steps}"
-    if done.is_dir():
-        return str(done)
-    t0 = time.perf_counter()
-    cfg = load_config(SFTConfig, None, [
-        f"model.path={model}", f"data.path={traces}", "data.max_len=512", f"data.tokens_per_batch={a.sft_tokens}",
-        f"optim.lr={a.sft_lr}", f"num_steps={a.sft_steps}", "eval_every=0", "save_every=0", f"seed={a.seed}",
-        f"out_dir={out}", "logging.progress=false"])
-    checkpoint = run_sft(cfg)["checkpoint"]
-    print(f"[probe] SFT {a.sft_steps} steps x {a.sft_tokens} tokens: {time.perf_counter() - t0:.0f} s wall")
-    return checkpoint
+    last, every = max(a.sft_steps), math.gcd(*a.sft_steps)
+    if not (out / "checkpoints" / f"step-{last}").is_dir():
+        t0 = time.perf_counter()
+        cfg = load_config(SFTConfig, None, [
+            f"model.path={model}", f"data.path={traces}", "data.max_len=512",
+            f"data.tokens_per_batch={a.sft_tokens}", f"optim.lr={a.sft_lr}", "optim.schedule=constant",
+            f"num_steps={last}", "eval_every=0", f"save_every={every}", f"keep_last={last // every}",
+            f"seed={a.seed}", f"out_dir={out}", "logging.progress=false"])
+        run_sft(cfg)
+        print(f"[probe] SFT {last} steps x {a.sft_tokens} tokens: {time.perf_counter() - t0:.0f} s wall")
+    return {n: str(out / "checkpoints" / f"step-{n}") for n in a.sft_steps}
 
 
 def paired(out: Path, before: str, after: str) -> str:
@@ -206,13 +236,18 @@ def measure(a) -> list[tuple[str, str, dict]]:
     else:
         thinking = sample(start, p["draw"], out / "zero-thinking-train", True, a)
     add("instruct · thinking", thinking, "train draw", True)
+    tuned = sft(start, p["traces"], out / "sft-thinking", a)
+    for steps, checkpoint in sorted(tuned.items()):
+        add(f"SFT {steps} · thinking", sample(checkpoint, p["draw"], out / f"sft{steps}-thinking-train", True, a),
+            "train draw", True)
     add("instruct · direct", sample(start, p["heldout"], out / "zero-direct-heldout", False, a),
         "family held out", False)
-    tuned = sft(start, p["traces"], out / "sft-thinking", a)
-    add(f"SFT {a.sft_steps} · thinking", sample(tuned, p["draw"], out / "sft-thinking-train", True, a),
+    for steps, checkpoint in sorted(tuned.items()):
+        add(f"SFT {steps} · thinking", sample(checkpoint, p["heldout"], out / f"sft{steps}-thinking-heldout", True, a),
+            "family held out", False)
+    asked = asked_model(start, out / "asked-model")
+    add("instruct · asked to think", sample(asked, p["draw"], out / "asked-thinking-train", True, a),
         "train draw", True)
-    add(f"SFT {a.sft_steps} · thinking", sample(tuned, p["heldout"], out / "sft-thinking-heldout", True, a),
-        "family held out", False)
     return rows
 
 
@@ -225,18 +260,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.6, help="the seed's thinking temperature")
     ap.add_argument("--tokens", type=int, default=256, help="most new tokens a sample")
-    ap.add_argument("--sft-steps", type=int, default=40)
+    ap.add_argument("--sft-steps", type=int, nargs="+", default=[40],
+                    help="SFT lengths to measure: one run, a checkpoint at each")
     ap.add_argument("--sft-tokens", type=int, default=4096, help="tokens a SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-5, help="the real demo's sft_lr")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    rows = measure(a)
+    try:
+        rows = measure(a)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     table = markdown(rows)
     print(table)
     out = Path(a.out)
-    changes = [paired(out, "zero-direct-train", "sft-thinking-train"),
-               paired(out, "zero-direct-heldout", "sft-thinking-heldout")]
+    changes = [paired(out, f"zero-direct-{where}", f"sft{steps}-thinking-{where}")
+               for where in ("train", "heldout") for steps in sorted(a.sft_steps)]
     print("\n".join(changes))
     Path(a.out, "summary.json").write_text(json.dumps(
         {"args": vars(a), "rows": [{"model": m, "problems": w, **st} for m, w, st in rows], "paired": changes,
