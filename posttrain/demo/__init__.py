@@ -62,7 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("smollm2",), default=None,
                         help="--task code only: run the seed's direct arm on this real model and the real "
                              "benchmark files instead of the miniature (docs/seed.md)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data, models and sampling (default 0)")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=0, help="seed of data, models and sampling (default 0)")
+    seeds.add_argument("--seeds", default=None, metavar="S,S,...",
+                       help="--task code only: several seeds in one command, e.g. 0,1,2: the start built once "
+                            "(with the first seed) in --out, each seed's RL and evaluations in OUT/seed-S/, "
+                            "a finished seed not run again, and a combined report (docs/seed.md)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -72,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     if args.model and args.task != "code":
         raise UserError(f"--model {args.model}: only --task code runs on a real model")
+    if args.seeds is not None and args.task != "code":
+        raise UserError(f"--seeds {args.seeds}: only --task code runs several seeds in one command")
     if args.task == "code" and args.model:
         from posttrain.demo.code_real import run as run_real
 

@@ -27,11 +27,10 @@ Everything lands in ``--out``: ``model/``, ``data/``, ``midtrain/``, ``sft-direc
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from posttrain.demo.stages import timed
+from posttrain.demo.stages import finish, finished_stage, timed
 from posttrain.errors import UserError
 
 # Sizes. The held-out files have ~110 problems (28 HumanEval, 41 MBPP, 44 LiveCodeBench), fixed by
@@ -84,19 +83,42 @@ def run(args: argparse.Namespace) -> int:
     note = SMOKE_NOTE.format(**p) if args.profile == "quick" else ""
     if note:
         print(f"[demo] {note}")
-    t0 = time.perf_counter()
-    stages: dict[str, dict] = {}
-    paths = timed(stages, "prepare", prepare, out, p, args.seed)
-    base = timed(stages, "midtrain", stage_midtrain, out, p, paths, args)
-    for arm in RECIPES:
-        start = timed(stages, f"sft_{arm}", stage_sft, out, p, paths, base, arm, args)
-        timed(stages, f"rl_{arm}", stage_rl, out, p, paths, start, arm, args)
-        timed(stages, f"eval_{arm}", evaluate_arm, out, p, paths, start, arm, args.seed)
-    markdown = finish(out, stages, time.perf_counter() - t0)
-    print(markdown)
+    if args.seeds is not None:
+        from posttrain.demo.seeds import Demo, run_seeds
+
+        run_seeds(args, p, Demo(arms=tuple(RECIPES), build_starts=build_starts, run_seed=run_seed))
+    else:
+        t0 = time.perf_counter()
+        stages: dict[str, dict] = {}
+        paths = timed(stages, "prepare", prepare, out, p, args.seed)
+        base = timed(stages, "midtrain", stage_midtrain, out, p, paths, args)
+        for arm in RECIPES:
+            start = timed(stages, f"sft_{arm}", stage_sft, out, p, paths, base, arm, args)
+            run_arm(out, p, paths, start, arm, args, stages)
+        print(finish(out, stages, time.perf_counter() - t0, tuple(RECIPES)))
     if note:
         print(f"[demo] {note}")
     return 0
+
+
+def build_starts(out: Path, p: dict, args, stages: dict) -> dict:
+    """What every seed of ``--seeds`` starts from, built once in ``out`` with ``args.seed``: the data,
+    the mid-trained model and each arm's SFT start."""
+    paths = timed(stages, "prepare", prepare, out, p, args.seed)
+    base = timed(stages, "midtrain", stage_midtrain, out, p, paths, args)
+    starts = {arm: timed(stages, f"sft_{arm}", stage_sft, out, p, paths, base, arm, args) for arm in RECIPES}
+    return {"paths": paths, "starts": starts}
+
+
+def run_seed(out: Path, p: dict, built: dict, args, stages: dict) -> None:
+    """One seed's RL runs and evaluations of both arms, into ``out``, from the shared starts."""
+    for arm in RECIPES:
+        run_arm(out, p, built["paths"], built["starts"][arm], arm, args, stages)
+
+
+def run_arm(out: Path, p: dict, paths: dict, start: str, arm: str, args, stages: dict) -> None:
+    timed(stages, f"rl_{arm}", stage_rl, out, p, paths, start, arm, args)
+    timed(stages, f"eval_{arm}", evaluate_arm, out, p, paths, start, arm, args.seed)
 
 
 def prepare(out: Path, p: dict, seed: int) -> dict:
@@ -126,7 +148,7 @@ def _sft(out_dir: Path, p: dict, args, settings: list[str]) -> str:
     cfg = load_config(SFTConfig, None, settings + [
         "optim.warmup_steps=20", "save_every=0", f"seed={args.seed}", f"out_dir={out_dir}",
         f"logging.progress={not args.no_progress}"])
-    return run_sft(cfg)["checkpoint"]
+    return finished_stage(cfg) or run_sft(cfg)["checkpoint"]
 
 
 def stage_midtrain(out: Path, p: dict, paths: dict, args) -> str:
@@ -181,20 +203,3 @@ def evaluate_arm(out: Path, p: dict, paths: dict, start: str, arm: str, seed: in
                          benchmarks=benches, profiles=[profile], ks=[1], thinking=arm == "reasoning")
         run_eval(cfg, show_progress=p["progress"])
         save_config(cfg, out / arm / "evals" / label / "config.yaml")
-
-
-def finish(out: Path, stages: dict, seconds: float, arms: tuple[str, ...] = tuple(RECIPES)) -> str:
-    """Write report.html, report.md (the seed's table of ``arms``) and summary.json; return the table's Markdown."""
-    from posttrain.eval.report import find_runs, write_report_files
-    from posttrain.eval.seed_table import seed_table
-
-    html, md = write_report_files([out / arm for arm in arms], out / "report.html")
-    runs = find_runs([out / arm for arm in arms])
-    table = seed_table([(run.name, run.evals) for run in runs])
-    rows = {title: [None if c is None else {"before": c.before, "after": c.after, "change": c.change,
-                                            "low": c.low, "high": c.high, "problems": c.problems} for c in cells]
-            for title, cells in table.rows}
-    summary = {"out_dir": str(out), "seconds": seconds, "stages": stages, "columns": table.columns, "table": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"[demo] {seconds / 60:.1f} min; report: {html}")
-    return md.read_text(encoding="utf-8") if md else "(no table: no evaluation was written)"

@@ -30,8 +30,8 @@ import json
 import time
 from pathlib import Path
 
-from posttrain.demo.code import finish, recipe_path
-from posttrain.demo.stages import timed
+from posttrain.demo.code import recipe_path
+from posttrain.demo.stages import finish, finished_stage, timed
 from posttrain.errors import UserError
 
 MODELS = {"smollm2": "smollm2-135m-instruct"}
@@ -65,16 +65,31 @@ def run(args: argparse.Namespace) -> int:
     p = PROFILES[args.profile] | {"progress": not args.no_progress}
     out = Path(args.out)
     recipe_path("direct")
+    if args.seeds is not None:
+        from posttrain.demo.seeds import Demo, run_seeds
+
+        return run_seeds(args, p, Demo(arms=("direct",), build_starts=build_starts, run_seed=run_seed))
     t0 = time.perf_counter()
     stages: dict[str, dict] = {}
+    built = build_starts(out, p, args, stages)
+    run_seed(out, p, built, args, stages)
+    print(finish(out, stages, time.perf_counter() - t0, ("direct",)))
+    return 0
+
+
+def build_starts(out: Path, p: dict, args, stages: dict) -> dict:
+    """What every seed starts from: the training data and the start (the converted model, or its SFT)."""
     paths = timed(stages, "prepare", prepare, out, MODELS[args.model])
     start = paths["model"]
     if p["sft_steps"]:
         start = timed(stages, "sft_direct", stage_sft, out, p, paths, args)
-    timed(stages, "rl_direct", stage_rl, out, p, paths, start, args)
-    timed(stages, "eval_direct", evaluate, out, p, start, args.seed)
-    print(finish(out, stages, time.perf_counter() - t0, arms=("direct",)))
-    return 0
+    return {"paths": paths, "start": start}
+
+
+def run_seed(out: Path, p: dict, built: dict, args, stages: dict) -> None:
+    """One seed's RL run and its evaluations (the start's and the run's), into ``out``."""
+    timed(stages, "rl_direct", stage_rl, out, p, built["paths"], built["start"], args)
+    timed(stages, "eval_direct", evaluate, out, p, built["start"], args.seed)
 
 
 def prepare(out: Path, model: str) -> dict:
@@ -112,7 +127,7 @@ def stage_sft(out: Path, p: dict, paths: dict, args) -> str:
         f"model.path={paths['model']}", f"data.path={paths['sft']}", "data.max_len=512",
         "data.tokens_per_batch=4096", f"optim.lr={p['sft_lr']}", f"num_steps={p['sft_steps']}", "eval_every=0",
         "save_every=0", f"seed={args.seed}", f"out_dir={out / 'sft'}", f"logging.progress={p['progress']}"])
-    return run_sft(cfg)["checkpoint"]
+    return finished_stage(cfg) or run_sft(cfg)["checkpoint"]
 
 
 def stage_rl(out: Path, p: dict, paths: dict, start: str, args) -> None:
