@@ -24,7 +24,9 @@ def _eval(path, bench, profile, label, model, passes: dict[str, int], n: int = 1
 
 def _metrics(path, rewards, passes):
     rows = [{"step": i + 1, "reward/mean": r, "outcomes/PASS_frac": p, "groups/zero_variance_frac": 0.5 - i / 100,
-             "kl/ref": 0.001 * (i + 1)} for i, (r, p) in enumerate(zip(rewards, passes))]
+             "entropy": 1 - i / 10} for i, (r, p) in enumerate(zip(rewards, passes))]
+    for row in rows[:-1:7]:  # the KL to the start, measured every 7 steps: at steps 1 and 8
+        row["kl/ref"] = 0.001 * row["step"]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -72,11 +74,13 @@ def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curve
     assert "| benchmark | seed 0: start | seed 0: RL | seed 0: Δ pp [95% CI] | seed 1: start |" in markdown
     assert "but its evaluation differs between seeds" in markdown
 
-    # training reward 0.1 ... 0.9: first 4 steps 0.25, last 4 0.75; zero-variance 0.42 and KL 0.009 at step 9
+    # training reward 0.1 ... 0.9: first 4 steps 0.25, last 4 0.75; zero-variance 0.42 and entropy 0.2
+    # at step 9; the KL last measured at step 8
     curve = summary["reward"]["direct"]["0"]
     assert curve["reward_first"] == pytest.approx(0.25) and curve["reward_last"] == pytest.approx(0.75)
-    assert curve["zero_variance_last"] == pytest.approx(0.42) and curve["kl_last"] == pytest.approx(0.009)
-    assert "| 0 | 0.10 | 0.20 | 0.30 | 0.40 | 0.50 | 0.60 | 0.70 | 0.80 | 0.90 | 0.25 | 0.75 | 0.42 | 0.0090 |" in markdown
+    assert curve["zero_variance_last"] == pytest.approx(0.42) and curve["kl_last"] == pytest.approx(0.008)
+    assert ("| 0 | 0.10 | 0.20 | 0.30 | 0.40 | 0.50 | 0.60 | 0.70 | 0.80 | 0.90 | 0.25 | 0.75 | 0.42 | 0.20 "
+            "| 0.0080 (8) |") in markdown
     # the reasoning arm's reward is not its pass fraction: both, the pass fraction in brackets
     assert summary["reward"]["reasoning"]["1"]["reward_last"] == pytest.approx(0.80)
     assert "| 1 | 0.15 (0.10) | 0.25 (0.20) |" in markdown and "0.30 (0.25) | 0.80 (0.75) |" in markdown

@@ -21,7 +21,9 @@ tiny model with every stage the seed has (docs/seed.md):
 
 Everything lands in ``--out``: ``model/``, ``data/``, ``midtrain/``, ``sft-direct/``,
 ``sft-reasoning/``, ``direct/`` and ``reasoning/`` (the RL runs, with ``evals/before`` and
-``evals/after``), ``summary.json``, ``report.html``, ``report.md``.
+``evals/after``), ``summary.json``, ``report.html``, ``report.md``. With ``--seeds 0,1,2`` the
+start (model, data, mid-training, SFT) is built once and each seed's RL runs and evaluations go to
+``OUT/seed-S/`` (`posttrain.demo.seeds`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ The seed's question asked of a real instruction-tuned model on the real benchmar
 
 Everything lands in ``--out``: ``data/``, ``sft/`` (when it runs), ``direct/`` (the RL run and its
 ``evals/``), ``summary.json``, ``report.html``, ``report.md``. Needs a source checkout (the recipe in
-``examples/``, the benchmark files in ``tests/data/realbench``).
+``examples/``, the benchmark files in ``tests/data/realbench``). With ``--seeds 0,1,2`` the data and
+the start are prepared once and each seed's RL run and evaluations go to ``OUT/seed-S/``
+(`posttrain.demo.seeds`).
 """
 
 from __future__ import annotations

@@ -220,12 +220,14 @@ def column_table(rows: dict, seeds: list[int], same: bool) -> list[str]:
 
 
 def curve(metrics: list[dict]) -> dict:
-    """One RL run's training reward per step, its means over the first and last `WINDOW` steps, and
-    its last step's zero-variance fraction and KL to the reference (None where not logged)."""
+    """One RL run's training reward per step, its means over the first and last `WINDOW` steps, its
+    last step's zero-variance fraction and entropy, and the last KL to the reference it logged (the
+    loop measures it every few steps when the loss has no KL term; None where never logged)."""
     steps = [m for m in metrics if "reward/mean" in m]
     reward = [m["reward/mean"] for m in steps]
     passed = [m.get("outcomes/PASS_frac") for m in steps]
     last = steps[-1] if steps else {}
+    kl = [m for m in metrics if "kl/ref" in m][-1:] or [{"kl/ref": None, "step": None}]
 
     def ends(values: list) -> tuple:
         if not values or None in values:
@@ -235,7 +237,8 @@ def curve(metrics: list[dict]) -> dict:
     return {"steps": [m["step"] for m in steps], "reward": reward, "pass": passed,
             "reward_first": ends(reward)[0], "reward_last": ends(reward)[1],
             "pass_first": ends(passed)[0], "pass_last": ends(passed)[1],
-            "zero_variance_last": last.get("groups/zero_variance_frac"), "kl_last": last.get("kl/ref")}
+            "zero_variance_last": last.get("groups/zero_variance_frac"), "entropy_last": last.get("entropy"),
+            "kl_last": kl[0]["kl/ref"], "kl_step": kl[0]["step"]}
 
 
 def reward_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[dict, list[str]]:
@@ -251,13 +254,15 @@ def reward_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[
         both = any(p is not None and abs(p - r) > 1e-9 for c in curves.values() for r, p in zip(c["reward"], c["pass"]))
         n = max((len(c["steps"]) for c in curves.values()), default=0)
         head = ["seed"] + [str(i + 1) for i in range(n)] + [f"first {WINDOW}", f"last {WINDOW}",
-                                                              "zero-variance groups, last step", "KL, last step"]
+                                                              "zero-variance groups, last step",
+                                                              "entropy, last step", "KL to the start (step)"]
         lines += [f"### {arm}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for seed, c in curves.items():
             values = [_pair(r, p, both) for r, p in zip(c["reward"], c["pass"])] + ["-"] * (n - len(c["reward"]))
             lines.append("| " + " | ".join([str(seed)] + values + [
                 _pair(c["reward_first"], c["pass_first"], both), _pair(c["reward_last"], c["pass_last"], both),
-                _number(c["zero_variance_last"]), _number(c["kl_last"], "{:.4f}")]) + " |")
+                _number(c["zero_variance_last"]), _number(c["entropy_last"]),
+                f"{_number(c['kl_last'], '{:.4f}')} ({c['kl_step']})" if c["kl_step"] else "-"]) + " |")
         note = (" In brackets: the pass fraction (`outcomes/PASS_frac`), where the reward adds a format bonus."
                 if both else "")
         lines += ["", f"`reward/mean` of each RL step (`{arm}/metrics.jsonl`); first / last {WINDOW}: the mean "
