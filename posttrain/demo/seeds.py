@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import time
 from pathlib import Path
@@ -98,6 +99,7 @@ def run_seeds(args: argparse.Namespace, p: dict, demo: Demo) -> int:
             t0, stages = time.perf_counter(), {}
             demo.run_seed(seed_dir(out, seed), p, starts, with_seed(args, seed), stages)
             print(finish(seed_dir(out, seed), stages, time.perf_counter() - t0, demo.arms))
+            gc.collect()  # the seed's models, before the next seed loads its own: one seed's memory at a time
     print(write_combined(out, seeds, demo.arms, start["start_stages"]))
     return 0
 
