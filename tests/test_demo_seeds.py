@@ -45,7 +45,11 @@ def _fake_seed(out, seed, after_direct, before_reasoning, seconds):
         "rl_direct": {"wall_s": 120.0, "cpu_s": 1}, "eval_direct": {"wall_s": 60.0, "cpu_s": 1}}}))
 
 
-def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curves(tmp_path):
+def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curves(tmp_path, monkeypatch):
+    from posttrain.eval import report
+
+    pages = []  # the page's plots are report.py's; which runs it is given is this module's
+    monkeypatch.setattr(report, "render_html", lambda runs: pages.append([r.name for r in runs]) or "page")
     out = tmp_path / "out"
     # direct, greedy: the start passes p1 (25%) in both seeds; seed 0 after passes p1, p2 (50%, +25),
     # seed 1 after passes p2 only (25%, +0): mean change +12.5
@@ -53,7 +57,8 @@ def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curve
     _fake_seed(out, 1, {"p2": 1}, {"p1": 2}, 900)
     markdown = write_combined(out, [0, 1], ("direct", "reasoning"), {"prepare": {"wall_s": 30.0, "cpu_s": 1}})
     summary = json.loads((out / "summary.json").read_text())
-    assert markdown == (out / "report.md").read_text() and (out / "report.html").is_file()
+    assert markdown == (out / "report.md").read_text() and (out / "report.html").read_text() == "page"
+    assert pages == [["seed-0/direct", "seed-0/reasoning", "seed-1/direct", "seed-1/reasoning"]]
 
     direct = summary["held_out"]["direct · greedy"]
     assert direct["same_start"] and direct["start_models"] == ["starts/direct"]
