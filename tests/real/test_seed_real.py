@@ -40,3 +40,19 @@ def test_quick_real_seed_demo_trains_and_tables_the_real_benchmarks(tmp_path, sm
             res = {x.benchmark: x for x in read_eval_json(out / "direct" / "evals" / label / "eval.json")}
             assert table[title][0][label] == pytest.approx(100 * res[name].pass_at_k[0].mean)
             assert table[title][0]["problems"] == 2
+    # the run as seed 0 of `--seeds`: finished, so not run again; the combined report holds its table
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "seed-0").symlink_to(out)
+    r = subprocess.run([sys.executable, "-m", "posttrain.cli", "demo", "--task", "code", "--model", "smollm2",
+                        "--profile", "quick", "--seeds", "0", "--out", str(seeds)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "seed 0: finished" in r.stdout and "[demo] rl_direct" not in r.stdout
+    combined = json.loads((seeds / "summary.json").read_text())
+    direct = combined["held_out"]["direct"]
+    assert direct["same_start"] and list(direct["rows"]) == list(table)
+    for title, row in direct["rows"].items():
+        assert row["seeds"]["0"]["after"] == table[title][0]["after"] == pytest.approx(row["seeds"]["0"]["before"]
+                                                                                        + row["mean_change"])
+    assert combined["reward"]["direct"]["0"]["reward"] == [s["reward/mean"] for s in steps]
+    assert combined["seconds"]["0"] == summary["seconds"] and "## Training reward per RL step" in r.stdout
