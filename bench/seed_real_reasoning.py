@@ -197,7 +197,7 @@ def sft(model: str, traces: Path, out: Path, a) -> dict[int, str]:
         t0 = time.perf_counter()
         cfg = load_config(SFTConfig, None, [
             f"model.path={model}", f"data.path={traces}", "data.max_len=512",
-            f"data.tokens_per_batch={a.sft_tokens}", f"optim.lr={a.sft_lr}", "optim.schedule=constant",
+            f"data.tokens_per_batch={a.sft_tokens}", f"optim.lr={a.sft_lr}", "optim.schedule=constant", f"optim.warmup_steps={a.sft_warmup}",
             f"num_steps={last}", "eval_every=0", f"save_every={every}", f"keep_last={last // every}",
             f"seed={a.seed}", f"out_dir={out}", "logging.progress=false"])
         run_sft(cfg)
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="SFT lengths to measure: one run, a checkpoint at each")
     ap.add_argument("--sft-tokens", type=int, default=4096, help="tokens a SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-5, help="the real demo's sft_lr")
+    ap.add_argument("--sft-warmup", type=int, default=2, help="SFT warm-up steps (a short run spends few on it)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
