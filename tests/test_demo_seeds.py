@@ -67,7 +67,11 @@ def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curve
     assert [row["seeds"][s]["change"] for s in ("0", "1")] == [25.0, 0.0]
     assert row["mean_change"] == pytest.approx(12.5)
     assert "| benchmark | start | seed 0: RL | seed 0: Δ pp [95% CI] | seed 1: RL |" in markdown
-    assert "| HumanEval | 25.0 | 50.0 | +25.0 [" in markdown and markdown.count("| +12.5 |") == 1
+    assert "| HumanEval | 25.0 | 50.0 | +25.0 [" in markdown and markdown.count("| +12.5 [") == 1
+    # pooled by problem: p1 (0 - 1) / 2 = -0.5, p2 (1 + 1) / 2 = +1, p3 and p4 0: mean +12.5, and a
+    # resample's mean lies between -0.5 and +1 (-50 and +100 pp)
+    pool = row["pooled"]
+    assert (pool["change"], pool["problems"]) == (12.5, 4) and -50.0 <= pool["low"] < 12.5 < pool["high"] <= 100.0
     assert "Every seed starts from the same checkpoint (`starts/direct`) and its evaluation gave the same" in markdown
 
     # reasoning, sampled: the same start gave 1 of 8 samples (12.5%) under seed 0 and 2 of 8 (25%)

@@ -151,24 +151,37 @@ def write_combined(out: Path, seeds: list[int], arms: tuple[str, ...], start_sta
     return markdown
 
 
-def _tables(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[dict, dict]:
-    """Each seed's seed table, and each arm's evaluated start model(s) over all seeds."""
+def _tables(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[dict, dict, dict]:
+    """Each seed's seed table, each arm's evaluated start model(s) over all seeds, and each seed's
+    evaluations by arm."""
     from posttrain.eval.report import load_run
     from posttrain.eval.seed_table import BEFORE, seed_table
 
-    tables, starts = {}, {arm: set() for arm in arms}
+    tables, starts, evals = {}, {arm: set() for arm in arms}, {}
     for seed in seeds:
         runs = [load_run(seed_dir(out, seed) / arm, arm) for arm in arms]
         tables[seed] = seed_table([(run.name, run.evals) for run in runs])
+        evals[seed] = {run.name: run.evals for run in runs}
         for run in runs:
             starts[run.name] |= {r.model for r in run.evals if r.label == BEFORE}
-    return tables, starts
+    return tables, starts, evals
+
+
+def pooled(evals: dict, col: str, title: str):
+    """The seeds' pooled change on one row of one column (`posttrain.eval.seed_table.pooled_cell`), or
+    None where a seed lacks either evaluation."""
+    from posttrain.eval.seed_table import SEED_ROWS, before_after, pooled_cell
+
+    arm, _, profile = col.partition(" · ")
+    bench = dict(SEED_ROWS)[title]
+    pairs = [before_after(by_arm.get(arm, []), bench, profile or "greedy") for by_arm in evals.values()]
+    return pooled_cell(pairs) if all(b is not None and a is not None for b, a in pairs) else None
 
 
 def held_out_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[dict, list[str]]:
     """Per column of the seeds' tables (an arm and its decoding) and benchmark: the start's pass@1,
     each seed's after and paired change, and the mean change over seeds."""
-    tables, starts = _tables(out, seeds, arms)
+    tables, starts, evals = _tables(out, seeds, arms)
     columns = list(dict.fromkeys(col for t in tables.values() for col in t.columns))
     data, lines = {}, ["## Held-out pass@1, each seed against the start", ""]
     for col in columns:
@@ -181,14 +194,18 @@ def held_out_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tupl
         models = sorted(starts[col.split(" · ")[0]])
         same = len(models) == 1 and all(len({(c.before, c.problems) for c in by_seed.values()}) == 1
                                         for by_seed in rows.values())
+        pools = {title: pooled(evals, col, title) for title in rows}
         data[col] = {"start_models": models, "same_start": same, "rows": {
             title: {"seeds": {str(s): dataclasses.asdict(c) for s, c in by_seed.items()},
-                    "mean_change": sum(c.change for c in by_seed.values()) / len(by_seed)}
+                    "mean_change": sum(c.change for c in by_seed.values()) / len(by_seed),
+                    "pooled": None if pools[title] is None else dataclasses.asdict(pools[title])}
             for title, by_seed in rows.items()}}
-        lines += [f"### {col}", "", start_note(models, same), ""] + column_table(rows, seeds, same) + [""]
+        lines += [f"### {col}", "", start_note(models, same), ""] + column_table(rows, seeds, same, pools) + [""]
     lines += ["pass@1 in percent; RL = after the seed's RL run (eval label `after`), start = its start "
               "(label `before`); Δ in percentage points with the paired bootstrap 95% interval over problems "
-              "(`posttrain.eval.seed_table`); mean Δ: the mean of the seeds' changes.", ""]
+              "(`posttrain.eval.seed_table`); mean Δ: the mean of the seeds' changes, with the paired bootstrap 95% "
+              "interval over problems of each problem's change averaged over the seeds (an interval over the "
+              "problems drawn, for these seeds: the seeds' own spread is in their columns).", ""]
     return data, lines
 
 
@@ -202,13 +219,13 @@ def start_note(models: list[str], same: bool) -> str:
             "seeds (sampled decoding draws other samples under each seed): a start column per seed.")
 
 
-def column_table(rows: dict, seeds: list[int], same: bool) -> list[str]:
+def column_table(rows: dict, seeds: list[int], same: bool, pools: dict) -> list[str]:
     from posttrain.eval.seed_table import format_cell
 
     head = ["benchmark"] + (["start"] if same else [])
     for seed in seeds:
         head += ([] if same else [f"seed {seed}: start"]) + [f"seed {seed}: RL", f"seed {seed}: Δ pp [95% CI]"]
-    head += ["mean Δ pp"]
+    head += ["mean Δ pp [95% CI]"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for title, by_seed in rows.items():
         cells = [title] + ([format_cell(next(iter(by_seed.values())))[0]] if same else [])
@@ -217,7 +234,9 @@ def column_table(rows: dict, seeds: list[int], same: bool) -> list[str]:
             cells += ([] if same else [start]) + [after, change]
         mean = sum(c.change for c in by_seed.values()) / len(by_seed)
         note = "" if len(by_seed) == len(seeds) else f" ({len(by_seed)} of {len(seeds)} seeds)"
-        lines.append("| " + " | ".join(cells + [f"{mean:+.1f}{note}"]) + " |")
+        pool = pools.get(title)
+        interval = "" if pool is None or note else f" [{pool.low:+.1f}, {pool.high:+.1f}]"
+        lines.append("| " + " | ".join(cells + [f"{mean:+.1f}{interval}{note}"]) + " |")
     return lines
 
 

@@ -77,6 +77,30 @@ def _latest(results: list[EvalResult]) -> EvalResult | None:
     return max(results, key=lambda r: -1 if r.step is None else r.step) if results else None
 
 
+def before_after(evals: Sequence[EvalResult], bench: str, profile: str) -> tuple[EvalResult | None, EvalResult | None]:
+    """A run's evaluations of its start (``before``) and its end (``after``) on ``bench`` under ``profile``."""
+    mine = [r for r in evals if r.benchmark == bench and r.profile == profile]
+    return _latest([r for r in mine if r.label == BEFORE]), _latest([r for r in mine if r.label == AFTER])
+
+
+def pooled_cell(pairs: Sequence[tuple[EvalResult, EvalResult]], seed: int = 0) -> Cell:
+    """Several runs (seeds) of one experiment on one benchmark, pooled: each problem's change averaged
+    over the runs, then the mean over the problems every run judged, with the percentile bootstrap over
+    those problems. The interval is over the problems drawn, for these seeds; it does not make three
+    seeds into more (the seeds' own spread is in their separate cells)."""
+    per_run = [({p.problem_id: p.passed / p.n for p in b.per_problem}, {p.problem_id: p.passed / p.n for p in a.per_problem})
+               for b, a in pairs]
+    judged = [set(b) & set(a) for b, a in per_run]
+    shared = sorted(set.intersection(*judged)) if judged else []
+    before = [sum(b[p] for b, _ in per_run) / len(per_run) for p in shared]
+    after = [sum(a[p] for _, a in per_run) / len(per_run) for p in shared]
+    change, low, high = paired_bootstrap_ci(before, after, seed=seed)
+    every = set.union(*judged) if judged else set()
+    return Cell(before=100 * sum(before) / max(len(shared), 1), after=100 * sum(after) / max(len(shared), 1),
+                change=100 * change, low=100 * low, high=100 * high, problems=len(shared),
+                unpaired=len(every - set(shared)))
+
+
 def seed_table(runs: Sequence[tuple[str, Sequence[EvalResult]]]) -> SeedTable:
     """The table for ``runs``: (run name, its evaluations) in order."""
     names = {bench for _, bench in SEED_ROWS}
@@ -86,9 +110,7 @@ def seed_table(runs: Sequence[tuple[str, Sequence[EvalResult]]]) -> SeedTable:
         for profile in profiles:
             cells = {}
             for _, bench in SEED_ROWS:
-                mine = [r for r in evals if r.benchmark == bench and r.profile == profile]
-                before = _latest([r for r in mine if r.label == BEFORE])
-                after = _latest([r for r in mine if r.label == AFTER])
+                before, after = before_after(evals, bench, profile)
                 if before is not None and after is not None:
                     cells[bench] = cell(before, after)
             if cells:

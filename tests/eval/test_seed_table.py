@@ -10,7 +10,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.eval.report import find_runs, write_report_files
 from posttrain.eval.results import SampleRecord, read_eval_json, summarize, write_eval_json
-from posttrain.eval.seed_table import SEED_ROWS, cell, seed_table, to_markdown
+from posttrain.eval.seed_table import SEED_ROWS, cell, pooled_cell, seed_table, to_markdown
 
 
 def _result(bench: str, passed: dict[str, int], n: int, label: str, profile: str, step: int):
@@ -74,6 +74,24 @@ def test_a_change_over_shared_problems_by_hand():
     # start 2/4, after 4/5; the change pairs p0..p3 only: (1 - 0) / 4 = +25 pp
     assert (c.before, c.after, c.change, c.problems, c.unpaired) == (50.0, 80.0, 25.0, 4, 1)
     assert 0.0 <= c.low < 25.0 < c.high <= 75.0
+
+
+def test_seeds_pooled_by_problem_by_hand():
+    # two seeds from one start that fails p0 and p1: seed A's end passes p0, seed B's passes p1. Each
+    # seed alone: +50 with an interval from 0 to 100. Pooled, each problem's change averaged over the
+    # seeds is +0.5 on both problems, so every resample's mean is +50: the interval is [50, 50]. A
+    # pool that treated the four (seed, problem) changes as independent draws would keep the 0..100 spread.
+    start = _result("mbpp", {"p0": 0, "p1": 0}, 1, "before", "greedy", 0)
+    a = _result("mbpp", {"p0": 1, "p1": 0}, 1, "after", "greedy", 9)
+    b = _result("mbpp", {"p0": 0, "p1": 1}, 1, "after", "greedy", 9)
+    assert (cell(start, a).low, cell(start, a).high) == (0.0, 100.0)
+    pooled = pooled_cell([(start, a), (start, b)])
+    assert (pooled.before, pooled.after, pooled.change, pooled.low, pooled.high) == (0.0, 50.0, 50.0, 50.0, 50.0)
+    # a problem only one seed judged is left out of the pool and counted as unpaired
+    c = _result("mbpp", {"p0": 0, "p1": 1, "p2": 1}, 1, "after", "greedy", 9)
+    start3 = _result("mbpp", {"p0": 0, "p1": 0, "p2": 0}, 1, "before", "greedy", 0)
+    pooled = pooled_cell([(start, a), (start3, c)])
+    assert (pooled.change, pooled.problems, pooled.unpaired) == (50.0, 2, 1)
 
 
 def test_runs_without_the_seeds_benchmarks_have_no_table(tmp_path):
