@@ -28,7 +28,8 @@ samples; the SFT from its checkpoint):
 
     python bench/seed_real_reasoning.py --out runs/reasoning-probe --sft-steps 40
 
-It prints a Markdown table (one row per condition and problem set) and writes ``summary.json``.
+``--parts`` picks the measurements beyond the training draw (default: both; none prints the draw's
+rows from what is written). It prints a Markdown table (one row per condition and problem set) and writes ``summary.json``.
 ``--model DIR`` measures another model folder (a tiny one, to try the script in seconds).
 """
 
@@ -240,14 +241,16 @@ def measure(a) -> list[tuple[str, str, dict]]:
     for steps, checkpoint in sorted(tuned.items()):
         add(f"SFT {steps} · thinking", sample(checkpoint, p["draw"], out / f"sft{steps}-thinking-train", True, a),
             "train draw", True)
-    add("instruct · direct", sample(start, p["heldout"], out / "zero-direct-heldout", False, a),
-        "family held out", False)
-    for steps, checkpoint in sorted(tuned.items()):
-        add(f"SFT {steps} · thinking", sample(checkpoint, p["heldout"], out / f"sft{steps}-thinking-heldout", True, a),
+    if "heldout" in a.parts:
+        add("instruct · direct", sample(start, p["heldout"], out / "zero-direct-heldout", False, a),
             "family held out", False)
-    asked = asked_model(start, out / "asked-model")
-    add("instruct · asked to think", sample(asked, p["draw"], out / "asked-thinking-train", True, a),
-        "train draw", True)
+        for steps, checkpoint in sorted(tuned.items()):
+            add(f"SFT {steps} · thinking",
+                sample(checkpoint, p["heldout"], out / f"sft{steps}-thinking-heldout", True, a), "family held out", False)
+    if "asked" in a.parts:
+        asked = asked_model(start, out / "asked-model")
+        add("instruct · asked to think", sample(asked, p["draw"], out / "asked-thinking-train", True, a),
+            "train draw", True)
     return rows
 
 
@@ -265,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-tokens", type=int, default=4096, help="tokens a SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-5, help="the real demo's sft_lr")
     ap.add_argument("--sft-warmup", type=int, default=2, help="SFT warm-up steps (a short run spends few on it)")
+    ap.add_argument("--parts", nargs="*", choices=("heldout", "asked"), default=["heldout", "asked"],
+                    help="measurements beyond the training draw: the held-out family problems, the asked prompt")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -277,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     out = Path(a.out)
     changes = [paired(out, f"zero-direct-{where}", f"sft{steps}-thinking-{where}")
-               for where in ("train", "heldout") for steps in sorted(a.sft_steps)]
+               for where in ("train", "heldout") if where in ("train", *a.parts) for steps in sorted(a.sft_steps)]
     print("\n".join(changes))
     Path(a.out, "summary.json").write_text(json.dumps(
         {"args": vars(a), "rows": [{"model": m, "problems": w, **st} for m, w, st in rows], "paired": changes,
