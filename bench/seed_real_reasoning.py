@@ -26,7 +26,7 @@ benchmark.
 Every stage writes into ``--out`` and is reused when run again (an evaluation resumes from its
 samples; the SFT from its checkpoint):
 
-    python bench/seed_real_reasoning.py --out runs/reasoning-probe --sft-steps 40
+    python bench/seed_real_reasoning.py --out runs/reasoning-probe --sft-steps 10 20 40
 
 ``--parts`` picks the measurements beyond the training draw (default: both; none prints the draw's
 rows from what is written). It prints a Markdown table (one row per condition and problem set) and writes ``summary.json``.
@@ -263,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.6, help="the seed's thinking temperature")
     ap.add_argument("--tokens", type=int, default=256, help="most new tokens a sample")
-    ap.add_argument("--sft-steps", type=int, nargs="+", default=[40],
+    ap.add_argument("--sft-steps", type=int, nargs="+", default=[10, 20, 40],
                     help="SFT lengths to measure: one run, a checkpoint at each")
-    ap.add_argument("--sft-tokens", type=int, default=4096, help="tokens a SFT step")
+    ap.add_argument("--sft-tokens", type=int, default=2048, help="tokens a SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-5, help="the real demo's sft_lr")
     ap.add_argument("--sft-warmup", type=int, default=2, help="SFT warm-up steps (a short run spends few on it)")
     ap.add_argument("--parts", nargs="*", choices=("heldout", "asked"), default=["heldout", "asked"],
