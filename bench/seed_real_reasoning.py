@@ -111,9 +111,8 @@ def prepare(out: Path, seed: int, problems: int, heldout: int) -> dict:
     KodCode records, and the decontaminated traces."""
     from posttrain.data.records import write_jsonl
     from posttrain.demo.code_check import train_sample
-    from posttrain.demo.code_real import BENCH_FILES, MODELS, REALBENCH
+    from posttrain.demo.code_real import MODELS, clean_traces
     from posttrain.demo.code_real import prepare as prepare_real
-    from posttrain.eval.decontam import decontaminate
     from posttrain.tasks.code_family import all_problems, kodcode_record, split_of
 
     paths = prepare_real(out, MODELS["smollm2"])
@@ -122,11 +121,7 @@ def prepare(out: Path, seed: int, problems: int, heldout: int) -> dict:
     held = [p for p in all_problems() if split_of(p) == "eval"]
     random.Random(seed).shuffle(held)
     held_path = write_jsonl(data / f"heldout_family_{heldout}.jsonl", [kodcode_record(p) for p in held[:heldout]])
-    traces = data / "sft_thinking.clean.jsonl"
-    if not traces.is_file():
-        report = decontaminate(data / "family" / "sft_thinking.jsonl", [REALBENCH / b for b in BENCH_FILES], traces)
-        print(f"[probe] reasoning traces: {report.records}, {report.flagged} dropped as sharing a 13-gram with "
-              f"HumanEval+/MBPP+, {report.kept} kept")
+    traces = clean_traces(paths["traces"], data / "sft_thinking.clean.jsonl")
     return {"model": paths["model"], "draw": draw, "heldout": held_path, "traces": traces}
 
 
@@ -185,23 +180,20 @@ def sample(model: str, problems: Path, folder: Path, thinking: bool, a) -> list:
 
 
 def sft(model: str, traces: Path, out: Path, a) -> dict[int, str]:
-    """A full fine-tune on the traces (the real demo's SFT settings but the data and a constant rate
+    """The real demo's reasoning start (`posttrain.demo.code_real.trace_sft_config`: a constant rate
     after warm-up, so the checkpoint at each of ``a.sft_steps`` is what a run of that length would
     leave); step -> checkpoint, reused when written (an interrupted run resumes)."""
     import math
 
-    from posttrain.config import load_config
-    from posttrain.train.sft import SFTConfig, run_sft
+    from posttrain.demo.code_real import trace_sft_config
+    from posttrain.train.sft import run_sft
 
     last, every = max(a.sft_steps), math.gcd(*a.sft_steps)
     if not (out / "checkpoints" / f"step-{last}").is_dir():
         t0 = time.perf_counter()
-        cfg = load_config(SFTConfig, None, [
-            f"model.path={model}", f"data.path={traces}", "data.max_len=512",
-            f"data.tokens_per_batch={a.sft_tokens}", f"optim.lr={a.sft_lr}", "optim.schedule=constant", f"optim.warmup_steps={a.sft_warmup}",
-            f"num_steps={last}", "eval_every=0", f"save_every={every}", f"keep_last={last // every}",
-            f"seed={a.seed}", f"out_dir={out}", "logging.progress=false"])
-        run_sft(cfg)
+        run_sft(trace_sft_config(model, traces, out, steps=last, tokens=a.sft_tokens, lr=a.sft_lr,
+                                 warmup=a.sft_warmup, seed=a.seed,
+                                 extra=[f"save_every={every}", f"keep_last={last // every}", "logging.progress=false"]))
         print(f"[probe] SFT {last} steps x {a.sft_tokens} tokens: {time.perf_counter() - t0:.0f} s wall")
     return {n: str(out / "checkpoints" / f"step-{n}") for n in a.sft_steps}
 

@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("smollm2",), default=None,
                         help="--task code only: run the seed's direct arm on this real model and the real "
                              "benchmark files instead of the miniature (docs/seed.md)")
+    parser.add_argument("--arms", default=None, metavar="ARM,...",
+                        help="--model only: the seed's arms to run, direct (default), reasoning or direct,reasoning "
+                             "(the reasoning arm starts from a full fine-tune on <think> traces; docs/seed.md)")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=0, help="seed of data, models and sampling (default 0)")
     seeds.add_argument("--seeds", default=None, metavar="S,S,...",
@@ -77,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     if args.model and args.task != "code":
         raise UserError(f"--model {args.model}: only --task code runs on a real model")
+    if args.arms is not None and not args.model:
+        raise UserError(f"--arms {args.arms}: only the real-model demo (--task code --model M) chooses its arms; "
+                        "the miniature runs both")
     if args.seeds is not None and args.task != "code":
         raise UserError(f"--seeds {args.seeds}: only --task code runs several seeds in one command")
     if args.task == "code" and args.model:
