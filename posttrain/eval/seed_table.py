@@ -63,10 +63,14 @@ def _pass1(result: EvalResult) -> float:
     return row.mean
 
 
+def _per_problem(result: EvalResult) -> dict[str, float]:
+    """Each judged problem's pass@1: the fraction of its samples that passed."""
+    return {p.problem_id: p.passed / p.n for p in result.per_problem}
+
+
 def cell(before: EvalResult, after: EvalResult, seed: int = 0) -> Cell:
     """``after`` against ``before`` on the problems both judged."""
-    b = {p.problem_id: p.passed / p.n for p in before.per_problem}
-    a = {p.problem_id: p.passed / p.n for p in after.per_problem}
+    b, a = _per_problem(before), _per_problem(after)
     shared = [pid for pid in b if pid in a]
     change, low, high = paired_bootstrap_ci([b[p] for p in shared], [a[p] for p in shared], seed=seed)
     return Cell(before=100 * _pass1(before), after=100 * _pass1(after), change=100 * change, low=100 * low,
@@ -88,8 +92,7 @@ def pooled_cell(pairs: Sequence[tuple[EvalResult, EvalResult]], seed: int = 0) -
     over the runs, then the mean over the problems every run judged, with the percentile bootstrap over
     those problems. The interval is over the problems drawn, for these seeds; it does not make three
     seeds into more (the seeds' own spread is in their separate cells)."""
-    per_run = [({p.problem_id: p.passed / p.n for p in b.per_problem}, {p.problem_id: p.passed / p.n for p in a.per_problem})
-               for b, a in pairs]
+    per_run = [(_per_problem(b), _per_problem(a)) for b, a in pairs]
     judged = [set(b) & set(a) for b, a in per_run]
     shared = sorted(set.intersection(*judged)) if judged else []
     before = [sum(b[p] for b, _ in per_run) / len(per_run) for p in shared]
