@@ -250,7 +250,10 @@ def _new_name(name) -> str:
 
 # ------------------------------------------------------------------------------ routes
 
-def _session_routes(state: State) -> list[Route]:
+def _client_routes(state: State) -> list[Route]:
+    """What the SDK asks of the server before and around its work: health, its client settings, the
+    served models; and the telemetry it sends, which is dropped."""
+
     async def healthz(request: Request) -> Response:
         return JSON({"status": "ok"})
 
@@ -267,6 +270,20 @@ def _session_routes(state: State) -> list[Route]:
     async def capabilities(request: Request) -> Response:
         return JSON({"supported_models": [{"model_name": name, "max_context_length": b.max_context,
                                            "trainable": True, "sampleable": True} for name, b in state.bases.items()]})
+
+    async def telemetry(request: Request) -> Response:
+        await read_json(request, empty_ok=True)  # read and dropped: nothing leaves this machine
+        return JSON({"status": "accepted"})
+
+    return [Route("/api/v1/healthz", endpoint(healthz), methods=["GET"]),
+            Route("/api/v1/client/config", endpoint(client_config), methods=["POST"]),
+            Route("/api/v1/client/dynamic_config", endpoint(dynamic_config), methods=["POST"]),
+            Route("/api/v1/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
+            Route("/api/v1/telemetry", endpoint(telemetry), methods=["POST"])]
+
+
+def _session_routes(state: State) -> list[Route]:
+    """A session's life: created, kept alive by the SDK's heartbeat, finished (or evicted, or timed out)."""
 
     async def create_session(request: Request) -> Response:
         await read_json(request)
@@ -295,18 +312,9 @@ def _session_routes(state: State) -> list[Route]:
             raise APIError(404, f"session {session_id!r}: no such session", code="not_found")
         return JSON({"type": "session_finished", "session_id": session_id, "reason": state.ended[session_id]})
 
-    async def telemetry(request: Request) -> Response:
-        await read_json(request, empty_ok=True)  # read and dropped: nothing leaves this machine
-        return JSON({"status": "accepted"})
-
-    return [Route("/api/v1/healthz", endpoint(healthz), methods=["GET"]),
-            Route("/api/v1/client/config", endpoint(client_config), methods=["POST"]),
-            Route("/api/v1/client/dynamic_config", endpoint(dynamic_config), methods=["POST"]),
-            Route("/api/v1/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
-            Route("/api/v1/create_session", endpoint(create_session), methods=["POST"]),
+    return [Route("/api/v1/create_session", endpoint(create_session), methods=["POST"]),
             Route("/api/v1/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
-            Route("/api/v1/sessions/{session_id}/finish", endpoint(finish), methods=["POST"]),
-            Route("/api/v1/telemetry", endpoint(telemetry), methods=["POST"])]
+            Route("/api/v1/sessions/{session_id}/finish", endpoint(finish), methods=["POST"])]
 
 
 def _lora_spec(body: dict) -> LoraSpec:
@@ -546,82 +554,106 @@ def _prompt_tokens(body: dict, base: Base) -> list[int]:
     return tokens
 
 
+async def _new_sampler(state: State, body: dict) -> Sampler:
+    """The sampling session a ``create_sampling_session`` body asks for: a sampler checkpoint's
+    weights (its path checked before the disk is read), or the bare base model."""
+    if body.get("model_path") is not None:
+        folder = checkpoint_dir(state.root, body["model_path"], "sampler_weights")
+        from posttrain.tinker.checkpoints import read_sampler
+
+        # a 4xx, not a 500: the SDK retries a 5xx for about a minute before it gives up
+        try:
+            base_name, adapter = await asyncio.to_thread(read_sampler, state, folder)
+        except FileNotFoundError as e:
+            raise APIError(404, f"model_path {body['model_path']!r}: {e}", code="not_found") from None
+        except LossInputError as e:
+            raise bad(f"model_path {body['model_path']!r}: {e}", code="model_not_found") from None
+        return Sampler(base=base_name, label=f"{body['model_path']}#{uuid.uuid4().hex}", adapter=adapter,
+                       model_path=body["model_path"], session=body.get("session_id"))
+    _check_base(state, body.get("base_model"))
+    return Sampler(base=body["base_model"], label="base", adapter=None, model_path=None,
+                   session=body.get("session_id"))
+
+
+def _sampler_of(state: State, sampler_id) -> Sampler:
+    if sampler_id not in state.samplers:
+        raise APIError(404, f"sampling_session_id {sampler_id!r}: no such sampler (or dropped: at most "
+                            f"{state.limits.max_snapshots} weight snapshots are kept)", code="not_found")
+    return state.samplers[sampler_id]
+
+
+def _refuse_unserved(body: dict) -> None:
+    """A 4xx for the ``asample`` options this server does not compute."""
+    for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
+        if body.get(key):
+            raise bad(f"{key}: not served here", code="unsupported")
+    if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
+        raise bad("target_prompt_logprobs / prompt_logprobs_last_n: not served here", code="unsupported")
+
+
+def _topk_prompt(body: dict, limits: Limits) -> int:
+    topk = body.get("topk_prompt_logprobs") or 0
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 0 <= topk <= limits.max_topk:
+        raise bad(f"topk_prompt_logprobs: 0..{limits.max_topk}, got {topk!r}", code="invalid_value")
+    return topk
+
+
+def _sample_request(state: State, body: dict) -> _SampleRequest:
+    """An ``asample`` body checked against its sampler, its base and the limits: a 4xx at the first
+    thing wrong, before anything is queued."""
+    sampler = _sampler_of(state, body.get("sampling_session_id"))
+    base = state.bases[sampler.base]
+    prompt = _prompt_tokens(body, base)
+    params = _sampling_params(body, state.limits)
+    n = body.get("num_samples", 1)
+    if not isinstance(n, int) or not 1 <= n <= state.limits.max_samples:
+        raise bad(f"num_samples: 1..{state.limits.max_samples}, got {n!r}", code="invalid_value")
+    if len(prompt) + params["max_tokens"] > base.max_context:
+        raise bad(f"prompt ({len(prompt)}) + max_tokens ({params['max_tokens']}) exceeds the model's "
+                  f"{base.max_context} positions", code="invalid_value")
+    _refuse_unserved(body)
+    want_prompt = bool(body.get("prompt_logprobs"))
+    topk = _topk_prompt(body, state.limits)
+    try:
+        base.sampling.check(sampler.adapter, topk)
+    except LossInputError as e:
+        raise bad(str(e), code="unsupported") from None
+    return _SampleRequest(sampler, prompt, n, params, want_prompt, topk)
+
+
+def _queue_sample(state: State, waiting: _SampleRequest) -> Response:
+    """Queue a checked ``asample`` request for the worker (`SampleQueue`); the future's handle."""
+    base = state.bases[waiting.sampler.base]
+    state.samples.add(waiting)
+
+    def run():
+        return wire.encode_sample_response(*state.samples.run(base, waiting))
+
+    ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(waiting.n)]
+    try:
+        return state.submit(run, extra={"sample_sequence_ids": ids})
+    except APIError:
+        state.samples.drop(waiting)  # refused: it must not ride along in another's batch
+        raise
+
+
 def _sampling_routes(state: State) -> list[Route]:
     async def create_sampling_session(request: Request) -> Response:
-        body = await read_json(request)
-        if body.get("model_path") is not None:
-            folder = checkpoint_dir(state.root, body["model_path"], "sampler_weights")
-            from posttrain.tinker.checkpoints import read_sampler
-
-            # a 4xx, not a 500: the SDK retries a 5xx for about a minute before it gives up
-            try:
-                base_name, adapter = await asyncio.to_thread(read_sampler, state, folder)
-            except FileNotFoundError as e:
-                raise APIError(404, f"model_path {body['model_path']!r}: {e}", code="not_found") from None
-            except LossInputError as e:
-                raise bad(f"model_path {body['model_path']!r}: {e}", code="model_not_found") from None
-            sampler = Sampler(base=base_name, label=f"{body['model_path']}#{uuid.uuid4().hex}", adapter=adapter,
-                              model_path=body["model_path"], session=body.get("session_id"))
-        else:
-            _check_base(state, body.get("base_model"))
-            sampler = Sampler(base=body["base_model"], label="base", adapter=None, model_path=None,
-                              session=body.get("session_id"))
+        sampler = await _new_sampler(state, await read_json(request))
         return JSON({"type": "create_sampling_session", "sampling_session_id": state.add_sampler(sampler)})
 
-    def sampler_of(sampler_id) -> Sampler:
-        if sampler_id not in state.samplers:
-            raise APIError(404, f"sampling_session_id {sampler_id!r}: no such sampler (or dropped: at most "
-                                f"{state.limits.max_snapshots} weight snapshots are kept)", code="not_found")
-        return state.samplers[sampler_id]
-
     async def join(request: Request) -> Response:
-        sampler = sampler_of((await read_json(request)).get("sampling_session_id"))
+        sampler = _sampler_of(state, (await read_json(request)).get("sampling_session_id"))
         sampler.clients += 1
         return JSON({"type": "join_sampling_session", "client_counter": sampler.clients})
 
     async def get_sampler(request: Request) -> Response:
         sampler_id = request.path_params["sampler_id"]
-        sampler = sampler_of(sampler_id)
+        sampler = _sampler_of(state, sampler_id)
         return JSON({"sampler_id": sampler_id, "base_model": sampler.base, "model_path": sampler.model_path})
 
     async def asample(request: Request) -> Response:
-        body = await read_json(request)
-        sampler = sampler_of(body.get("sampling_session_id"))
-        base = state.bases[sampler.base]
-        prompt = _prompt_tokens(body, base)
-        params = _sampling_params(body, state.limits)
-        n = body.get("num_samples", 1)
-        if not isinstance(n, int) or not 1 <= n <= state.limits.max_samples:
-            raise bad(f"num_samples: 1..{state.limits.max_samples}, got {n!r}", code="invalid_value")
-        if len(prompt) + params["max_tokens"] > base.max_context:
-            raise bad(f"prompt ({len(prompt)}) + max_tokens ({params['max_tokens']}) exceeds the model's "
-                      f"{base.max_context} positions", code="invalid_value")
-        for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
-            if body.get(key):
-                raise bad(f"{key}: not served here", code="unsupported")
-        if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
-            raise bad("target_prompt_logprobs / prompt_logprobs_last_n: not served here", code="unsupported")
-        want_prompt = bool(body.get("prompt_logprobs"))
-        topk = body.get("topk_prompt_logprobs") or 0
-        if not isinstance(topk, int) or isinstance(topk, bool) or not 0 <= topk <= state.limits.max_topk:
-            raise bad(f"topk_prompt_logprobs: 0..{state.limits.max_topk}, got {topk!r}", code="invalid_value")
-        try:
-            base.sampling.check(sampler.adapter, topk)
-        except LossInputError as e:
-            raise bad(str(e), code="unsupported") from None
-
-        waiting = _SampleRequest(sampler, prompt, n, params, want_prompt, topk)
-        state.samples.add(waiting)
-
-        def run():
-            return wire.encode_sample_response(*state.samples.run(base, waiting))
-
-        ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
-        try:
-            return state.submit(run, extra={"sample_sequence_ids": ids})
-        except APIError:
-            state.samples.drop(waiting)  # refused: it must not ride along in another's batch
-            raise
+        return _queue_sample(state, _sample_request(state, await read_json(request)))
 
     return [Route("/api/v1/create_sampling_session", endpoint(create_sampling_session), methods=["POST"]),
             Route("/api/v1/join_sampling_session", endpoint(join), methods=["POST"]),
@@ -689,8 +721,8 @@ def create_app(bases: dict[str, Base], root: Path, *, api_key: str | None, limit
 
     worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
     state = State(bases=bases, root=Path(root), limits=limits, worker=worker)
-    routes = (_session_routes(state) + _model_routes(state) + _training_routes(state) + _weights_routes(state)
-              + _sampling_routes(state) + _future_routes(state))
+    routes = (_client_routes(state) + _session_routes(state) + _model_routes(state) + _training_routes(state)
+              + _weights_routes(state) + _sampling_routes(state) + _future_routes(state))
     app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found})
     app.state.tinker = state
     return TinkerKey(app, api_key) if api_key else app
