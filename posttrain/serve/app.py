@@ -400,11 +400,32 @@ _SGLANG_IGNORED = {"abort_all_requests", "is_async", "torch_empty_cache", "keep_
 _UPDATE_FIELDS = {"model_path", "load_format", "version", "weight_version", "checksum", "dtype"} | _SGLANG_IGNORED
 
 
+@dataclass(frozen=True)
+class _Reload:
+    """What an ``/update_weights_from_disk`` request asks for, checked."""
+
+    folder: Path
+    version: int | None
+    label: str | int | None
+    checksum: str | None
+    dtype: torch.dtype | None  # None: the engine keeps its own
+
+
 async def _update_weights(state: ServeState, request: Request) -> Response:
-    body = await read_json(request)
-    unknown = sorted(set(body) - _UPDATE_FIELDS)
-    if unknown:
-        raise bad(f"unknown field {unknown[0]!r}", unknown[0], "unknown_parameter")
+    reload = _reload_request(state, await read_json(request))
+    async with state.update_lock:
+        weights, actual = await _load_checked(state, reload)
+        new_version = await _swap_in(state, reload, weights, actual)
+    msg = f"loaded the weights of {reload.folder} as version {new_version}"
+    log.info(msg)
+    return JSON({"success": True, "message": msg, "num_paused_requests": 0, "version": new_version,
+                 "checksum": actual, "dtype": _held_dtype(state.engine)})
+
+
+def _reload_request(state: ServeState, body: dict) -> _Reload:
+    """The body's fields checked, then its folder (inside the weights root) and its version (not
+    older than the loaded one): a 4xx before anything is read from the disk."""
+    _known(body, _UPDATE_FIELDS)
     model_path = get_str(body, "model_path", None)
     if not model_path:
         raise bad("model_path is required (a folder with *.safetensors)", "model_path", "missing_required_parameter")
@@ -412,57 +433,73 @@ async def _update_weights(state: ServeState, request: Request) -> Response:
     if load_format not in (None, "auto", "safetensors"):
         raise bad(f"load_format={load_format!r}: only safetensors folders are read here", "load_format",
                   "unsupported_parameter")
-    version = get_int(body, "version", None, lo=0)
-    label = body.get("weight_version")
-    if isinstance(label, bool) or (label is not None and not isinstance(label, (str, int))):
-        raise bad("weight_version must be a string", "weight_version", "invalid_type")
-    if version is None and label is not None and str(label).strip().isdigit():
-        version = int(str(label).strip())
+    version, label = _reload_version(body)
     checksum = get_str(body, "checksum", None)
     dtype = _engine_dtype(get_str(body, "dtype", None))
     for key in _SGLANG_IGNORED:  # type-checked, then ignored
         get_int(body, key, None) if key == "token_step" else get_bool(body, key, False)
 
     folder = _reload_folder(state.access, model_path)
+    _check_not_older(state, version)
+    return _Reload(folder=folder, version=version, label=label, checksum=checksum, dtype=dtype)
+
+
+def _reload_version(body: dict) -> tuple[int | None, str | int | None]:
+    """``(version, weight_version label)``; a label of digits stands for the version when none is given."""
+    version = get_int(body, "version", None, lo=0)
+    label = body.get("weight_version")
+    if isinstance(label, bool) or (label is not None and not isinstance(label, (str, int))):
+        raise bad("weight_version must be a string", "weight_version", "invalid_type")
+    if version is None and label is not None and str(label).strip().isdigit():
+        version = int(str(label).strip())
+    return version, label
+
+
+def _check_not_older(state: ServeState, version: int | None) -> None:
     if version is not None and version < state.version and not state.access.allow_version_rollback:
         raise APIError(409, f"version {version} is older than the loaded version {state.version}: refused (a "
                             f"replayed request must not roll the policy back; a new run against this server "
                             f"restarts it, or start the server with --allow-version-rollback)",
                        param="version", code="version_rollback")
 
-    async with state.update_lock:
-        try:
-            weights = await asyncio.to_thread(load_folder, folder)
-        except Exception as e:
-            raise bad(f"model_path={folder}: could not read the safetensors: {e}", "model_path") from None
-        _check_complete(state, weights, folder)
-        actual = await asyncio.to_thread(weights_checksum, weights)
-        if checksum is not None and checksum != actual:
-            raise bad(f"checksum mismatch: expected {checksum}, the tensors in {folder} hash to {actual}; "
-                      f"weights left at version {state.version}", "checksum", "checksum_mismatch")
-        _check_not_reused(state, version, actual)
 
-        def swap(engine) -> int:
-            v = version if version is not None else engine.version + 1
-            if dtype is not None:  # a trainer's precision fallback: the weights copied in next are the real ones
-                engine.set_dtype(dtype)
-            # verifies the checksum again before touching a weight; the trainer owns the version count,
-            # so a new or resumed run may restart it below the loaded one
-            engine.load_weights(weights, v, actual, allow_older=state.access.allow_version_rollback)
-            return v
+async def _load_checked(state: ServeState, reload: _Reload) -> tuple[dict, str]:
+    """The folder's tensors and their checksum, once they fit the served model, match the checksum
+    the request sent, and do not reuse the loaded version for other weights."""
+    try:
+        weights = await asyncio.to_thread(load_folder, reload.folder)
+    except Exception as e:
+        raise bad(f"model_path={reload.folder}: could not read the safetensors: {e}", "model_path") from None
+    _check_complete(state, weights, reload.folder)
+    actual = await asyncio.to_thread(weights_checksum, weights)
+    if reload.checksum is not None and reload.checksum != actual:
+        raise bad(f"checksum mismatch: expected {reload.checksum}, the tensors in {reload.folder} hash to {actual}; "
+                  f"weights left at version {state.version}", "checksum", "checksum_mismatch")
+    _check_not_reused(state, reload.version, actual)
+    return weights, actual
 
-        try:
-            new_version = await state.worker.call(swap)
-        except WeightSyncError as e:
-            raise bad(str(e), "model_path", "weight_sync_error") from None
-        state.checksum = actual
-        state.reloaded = True
-        state.model_path = folder
-        state.weight_label = str(label) if label is not None else None
-    msg = f"loaded the weights of {folder} as version {new_version}"
-    log.info(msg)
-    return JSON({"success": True, "message": msg, "num_paused_requests": 0, "version": new_version,
-                 "checksum": actual, "dtype": _held_dtype(state.engine)})
+
+async def _swap_in(state: ServeState, reload: _Reload, weights: dict, actual: str) -> int:
+    """Load the checked weights into the engine between two generation rounds; their version."""
+
+    def swap(engine) -> int:
+        v = reload.version if reload.version is not None else engine.version + 1
+        if reload.dtype is not None:  # a trainer's precision fallback: the weights copied in next are the real ones
+            engine.set_dtype(reload.dtype)
+        # verifies the checksum again before touching a weight; the trainer owns the version count,
+        # so a new or resumed run may restart it below the loaded one
+        engine.load_weights(weights, v, actual, allow_older=state.access.allow_version_rollback)
+        return v
+
+    try:
+        new_version = await state.worker.call(swap)
+    except WeightSyncError as e:
+        raise bad(str(e), "model_path", "weight_sync_error") from None
+    state.checksum = actual
+    state.reloaded = True
+    state.model_path = reload.folder
+    state.weight_label = str(reload.label) if reload.label is not None else None
+    return new_version
 
 
 def _engine_dtype(name: str | None):
