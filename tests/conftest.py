@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 # The tests run tiny models whose kernels are too small to gain from intra-op threads; on a busy
 # machine, torch's threads wait at every kernel's barrier for a core (seen: 25x slower). One
@@ -50,6 +51,31 @@ def pytest_collection_modifyitems(config, items):
         counts[item.path] = counts.get(item.path, 0) + 1
     long_files = {item.path for item in items if item.get_closest_marker("long")}
     items.sort(key=lambda item: (item.path not in long_files, -counts[item.path]))  # stable: a file's tests keep their order
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
+@pytest.fixture
+def tmp_path(request, tmp_path_factory):
+    """pytest's ``tmp_path``, removed when its test passes (a failing test's stays, to read; a passing
+    session's whole base folder goes at its end: ``tmp_path_retention_policy`` in pyproject.toml).
+    Why: the real model's checkpoints are GBs, and CI's lanes share one disk. Kept until the session
+    ends for a test marked ``vllm``: the session's vLLM server loads adapters by path and may read
+    one again after the test (a LoRA evicted from its slots), and a missing adapter folder ends its
+    engine for every later test."""
+    path = tmp_path_factory.mktemp(re.sub(r"\W", "_", request.node.name)[:30], numbered=True)
+    yield path
+    if not request.node.stash.get(FAILED, False) and request.node.get_closest_marker("vllm") is None:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """RL test fixtures: a user's reward plugin module importable by path, and a config builder."""
 
 import contextlib
+import sys
 import textwrap
 
 import pytest
@@ -34,6 +35,8 @@ def reward_plugin(tmp_path, monkeypatch):
     """A module ``rl_test_rewards`` on sys.path, as a user's own reward file would be."""
     (tmp_path / "rl_test_rewards.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # imported afresh from this folder: an earlier test's copy may be cached, its folder gone
+    monkeypatch.delitem(sys.modules, "rl_test_rewards", raising=False)
     return "rl_test_rewards"
 
 
