@@ -114,6 +114,25 @@ def _url(sock: socket.socket) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    weights_root = _weights_root(args.weights_root)
+    path = _model_path(args.model)
+    sock = _bind(args.host, args.port)
+    _set_up_torch(args.threads)
+
+    from posttrain.serve.app import load_engine
+
+    engine, tokenizer, checksum = load_engine(path, dtype=args.dtype, device=args.device)
+    name = args.served_model_name or args.model
+    app = _app(args, name, engine, tokenizer, checksum, path, weights_root)
+    _serve(app, sock, args.log_level, f"posttrain serve: {name} ({path}, {args.dtype} on {engine.device}) at "
+                                      f"{_url(sock)}/v1 - Ctrl-C to stop")
+    print("posttrain serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The flags, before anything is read, bound or loaded."""
     if args.port < 0 or args.port > 65535:
         raise UserError(f"--port={args.port}: must be in 0..65535")
     for name in ("max_batch_prompts", "max_samples_per_request"):
@@ -126,44 +145,58 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not args.api_key:
         raise UserError(f"--host={args.host}: listening beyond loopback needs an API key (--api-key or "
                         f"${API_KEY_ENV}): anyone who reaches the port could otherwise replace the weights")
-    weights_root = _weights_root(args.weights_root)
 
-    from posttrain.models.hf import check_model_path, quiet_transformers
+
+def _model_path(model: str):
+    """MODEL_OR_RUN_DIR as the model folder it means, checked before anything binds or loads."""
+    from posttrain.models.hf import check_model_path
     from posttrain.serve.weights import resolve_model_dir
 
-    path = resolve_model_dir(args.model)
-    check_model_path(str(path), "MODEL")  # before anything binds or loads
-    sock = _bind(args.host, args.port)
+    path = resolve_model_dir(model)
+    check_model_path(str(path), "MODEL")
+    return path
 
+
+def _set_up_torch(threads: int | None) -> None:
     import torch
-    import uvicorn
 
-    from posttrain.serve.app import Access, create_app, load_engine
+    from posttrain.models.hf import quiet_transformers
 
     quiet_transformers()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    engine, tokenizer, checksum = load_engine(path, dtype=args.dtype, device=args.device)
-    name = args.served_model_name or args.model
-    app = create_app(engine, tokenizer, served_model_name=name, model_path=path, checksum=checksum,
-                     max_batch_prompts=args.max_batch_prompts, batch_wait_ms=args.batch_wait_ms,
-                     batch_seeded=args.batch_seeded,
-                     max_samples_per_request=args.max_samples_per_request,
-                     access=Access(api_key=args.api_key, weights_root=weights_root,
-                                   allow_version_rollback=args.allow_version_rollback,
-                                   allow_partial_weights=args.allow_partial_weights))
-    url = _url(sock)
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _app(args: argparse.Namespace, name: str, engine, tokenizer, checksum: str | None, path, weights_root):
+    from posttrain.serve.app import Access, create_app
+
+    access = Access(api_key=args.api_key, weights_root=weights_root, allow_version_rollback=args.allow_version_rollback,
+                    allow_partial_weights=args.allow_partial_weights)
+    return create_app(engine, tokenizer, served_model_name=name, model_path=path, checksum=checksum,
+                      max_batch_prompts=args.max_batch_prompts, batch_wait_ms=args.batch_wait_ms,
+                      batch_seeded=args.batch_seeded, max_samples_per_request=args.max_samples_per_request,
+                      access=access)
+
+
+def _announcing_server(config, banner: str):
+    """A uvicorn server that prints ``banner`` once it listens (the line clients wait for)."""
+    import uvicorn
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
             if self.started:
-                print(f"posttrain serve: {name} ({path}, {args.dtype} on {engine.device}) at {url}/v1 "
-                      f"- Ctrl-C to stop", flush=True)
+                print(banner, flush=True)
 
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5,
-                            lifespan="on")
-    server = Server(config)
+    return Server(config)
+
+
+def _serve(app, sock: socket.socket, log_level: str, banner: str) -> None:
+    """Serves ``app`` on ``sock`` until Ctrl-C or SIGTERM, then closes the socket."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+    server = _announcing_server(config, banner)
     # uvicorn catches SIGINT/SIGTERM, shuts down gracefully, restores the handlers it found and
     # re-raises the signal: SIGINT comes back as KeyboardInterrupt, SIGTERM as _Stopped from here.
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -174,5 +207,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         sock.close()
-    print("posttrain serve: stopped", file=sys.stderr, flush=True)
-    return 0
