@@ -23,7 +23,7 @@ from pathlib import Path
 
 from posttrain.errors import UserError
 from posttrain.models.gguf import is_gguf_path
-from posttrain.serve.serve_cli import API_KEY_ENV, is_loopback
+from posttrain.serve.serve_cli import API_KEY_ENV, _announcing_server, _bind, _set_up_torch, _url, is_loopback
 
 TINY = "posttrain/tiny"
 IDLE_S = 7 * 24 * 3600.0
@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest datum or prompt+sample in tokens (default: the model's positions)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                         help="the HTTP server's log level (default warning)")
+    _add_vllm_arguments(parser)
+    _add_ray_arguments(parser)
+
+
+def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     vllm = parser.add_argument_group("sampling on vLLM (--sampler vllm; docs/tinker.md)")
     vllm.add_argument("--sampler", default="torch", choices=["torch", "ray", "vllm"],
                       help="the engine samples come from: the in-process TorchEngine (default), TorchEngine "
@@ -69,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--vllm-probe-tol", type=float, default=1e-4,
                       help="largest probe log-prob difference server vs trainer after a push (default 1e-4; "
                            "fp32 on both sides)")
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     ray = parser.add_argument_group("sampling on Ray engine replicas (--sampler ray; docs/tinker.md, docs/ray.md)")
     ray.add_argument("--ray-address", default="",
                      help="the Ray cluster to join: auto (the one this machine joined with ray start) or host:port; "
@@ -229,6 +237,23 @@ def vllm_sampling(args: argparse.Namespace, path: Path, root: Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    root = check_arguments(args)
+    orders = _ranks()
+    models = _models(args.model, root, orders.world)
+    sampler = _sampler(args, models, root)
+    _set_up_torch(args.threads)
+    if not orders.world.main:
+        _follow(args, models, orders)
+        return 0
+    sock = _bind(args.host, args.port)
+    bases = _load_bases(args, models, sampler, orders, sock)
+    _serve(_app(args, bases, root), sock, bases, orders, args.log_level)
+    print("posttrain tinker-serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def check_arguments(args: argparse.Namespace) -> Path:
+    """The flags, before anything is written, loaded or started; the checkpoint root, resolved."""
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port={args.port}: must be in 0..65535")
     if args.max_models < 1:
@@ -240,56 +265,57 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.root).expanduser()
     if not root.is_dir():
         raise UserError(f"--root={args.root}: not a folder")
-    root = root.resolve()
     check_vllm_flags(args)
     check_ray_flags(args)
-    orders = _ranks()
-    world = orders.world
-    models = _models(args.model, root, world)
-    sampler = None
+    return root.resolve()
+
+
+def _sampler(args: argparse.Namespace, models: dict[str, Path], root: Path):
+    """The maker of --sampler's engine, or None for the in-process TorchEngine. vLLM servers and
+    Ray replicas hold one base model, so they serve only one --model."""
     if args.sampler == "vllm":
         if len(models) != 1:
             raise UserError("--sampler=vllm: one --model only (a vLLM server serves one base model)")
-        sampler = vllm_sampling(args, next(iter(models.values())), root)
-    elif args.sampler == "ray":
+        return vllm_sampling(args, next(iter(models.values())), root)
+    if args.sampler == "ray":
         if len(models) != 1:
             raise UserError("--sampler=ray: one --model only (the replicas hold one base model)")
-        sampler = ray_sampling(args, next(iter(models.values())))
+        return ray_sampling(args, next(iter(models.values())))
+    return None
 
-    import torch
-    import uvicorn
 
-    from posttrain.models.hf import quiet_transformers
-    from posttrain.serve.serve_cli import _bind, _url
-    from posttrain.tinker.app import Limits, create_app
+def _follow(args: argparse.Namespace, models: dict[str, Path], orders) -> None:
+    """A rank other than 0: its shard of each base model, trained as rank 0 orders until released."""
+    from posttrain.tinker.ranks import follow
 
-    quiet_transformers()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not world.main:
-        from posttrain.tinker.ranks import follow
+    follow({name: load_base(name, path, args.max_context, orders=orders) for name, path in models.items()}, orders)
 
-        follow({name: load_base(name, path, args.max_context, orders=orders) for name, path in models.items()}, orders)
-        return 0
-    sock = _bind(args.host, args.port)
+
+def _load_bases(args: argparse.Namespace, models: dict[str, Path], sampler, orders, sock) -> dict:
+    """Rank 0's base models with their samplers; the socket, bound already, closed if one fails."""
     try:
-        bases = {name: load_base(name, path, args.max_context, sampler, orders) for name, path in models.items()}
+        return {name: load_base(name, path, args.max_context, sampler, orders) for name, path in models.items()}
     except BaseException:
         sock.close()
         raise
+
+
+def _app(args: argparse.Namespace, bases: dict, root: Path):
+    from posttrain.tinker.app import Limits, create_app
+
     limits = Limits(max_models=args.max_models, max_sessions=args.max_sessions)
-    app = create_app(bases, root, api_key=args.api_key, limits=limits)
-    url = _url(sock)
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
+    return create_app(bases, root, api_key=args.api_key, limits=limits)
 
-    class Server(uvicorn.Server):
-        async def startup(self, sockets=None):
-            await super().startup(sockets=sockets)
-            if self.started:
-                print(f"posttrain tinker-serve: {', '.join(bases)} at {url} - Ctrl-C to stop", flush=True)
 
+def _serve(app, sock, bases: dict, orders, log_level: str) -> None:
+    """Serves ``app`` on ``sock`` until Ctrl-C; then the socket is closed, the other ranks let go
+    and the samplers closed."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    banner = f"posttrain tinker-serve: {', '.join(bases)} at {_url(sock)} - Ctrl-C to stop"
     try:
-        Server(config).run(sockets=[sock])
+        _announcing_server(config, banner).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
@@ -297,8 +323,6 @@ def run(args: argparse.Namespace) -> int:
         _stop_ranks(app.state.tinker, orders)
         for base in bases.values():
             base.sampling.close()
-    print("posttrain tinker-serve: stopped", file=sys.stderr, flush=True)
-    return 0
 
 
 def _ranks():
