@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     weights_root = _weights_root(args.weights_root)
     path = _model_path(args.model)
     sock = _bind(args.host, args.port)
-    _set_up_torch(args.threads)
+    set_up_torch(args.threads)
 
     from posttrain.serve.app import load_engine
 
@@ -157,7 +157,7 @@ def _model_path(model: str):
     return path
 
 
-def _set_up_torch(threads: int | None) -> None:
+def set_up_torch(threads: int | None) -> None:
     import torch
 
     from posttrain.models.hf import quiet_transformers
@@ -178,7 +178,7 @@ def _app(args: argparse.Namespace, name: str, engine, tokenizer, checksum: str |
                       access=access)
 
 
-def _announcing_server(config, banner: str):
+def announcing_server(config, banner: str):
     """A uvicorn server that prints ``banner`` once it listens (the line clients wait for)."""
     import uvicorn
 
@@ -196,7 +196,7 @@ def _serve(app, sock: socket.socket, log_level: str, banner: str) -> None:
     import uvicorn
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on")
-    server = _announcing_server(config, banner)
+    server = announcing_server(config, banner)
     # uvicorn catches SIGINT/SIGTERM, shuts down gracefully, restores the handlers it found and
     # re-raises the signal: SIGINT comes back as KeyboardInterrupt, SIGTERM as _Stopped from here.
     previous = signal.signal(signal.SIGTERM, _raise_stopped)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from posttrain.errors import UserError
 from posttrain.models.gguf import is_gguf_path
-from posttrain.serve.serve_cli import API_KEY_ENV, _announcing_server, _bind, _set_up_torch, _url, is_loopback
+from posttrain.serve.serve_cli import API_KEY_ENV, announcing_server, _bind, set_up_torch, _url, is_loopback
 
 TINY = "posttrain/tiny"
 IDLE_S = 7 * 24 * 3600.0
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     orders = _ranks()
     models = _models(args.model, root, orders.world)
     sampler = _sampler(args, models, root)
-    _set_up_torch(args.threads)
+    set_up_torch(args.threads)
     if not orders.world.main:
         _follow(args, models, orders)
         return 0
@@ -315,7 +315,7 @@ def _serve(app, sock, bases: dict, orders, log_level: str) -> None:
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
     banner = f"posttrain tinker-serve: {', '.join(bases)} at {_url(sock)} - Ctrl-C to stop"
     try:
-        _announcing_server(config, banner).run(sockets=[sock])
+        announcing_server(config, banner).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
