@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import itertools
 import os
 import queue
 import sys
@@ -148,16 +147,47 @@ CANARIES: list[tuple[str, Job, tuple[str, str]]] = [
 ]
 
 
-_pools_made = itertools.count()
+_blocks_lock = threading.Lock()
+_blocks_held: set[int] = set()  # first uids of this process's open pools' blocks
 
 
-def _uid_block(n_workers: int) -> int:
-    """First uid of a block no other pool uses: two uids per worker (program, judge). Blocks are
-    per process (pid) and per pool within it, so two pools never share a uid — a shared uid
-    would share RLIMIT_NPROC and let one pool's programs signal the other's."""
+def _uids_in_use(uids: range) -> bool:
+    """Whether any process on this machine runs under one of these uids (a pool of another
+    process whose pid shares ours modulo 30000, or one a crash left behind)."""
+    for d in os.scandir("/proc"):
+        if not d.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d.name}/status") as f:
+                line = next(x for x in f if x.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        if any(int(u) in uids for u in line.split()[1:]):
+            return True
+    return False
+
+
+def _claim_uid_block(n_workers: int) -> int:
+    """First uid of a block no other pool uses: two uids per worker (program, judge), 256 per
+    block, 16 blocks per process (by pid). Two pools must never share a uid — a shared uid would
+    share RLIMIT_NPROC and let one pool's programs signal the other's, and a pool's count of its
+    own processes would include the other's. So a block held by an open pool of this process, or
+    in use by any process on the machine, is skipped; `_release_uid_block` frees it on close."""
     if n_workers > 128:
         raise ValueError(f"at most 128 sandbox workers per pool (got {n_workers})")
-    return 100000 + (os.getpid() % 30000) * 4096 + (next(_pools_made) % 16) * 256
+    first = 100000 + (os.getpid() % 30000) * 4096
+    with _blocks_lock:
+        for base in range(first, first + 16 * 256, 256):
+            if base not in _blocks_held and not _uids_in_use(range(base, base + 256)):
+                _blocks_held.add(base)
+                return base
+    raise RuntimeError("16 sandbox pools are already open in this process (or their uids are in "
+                       "use by other processes): close one before opening another")
+
+
+def _release_uid_block(base: int) -> None:
+    with _blocks_lock:
+        _blocks_held.discard(base)
 
 
 class SandboxPool:
@@ -179,7 +209,7 @@ class SandboxPool:
         self.tripped: str | None = None
         self._closed = False
         self._queue: queue.Queue = queue.Queue(maxsize=self.cfg.queue_size)
-        self._uid_base = _uid_block(self.cfg.n_workers)
+        self._uid_base = _claim_uid_block(self.cfg.n_workers)
         self.workers: list[Worker | None] = [None] * self.cfg.n_workers
         self._threads = [threading.Thread(target=self._loop, args=(slot,), daemon=True,
                                           name=f"sandbox-{slot}") for slot in range(self.cfg.n_workers)]
@@ -222,6 +252,8 @@ class SandboxPool:
             self._queue.put(None)
         for t in self._threads:
             t.join(timeout=30)
+        if not any(t.is_alive() for t in self._threads):  # each thread dropped its sandbox last
+            _release_uid_block(self._uid_base)
 
     def __enter__(self) -> "SandboxPool":
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -208,3 +209,43 @@ def test_zygote_compiles_its_source_where_the_interpreters_differ(make_pool, mon
             ("PASS", ""), ("MODEL_FAIL", "wrong_answer")]
     finally:
         p.close()
+
+
+def test_open_pools_never_share_a_uid_block(make_pool):
+    """Sixteen blocks per process: an open pool's block is never handed to another (a shared uid
+    shares RLIMIT_NPROC and lets one pool's programs signal the other's), the seventeenth open
+    pool is refused, and a closed pool's block is free again."""
+    held = {p for p in pool_module._blocks_held}  # other open pools of this process
+    opened = []
+    try:
+        with pytest.raises(RuntimeError, match="16 sandbox pools are already open"):
+            for _ in range(17):
+                opened.append(make_pool())
+        bases = [p._uid_base for p in opened]
+        assert len(bases) == 16 - len(held) and len(set(bases)) == len(bases) and not set(bases) & held
+        freed = opened.pop()
+        freed.close()
+        opened.append(make_pool())
+        assert opened[-1]._uid_base == freed._uid_base
+    finally:
+        for p in opened:
+            p.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a process under another uid needs root")
+def test_a_block_whose_uids_a_live_process_uses_is_skipped():
+    """A pool of another process (whose pid matches ours modulo 30000) or a crash's leftovers."""
+    base = pool_module._claim_uid_block(1)
+    pool_module._release_uid_block(base)
+    squatter = subprocess.Popen(["sleep", "60"], user=base + 1)
+    try:
+        deadline = time.monotonic() + 10
+        while not pool_module._uids_in_use(range(base + 1, base + 2)):  # until it runs as base + 1
+            assert time.monotonic() < deadline, "the squatter never showed up under its uid"
+            time.sleep(0.01)
+        other = pool_module._claim_uid_block(1)
+        assert other != base
+        pool_module._release_uid_block(other)
+    finally:
+        squatter.kill()
+        squatter.wait()
