@@ -151,20 +151,21 @@ _blocks_lock = threading.Lock()
 _blocks_held: set[int] = set()  # first uids of this process's open pools' blocks
 
 
-def _uids_in_use(uids: range) -> bool:
-    """Whether any process on this machine runs under one of these uids (a pool of another
-    process whose pid shares ours modulo 30000, or one a crash left behind)."""
+def processes_by_uid(uids: range) -> dict[int, list[int]]:
+    """The processes on this machine whose real uid is in ``uids`` (the uid RLIMIT_NPROC counts),
+    by uid: one read of /proc."""
+    out: dict[int, list[int]] = {}
     for d in os.scandir("/proc"):
         if not d.name.isdigit():
             continue
         try:
             with open(f"/proc/{d.name}/status") as f:
-                line = next(x for x in f if x.startswith("Uid:"))
+                uid = int(next(x for x in f if x.startswith("Uid:")).split()[1])
         except (OSError, StopIteration):
             continue
-        if any(int(u) in uids for u in line.split()[1:]):
-            return True
-    return False
+        if uid in uids:
+            out.setdefault(uid, []).append(int(d.name))
+    return out
 
 
 def _claim_uid_block(n_workers: int) -> int:
@@ -172,13 +173,15 @@ def _claim_uid_block(n_workers: int) -> int:
     block, 16 blocks per process (by pid). Two pools must never share a uid — a shared uid would
     share RLIMIT_NPROC and let one pool's programs signal the other's, and a pool's count of its
     own processes would include the other's. So a block held by an open pool of this process, or
-    in use by any process on the machine, is skipped; `_release_uid_block` frees it on close."""
+    in use by any process on the machine (a pool of another process whose pid matches ours
+    modulo 30000, or a crash's leftovers), is skipped; `_release_uid_block` frees it on close."""
     if n_workers > 128:
         raise ValueError(f"at most 128 sandbox workers per pool (got {n_workers})")
     first = 100000 + (os.getpid() % 30000) * 4096
     with _blocks_lock:
+        used = {first + (uid - first) // 256 * 256 for uid in processes_by_uid(range(first, first + 16 * 256))}
         for base in range(first, first + 16 * 256, 256):
-            if base not in _blocks_held and not _uids_in_use(range(base, base + 256)):
+            if base not in _blocks_held and base not in used:
                 _blocks_held.add(base)
                 return base
     raise RuntimeError("16 sandbox pools are already open in this process (or their uids are in "

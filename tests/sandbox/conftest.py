@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.sandbox.pool import CANARIES, SandboxPool, SandboxUnavailable
+from posttrain.sandbox.pool import CANARIES, SandboxPool, SandboxUnavailable, processes_by_uid
 from posttrain.sandbox.worker import SandboxConfig
 
 
@@ -40,21 +40,6 @@ def pool_uids(p: SandboxPool) -> range:
     return range(p._uid_base, p._uid_base + 2 * p.cfg.n_workers)
 
 
-def procs_with_uids(uids: range) -> dict[int, list[int]]:
-    """Sandbox uid -> its processes on this machine."""
-    out: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            uid = int((d / "status").read_text().split("\nUid:\t", 1)[1].split()[0])
-        except (OSError, IndexError):
-            continue
-        if uid in uids:
-            out.setdefault(uid, []).append(int(d.name))
-    return out
-
-
 def settled(uids: range, timeout_s: float = 5.0) -> list[int]:
     """Sandbox processes beyond one per uid, once there have been none for three looks.
 
@@ -64,7 +49,7 @@ def settled(uids: range, timeout_s: float = 5.0) -> list[int]:
     moment to go."""
     deadline, good = time.monotonic() + timeout_s, 0
     while True:
-        extra = [p for pids in procs_with_uids(uids).values() if len(pids) > 1 for p in pids]
+        extra = [p for pids in processes_by_uid(uids).values() if len(pids) > 1 for p in pids]
         good = good + 1 if not extra else 0
         if good >= 3 or time.monotonic() > deadline:
             return extra

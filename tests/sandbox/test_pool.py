@@ -215,7 +215,7 @@ def test_open_pools_never_share_a_uid_block(make_pool):
     """Sixteen blocks per process: an open pool's block is never handed to another (a shared uid
     shares RLIMIT_NPROC and lets one pool's programs signal the other's), the seventeenth open
     pool is refused, and a closed pool's block is free again."""
-    held = {p for p in pool_module._blocks_held}  # other open pools of this process
+    held = set(pool_module._blocks_held)  # other open pools of this process
     opened = []
     try:
         with pytest.raises(RuntimeError, match="16 sandbox pools are already open"):
@@ -240,7 +240,7 @@ def test_a_block_whose_uids_a_live_process_uses_is_skipped():
     squatter = subprocess.Popen(["sleep", "60"], user=base + 1)
     try:
         deadline = time.monotonic() + 10
-        while not pool_module._uids_in_use(range(base + 1, base + 2)):  # until it runs as base + 1
+        while not pool_module.processes_by_uid(range(base + 1, base + 2)):  # until it runs as base + 1
             assert time.monotonic() < deadline, "the squatter never showed up under its uid"
             time.sleep(0.01)
         other = pool_module._claim_uid_block(1)
