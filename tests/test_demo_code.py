@@ -27,9 +27,14 @@ def test_quick_code_demo_runs_every_stage_and_tables_its_eval_files(tmp_path):
     reasoning = (out / "reasoning" / "config.yaml").read_text()
     assert "algorithm: grpo" in direct and "format_weight: 0.0" in direct
     assert "algorithm: dr_grpo" in reasoning and "format_reward: code_format" in reasoning
+    check = [json.loads(line) for line in (out / "data" / "train_check_2.jsonl").read_text().splitlines()]
+    train = {json.loads(line)["question_id"] for line in (out / "data" / "train_kodcode.jsonl").read_text().splitlines()}
+    assert len(check) == 2 and {r["question_id"] for r in check} <= train  # a fixed draw of training problems
     for arm in ("direct", "reasoning"):
         steps = [json.loads(line) for line in (out / arm / "metrics.jsonl").read_text().splitlines()]
         assert any("outcomes/MODEL_FAIL_frac" in s for s in steps)
+        # the run tracked that draw itself: 8 samples a problem at T = 1, before RL and after its step
+        assert [s["step"] for s in steps if "eval/train_fixed/t1/pass@8" in s] == [0, 1]
     # the table's numbers are the eval files' (pass@1 in percent), row by row
     names = dict(SEED_ROWS)
     for col, arm in enumerate(("direct", "reasoning")):

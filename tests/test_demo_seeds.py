@@ -22,15 +22,22 @@ def _eval(path, bench, profile, label, model, passes: dict[str, int], n: int = 1
                     [summarize(samples, benchmark=bench, profile=profile, model=model, ks=[1], label=label)])
 
 
-def _metrics(path, rewards, passes):
+TRACKED = "eval/train_fixed/t1/pass@1"
+
+
+def _metrics(path, rewards, passes, tracked: dict[int, float] | None = None):
+    """One row a step; ``tracked``: the run's own evaluation's pass@1 by step (step 0: before RL)."""
     rows = [{"step": i + 1, "reward/mean": r, "outcomes/PASS_frac": p, "groups/zero_variance_frac": 0.5 - i / 100,
              "entropy": 1 - i / 10} for i, (r, p) in enumerate(zip(rewards, passes))]
     for row in rows[:-1:7]:  # the KL to the start, measured every 7 steps: at steps 1 and 8
         row["kl/ref"] = 0.001 * row["step"]
+    rows = [{"step": 0}] + rows
+    for step, value in (tracked or {}).items():
+        rows[step][TRACKED] = value
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _fake_seed(out, seed, after_direct, before_reasoning, seconds):
+def _fake_seed(out, seed, after_direct, before_reasoning, seconds, tracked=None):
     """seed-S with a greedy ``direct`` arm (start passes p1) and a sampled ``reasoning`` arm."""
     d = out / f"seed-{seed}"
     direct, reasoning = d / "direct", d / "reasoning"
@@ -39,7 +46,7 @@ def _fake_seed(out, seed, after_direct, before_reasoning, seconds):
     _eval(reasoning, "humaneval", "t0.6", "before", "starts/reasoning", before_reasoning, n=2)
     _eval(reasoning, "humaneval", "t0.6", "after", "reasoning", {"p1": 2, "p2": 2}, n=2)
     rewards = [0.1 * (i + 1) for i in range(9)]  # 0.1 ... 0.9
-    _metrics(direct, rewards, rewards)
+    _metrics(direct, rewards, rewards, tracked)
     _metrics(reasoning, [r + 0.05 for r in rewards], rewards)  # a format bonus on top of the pass fraction
     (d / "summary.json").write_text(json.dumps({"seconds": seconds, "stages": {
         "rl_direct": {"wall_s": 120.0, "cpu_s": 1}, "eval_direct": {"wall_s": 60.0, "cpu_s": 1}}}))
@@ -53,8 +60,8 @@ def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curve
     out = tmp_path / "out"
     # direct, greedy: the start passes p1 (25%) in both seeds; seed 0 after passes p1, p2 (50%, +25),
     # seed 1 after passes p2 only (25%, +0): mean change +12.5
-    _fake_seed(out, 0, {"p1": 1, "p2": 1}, {"p1": 1}, 600)
-    _fake_seed(out, 1, {"p2": 1}, {"p1": 2}, 900)
+    _fake_seed(out, 0, {"p1": 1, "p2": 1}, {"p1": 1}, 600, tracked={0: 0.20, 4: 0.25, 9: 0.30})
+    _fake_seed(out, 1, {"p2": 1}, {"p1": 2}, 900, tracked={0: 0.20, 4: 0.35, 9: 0.40})
     markdown = write_combined(out, [0, 1], ("direct", "reasoning"), {"prepare": {"wall_s": 30.0, "cpu_s": 1}})
     summary = json.loads((out / "summary.json").read_text())
     assert markdown == (out / "report.md").read_text() and (out / "report.html").read_text() == "page"
@@ -93,6 +100,12 @@ def test_the_combined_report_holds_each_seeds_change_their_mean_and_reward_curve
     # the reasoning arm's reward is not its pass fraction: both, the pass fraction in brackets
     assert summary["reward"]["reasoning"]["1"]["reward_last"] == pytest.approx(0.80)
     assert "| 1 | 0.15 (0.10) | 0.25 (0.20) |" in markdown and "0.30 (0.25) | 0.80 (0.75) |" in markdown
+    # the direct arm's tracked pass@1 by step, each seed's and their mean; the reasoning arm tracked none
+    assert summary["tracked"]["direct"][TRACKED]["mean"] == {"0": pytest.approx(0.2), "4": pytest.approx(0.3),
+                                                            "9": pytest.approx(0.35)}
+    assert "reasoning" not in summary["tracked"] and f"### direct: `{TRACKED}`" in markdown
+    assert "| seed | step 0 | step 4 | step 9 | last − first |" in markdown
+    assert "| 1 | 20.0 | 35.0 | 40.0 | +20.0 |" in markdown and "| mean | 20.0 | 30.0 | 35.0 | +15.0 |" in markdown
     # wall time from each seed's summary.json, and the shared start's
     assert summary["seconds"] == {"0": 600, "1": 900}
     assert "| 0 | 10.0 | 2.0 | 1.0 |" in markdown and "| 1 | 15.0 | 2.0 | 1.0 |" in markdown

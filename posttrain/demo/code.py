@@ -45,13 +45,18 @@ from posttrain.errors import UserError
 # model (hidden size 256) a rank-32 adapter is not a small update, and of the settings swept on the
 # training split (bench/seed_mini_sweep.py, docs/seed.md) only this one raised the sampled pass rate
 # on a fixed set of training problems on both arms with paired intervals at or above 0.
+# check_problems, check_every: RL tracks its training task on one fixed draw of training problems
+# (code_check.train_sample), sampled CHECK_SAMPLES times each at T = 1 every check_every steps, logged
+# as eval/train_fixed/t1/pass@1: each step's own reward moves by +-0.1 with its draw of problems alone.
 PROFILES = {
     "full": dict(size="tiny", vocab=2048, midtrain_chars=4_000_000, midtrain_steps=100, midtrain_lr=3e-3,
                  sft_steps=600, sft_lr=1.5e-3, rl_steps=24, prompts_per_step=8, group_size=8, rl_lr=3e-5,
-                 rl_lora=False, direct_tokens=96, reasoning_tokens=160, eval_samples=4),
+                 rl_lora=False, direct_tokens=96, reasoning_tokens=160, eval_samples=4,
+                 check_problems=48, check_every=8),
     "quick": dict(size="nano", vocab=1024, midtrain_chars=200_000, midtrain_steps=4, midtrain_lr=3e-3,
                   sft_steps=4, sft_lr=3e-3, rl_steps=1, prompts_per_step=2, group_size=2, rl_lr=1e-3,
-                  direct_tokens=24, reasoning_tokens=32, eval_samples=1, eval_problems=3),
+                  direct_tokens=24, reasoning_tokens=32, eval_samples=1, eval_problems=3,
+                  check_problems=2, check_every=1),
 }
 SMOKE_NOTE = ("a smoke run: {midtrain_steps} mid-training, {sft_steps} SFT and {rl_steps} RL steps per arm on the "
               "nano model check that every stage runs; it is not expected to learn (every figure near 0). "
@@ -125,6 +130,7 @@ def run_arm(out: Path, p: dict, paths: dict, start: str, arm: str, args, stages:
 
 def prepare(out: Path, p: dict, seed: int) -> dict:
     from posttrain.data.records import load_records, write_jsonl
+    from posttrain.demo.code_check import train_sample
     from posttrain.models.tiny import build_tiny
     from posttrain.tasks.code_family import write_code_family
     from posttrain.tasks.python_source import stdlib_documents
@@ -132,6 +138,7 @@ def prepare(out: Path, p: dict, seed: int) -> dict:
     print(f"[demo] the code task family, {p['midtrain_chars'] / 1e6:.1f} MB of standard-library source, "
           f"a {p['vocab']}-token BPE trained on both and the embedded {p['size']} model in {out}")
     data = {k: str(v) for k, v in write_code_family(out / "data").items()}
+    data["train_check"] = str(train_sample(data["train_kodcode"], out / "data", p["check_problems"], seed=0))
     docs = stdlib_documents(p["midtrain_chars"])
     if not docs:
         raise UserError("the interpreter's standard library has no readable .py files to mid-train on")
@@ -171,6 +178,7 @@ def stage_sft(out: Path, p: dict, paths: dict, base: str, arm: str, args) -> str
 
 def stage_rl(out: Path, p: dict, paths: dict, start: str, arm: str, args) -> None:
     from posttrain.config import load_config
+    from posttrain.demo.code_check import CHECK_SAMPLES
     from posttrain.rl.config import RLConfig
     from posttrain.rl.run import run_rl
 
@@ -182,7 +190,9 @@ def stage_rl(out: Path, p: dict, paths: dict, start: str, arm: str, args) -> Non
         "rollout.backend=torch", f"rollout.max_new_tokens={tokens}", f"rollout.group_size={p['group_size']}",
         f"prompts_per_step={p['prompts_per_step']}", f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}",
         f"seed={args.seed}", "save_every=0", f"out_dir={out / arm}", f"logging.progress={not args.no_progress}",
-        f"model.lora.enabled={p.get('rl_lora', True)}", *p.get("rl_overrides", ())])
+        f"model.lora.enabled={p.get('rl_lora', True)}", f"data.eval_path={paths['train_check']}",
+        "data.eval_name=train_fixed", f"eval_samples={CHECK_SAMPLES}", "eval_temperature=1.0",
+        f"eval_every={p['check_every']}", *p.get("rl_overrides", ())])
     run_rl(cfg)
 
 

@@ -137,13 +137,14 @@ def write_combined(out: Path, seeds: list[int], arms: tuple[str, ...], start_sta
 
     held_out, held_md = held_out_section(out, seeds, arms)
     reward, reward_md = reward_section(out, seeds, arms)
+    tracked, tracked_md = tracked_section(out, seeds, arms)
     seconds = {seed: json.loads((seed_dir(out, seed) / "summary.json").read_text()) for seed in seeds}
     time_md = time_section(seconds, start_stages)
     summary = {"out_dir": str(out), "seeds": seeds, "start_stages": start_stages, "held_out": held_out,
-               "reward": reward, "seconds": {str(s): v["seconds"] for s, v in seconds.items()},
+               "reward": reward, "tracked": tracked, "seconds": {str(s): v["seconds"] for s, v in seconds.items()},
                "stages": {str(s): v["stages"] for s, v in seconds.items()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    markdown = "\n".join(held_md + reward_md + time_md)
+    markdown = "\n".join(held_md + reward_md + tracked_md + time_md)
     (out / "report.md").write_text(markdown, encoding="utf-8")
     runs = find_runs([seed_dir(out, seed) for seed in seeds])
     (out / "report.html").write_text(render_html(runs), encoding="utf-8")
@@ -288,6 +289,46 @@ def reward_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[
                 if both else "")
         lines += ["", f"`reward/mean` of each RL step (`{arm}/metrics.jsonl`); first / last {WINDOW}: the mean "
                       f"over those steps.{note}", ""]
+    return data, lines
+
+
+def tracked_curves(metrics: list[dict]) -> dict[str, dict[int, float]]:
+    """Each pass@1 the RL run evaluated during training (``eval/<set>/<profile>/pass@1``), by step."""
+    curves: dict[str, dict[int, float]] = {}
+    for m in metrics:
+        for key, value in m.items():
+            if key.startswith("eval/") and key.endswith("/pass@1"):
+                curves.setdefault(key, {})[int(m["step"])] = value
+    return curves
+
+
+def tracked_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """Per arm and tracked metric, each seed's pass@1 at every evaluation step of its RL run, and
+    the seeds' mean: the training task's learning curve where the run tracked one (the code demo's
+    fixed draw of training problems, sampled the same way at every step)."""
+    from posttrain.eval.report import read_metrics
+
+    data, lines = {}, []
+    for arm in arms:
+        by_seed = {seed: tracked_curves(read_metrics(seed_dir(out, seed) / arm / "metrics.jsonl", []))
+                   for seed in seeds if (seed_dir(out, seed) / arm / "metrics.jsonl").is_file()}
+        for key in sorted({key for curves in by_seed.values() for key in curves}):
+            rows = {seed: curves[key] for seed, curves in by_seed.items() if key in curves}
+            steps = sorted({step for row in rows.values() for step in row})
+            common = [step for step in steps if all(step in row for row in rows.values())]
+            mean = {step: sum(row[step] for row in rows.values()) / len(rows) for step in common}
+            data.setdefault(arm, {})[key] = {"seeds": {str(s): row for s, row in rows.items()}, "mean": mean}
+            head = ["seed"] + [f"step {step}" for step in steps] + ["last − first"]
+            lines += [f"### {arm}: `{key}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for label, row in [*rows.items(), ("mean", mean)]:
+                change = 100 * (row[max(row)] - row[min(row)]) if row else None
+                values = [_number(100 * row[step] if step in row else None, "{:.1f}") for step in steps]
+                lines.append("| " + " | ".join([str(label)] + values + [_number(change, "{:+.1f}")]) + " |")
+            lines.append("")
+    if lines:
+        lines = ["## Tracked during RL", "", "pass@1 in percent, evaluated by the RL run itself every few steps "
+                 "(`ARM/metrics.jsonl`); each evaluation samples with the run's seed, so one seed's steps differ "
+                 "by its policy alone.", ""] + lines
     return data, lines
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from posttrain.algos.policy import POLICY_LOSSES
 from posttrain.config import ConfigValueError
@@ -158,6 +159,13 @@ class RLDataConfig:
     template's default. Needs use_chat_template."""
     eval_max_prompts: int = 200
     """Evaluate on at most this many held-out prompts."""
+    eval_name: str = "heldout"
+    """The evaluated set's name in its metrics, ``eval/<eval_name>/<profile>/pass@k``: e.g. ``train_fixed``
+    when eval_path is a fixed draw of training problems, tracked to see the training task learnt."""
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z0-9_]+", self.eval_name):
+            raise ConfigValueError("eval_name", "must be lowercase letters, digits and _ (it names metrics)")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -426,7 +434,14 @@ class RLConfig:
     autograd and left out of the backward; exact, so only for debugging turn it off. Never with
     the KL in the loss (kl.coef > 0, kl.mode=loss), whose term does not vanish at advantage 0."""
     eval_every: int = 10
-    """Held-out greedy pass@1 every N steps (and at start and end); 0 = start and end only."""
+    """Held-out pass@1 every N steps (and at start and end); 0 = start and end only."""
+    eval_samples: int = 1
+    """Samples per held-out prompt. 1 with eval_temperature 0 is greedy pass@1 (profile ``greedy``);
+    n > 1 at a temperature logs the sampled pass@k for k = 1, 2, 4, ... n (profile ``t<T>``, e.g.
+    ``t1``): a finer measure of a small change than greedy's one pass or fail per problem. Each
+    evaluation draws with the run's seed, so two steps' figures differ by the policy, not the draw."""
+    eval_temperature: float = 0.0
+    """Sampling temperature of the held-out evaluation; 0 = greedy."""
     save_every: int = 25
     """Checkpoint every N steps (and at the end); 0 = end only."""
     keep_last: int = 2
@@ -476,6 +491,7 @@ class RLConfig:
         if self.aggregation and self.aggregation not in DEFAULT_AGGREGATION.values():
             raise ConfigValueError("aggregation", "must be token_mean, seq_mean_token_mean or "
                                    "seq_mean_token_sum_norm")
+        self.check_eval()
         for key in ("prompts_per_step", "num_steps", "ppo_epochs", "mini_batches", "micro_batch_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigValueError(key, "must be >= 1")
@@ -507,6 +523,18 @@ class RLConfig:
             raise ConfigValueError("data.use_chat_template", "false is not supported with env.name: an episode's "
                                    "turns are rendered by the model's chat template (roles, tool replies)")
         self.check_correction()
+
+    def check_eval(self) -> None:
+        if self.eval_samples < 1:
+            raise ConfigValueError("eval_samples", "must be >= 1")
+        if self.eval_temperature < 0:
+            raise ConfigValueError("eval_temperature", "must be >= 0 (0 = greedy)")
+        if self.eval_samples > 1 and self.eval_temperature == 0:
+            raise ConfigValueError("eval_samples", "greedy decoding gives every sample the same answer; set "
+                                   "eval_temperature > 0 for sampled pass@k, or eval_samples=1")
+        if self.env.name and (self.eval_samples > 1 or self.eval_temperature > 0):
+            raise ConfigValueError("eval_samples" if self.eval_samples > 1 else "eval_temperature",
+                                   "an environment's held-out evaluation is one greedy episode per example")
 
     def check_precision_fallback(self) -> None:
         r = self.rollout

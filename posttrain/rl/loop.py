@@ -566,16 +566,24 @@ def maybe_resume(run: RLRun, printer=print) -> int:
     return state["step"]
 
 
+def eval_profile(cfg: RLConfig) -> str:
+    """The held-out evaluation's profile in its metric names: ``greedy``, or ``t<T>`` when sampled."""
+    return "greedy" if cfg.eval_temperature == 0 else f"t{cfg.eval_temperature:g}"
+
+
 def held_out_eval(run: RLRun) -> dict:
-    """Greedy pass@1 on the held-out prompts, by the engine on rank 0 (other ranks: {})."""
+    """pass@k on the held-out prompts (greedy pass@1 by default), by the engine on rank 0 (other
+    ranks: {}). Every evaluation samples with the run's seed, so on the same prompts two steps'
+    figures differ by the policy's change, not by another draw of samples."""
     if not run.eval_examples or run.engine is None or not run.world.main:
         return {}
-    greedy = dataclasses.replace(sampling_params(run.cfg, run.cfg.seed), temperature=0.0)
+    cfg = run.cfg
+    sampling = dataclasses.replace(sampling_params(cfg, cfg.seed), temperature=cfg.eval_temperature)
     if run.env is not None:
-        return run.env.evaluate(run.engine, run.eval_examples, greedy, "heldout")
+        return run.env.evaluate(run.engine, run.eval_examples, sampling, cfg.data.eval_name)
     summary = evaluate(run.engine, run.eval_prompts, run.eval_examples, run.verifier,
-                       profile="greedy", sampling=greedy, n=1, seed=run.cfg.seed)
-    return eval_metrics(summary, "heldout")
+                       profile=eval_profile(cfg), sampling=sampling, n=cfg.eval_samples, seed=cfg.seed)
+    return eval_metrics(summary, cfg.data.eval_name)
 
 
 def tokens_so_far(run: RLRun, start: int) -> int:

@@ -23,6 +23,10 @@ PLUGIN = textwrap.dedent('''
         """Zero-variance groups for odd answers, the letters reward for even ones."""
         return Outcome.model_fail(reward=0.5) if int(example["answer"]) % 2 else letters(completion, example)
 
+    def even_length(completion, example):
+        """Passes about half of sampled texts, and the same half every time for the same text."""
+        return Outcome.passed() if len(completion) % 2 == 0 else Outcome.model_fail()
+
     def flaky(completion, example):
         if len(completion) % 2:
             raise RuntimeError("verifier crashed")

@@ -258,6 +258,9 @@ def test_bad_input_from_a_fresh_interpreter_is_one_line_exit_2(nano_model_dir, a
     ("algorithm=ppo2", "algorithm"),
     ("logging.samples_per_step=-1", "logging.samples_per_step"),
     ("data.path=/nonexistent/p.jsonl", "/nonexistent/p.jsonl"),
+    ("eval_samples=4", "eval_samples"),  # several greedy samples are one sample
+    ("eval_temperature=-1", "eval_temperature"),
+    ("data.eval_name=held out", "data.eval_name"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(nano_model_dir, arith_data_dir, tmp_path, override, needle,
                                                          capsys):
@@ -279,6 +282,28 @@ def test_k1_in_the_loss_is_refused_with_the_reason(nano_model_dir, arith_data_di
     assert "kl.estimator" in err and "zero expected gradient" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
     assert load_config(RLConfig, None, ["kl.coef=0.05", "kl.mode=reward", "kl.estimator=k1"]).kl.estimator == "k1"
+
+
+def test_sampled_held_out_eval_names_its_set_and_profile_and_repeats_its_draw(rl_overrides, reward_plugin,
+                                                                               arith_data_dir):
+    """eval_samples=4 at T = 1 on a named set: pass@1, 2, 4 under eval/<name>/t1/; the samples of one
+    prompt differ (pass@4 above pass@1, where greedy's four copies would tie them); and two evaluations
+    of the same weights give the same figures, as each draws with the run's seed."""
+    from posttrain.rl.loop import held_out_eval
+
+    def run_with(**extra):
+        return setup(load_config(RLConfig, None, rl_overrides(
+            verifier=f"{reward_plugin}:even_length", **{"data.eval_path": arith_data_dir / "prompts_train.jsonl",
+                                                        "data.eval_max_prompts": 8, **extra})))
+
+    sampled = run_with(eval_samples=4, eval_temperature=1.0, **{"data.eval_name": "train_fixed"})
+    first, again = held_out_eval(sampled), held_out_eval(sampled)
+    assert first == again
+    head = "eval/train_fixed/t1"
+    assert {f"{head}/pass@{k}" for k in (1, 2, 4)} <= first.keys()
+    assert first[f"{head}/pass@4"] > first[f"{head}/pass@1"] > 0
+    greedy = held_out_eval(run_with())
+    assert {k.rsplit("/", 1)[0] for k in greedy} == {"eval/heldout/greedy"} and "eval/heldout/greedy/pass@1" in greedy
 
 
 def test_malformed_prompt_row_names_file_and_line(nano_model_dir, tmp_path, capsys):
