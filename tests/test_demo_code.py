@@ -69,7 +69,8 @@ def _window_means(metrics_path, key: str, width: int) -> tuple[float, float]:
 def test_full_code_demo_raises_the_training_pass_rate_on_both_arms(tmp_path):
     """The default demo's RL learns its training task: on each arm the end's sampled pass rate on one
     fixed draw of 48 training problems (8 samples each at T = 1, paired by problem) is above the SFT
-    start's, and the last steps' pass fraction has not collapsed (at LoRA lr 1e-3 the direct arm's
+    start's, the run's own curve on that draw rises (its last three evaluations above its first
+    three), and the last steps' pass fraction has not collapsed (at LoRA lr 1e-3 the direct arm's
     fell to 0). Not the per-step window alone: each step draws other problems, and on RL seeds 1 and
     2 the direct arm's last-4-step window fell while its pass rate on the fixed draw rose."""
     from posttrain.demo.code import PROFILES
@@ -87,3 +88,6 @@ def test_full_code_demo_raises_the_training_pass_rate_on_both_arms(tmp_path):
         assert c.change > 0 and c.after > 5, (arm, describe(c))
         _, last = _window_means(out / arm / "metrics.jsonl", "outcomes/PASS_frac", width=4)
         assert last > 0.05, (arm, last)
+        # the run's own curve on the fixed draw (13 evaluations, 16 steps apart) rises along the run
+        first, last = _window_means(out / arm / "metrics.jsonl", "eval/train_fixed/t1/pass@1", width=3)
+        assert last > first, (arm, first, last)
