@@ -185,3 +185,22 @@ def test_bad_seeds_exit_2_with_one_line_before_anything_is_written(tmp_path, cap
     assert err.count("\n") == 0 and "seed 1 is given twice" in err and not out.exists()
     assert main(["demo", "--seeds", "0,1", "--out", str(out)]) == 2  # the arithmetic demo has one seed
     assert "only --task code" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_long_runs_reward_is_tabled_as_block_means(tmp_path):
+    """50 steps fill 17 columns of 3-step means (the last of 2 steps), not 50 columns; the first and
+    last 4 steps' means stay per step."""
+    from posttrain.demo.seeds import reward_section
+
+    run = tmp_path / "seed-0" / "direct"
+    run.mkdir(parents=True)
+    rewards = [i / 100 for i in range(1, 51)]  # 0.01 ... 0.50
+    _metrics(run, rewards, rewards)
+    data, lines = reward_section(tmp_path, [0], ("direct",))
+    head = next(line for line in lines if line.startswith("| seed |"))
+    assert head.startswith("| seed | 1-3 | 4-6 |") and "| 49-50 | first 4 | last 4 |" in head
+    row = next(line for line in lines if line.startswith("| 0 |"))
+    # (0.01 + 0.02 + 0.03) / 3 = 0.02, then 0.05; the last block (0.49 + 0.50) / 2 = 0.495 -> 0.49 or 0.50
+    assert row.startswith("| 0 | 0.02 | 0.05 | 0.08 |") and row.count("|") == 17 + 5 + 2
+    assert data["direct"]["0"]["reward_last"] == pytest.approx(0.485)
+    assert any("averaged over 3 steps a column" in line for line in lines)

@@ -40,6 +40,8 @@ from posttrain.errors import UserError
 
 WINDOW = 4
 """Steps averaged at each end of a training-reward curve (a step's value moves with its draw of prompts)."""
+COLUMNS = 24
+"""At most this many columns of training reward a run in the report: a longer run's are step averages."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,19 +277,22 @@ def reward_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple[
         data[arm] = {str(s): c for s, c in curves.items()}
         both = any(p is not None and abs(p - r) > 1e-9 for c in curves.values() for r, p in zip(c["reward"], c["pass"]))
         n = max((len(c["steps"]) for c in curves.values()), default=0)
-        head = ["seed"] + [str(i + 1) for i in range(n)] + [f"first {WINDOW}", f"last {WINDOW}",
-                                                              "zero-variance groups, last step",
-                                                              "entropy, last step", "KL to the start (step)"]
+        width = -(-n // COLUMNS)  # steps a column averages: one a column up to COLUMNS steps
+        head = ["seed"] + [_steps_label(i, width, n) for i in range(0, n, width)] + [
+            f"first {WINDOW}", f"last {WINDOW}", "zero-variance groups, last step", "entropy, last step",
+            "KL to the start (step)"]
         lines += [f"### {arm}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for seed, c in curves.items():
-            values = [_pair(r, p, both) for r, p in zip(c["reward"], c["pass"])] + ["-"] * (n - len(c["reward"]))
+            reward, passed = _blocks(c["reward"], width), _blocks(c["pass"], width)
+            values = [_pair(r, p, both) for r, p in zip(reward, passed)] + ["-"] * (-(-n // width) - len(reward))
             lines.append("| " + " | ".join([str(seed)] + values + [
                 _pair(c["reward_first"], c["pass_first"], both), _pair(c["reward_last"], c["pass_last"], both),
                 _number(c["zero_variance_last"]), _number(c["entropy_last"]),
                 f"{_number(c['kl_last'], '{:.4f}')} ({c['kl_step']})" if c["kl_step"] else "-"]) + " |")
         note = (" In brackets: the pass fraction (`outcomes/PASS_frac`), where the reward adds a format bonus."
                 if both else "")
-        lines += ["", f"`reward/mean` of each RL step (`{arm}/metrics.jsonl`); first / last {WINDOW}: the mean "
+        per = "each RL step" if width == 1 else f"each RL step, averaged over {width} steps a column"
+        lines += ["", f"`reward/mean` of {per} (`{arm}/metrics.jsonl`); first / last {WINDOW}: the mean "
                       f"over those steps.{note}", ""]
     return data, lines
 
@@ -330,6 +335,17 @@ def tracked_section(out: Path, seeds: list[int], arms: tuple[str, ...]) -> tuple
                  "(`ARM/metrics.jsonl`); each evaluation samples with the run's seed, so one seed's steps differ "
                  "by its policy alone.", ""] + lines
     return data, lines
+
+
+def _steps_label(start: int, width: int, n: int) -> str:
+    """The header of the column holding steps start+1 ... start+width (1-based, cut at step n)."""
+    return str(start + 1) if width == 1 else f"{start + 1}-{min(start + width, n)}"
+
+
+def _blocks(values: list, width: int) -> list:
+    """Means of consecutive ``width`` values (None where a block holds a None)."""
+    chunks = [values[i:i + width] for i in range(0, len(values), width)]
+    return [None if None in chunk else sum(chunk) / len(chunk) for chunk in chunks]
 
 
 def _number(value, fmt: str = "{:.2f}") -> str:
