@@ -14,7 +14,8 @@ tiny model with every stage the seed has (docs/seed.md):
 4. RL with the seed's own recipes, examples/seed_direct.yaml (GRPO, reward 1 iff the KodCode
    pytest tests pass in the sandbox) and examples/seed_reasoning.yaml (Dr. GRPO + 0.05 × code_format),
    overriding only the model, data, lengths, step count, learning rate, LoRA (off: a full fine-tune
-   of the tiny model) and engine (in-process);
+   of the tiny model) and engine (in-process); each run tracks its training task on one fixed draw
+   of training problems (``data/train_check_48.jsonl``, `eval/train_fixed/t1/pass@1` every 16 steps);
 5. the seed's evaluations (greedy non-thinking for direct; T = 0.6 thinking for reasoning) of each
    run's start and end on the held-out files, and the seed's table with paired intervals
    (`posttrain.eval.seed_table`), printed and written to ``report.md`` / ``report.html``.
