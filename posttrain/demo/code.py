@@ -46,7 +46,7 @@ from posttrain.errors import UserError
 # size 256) a rank-32 adapter is not a small update. 192 steps at lr 1e-4, chosen on the training
 # split (bench/seed_mini_sweep.py, docs/seed.md): 24 steps at 3e-5 or 1e-4 raised the pass rate on
 # a fixed draw of training problems by only 2-4 points; 192 at 1e-4 raised it 23 -> 29 on the direct
-# arm, while 3e-4 moved the policy 25x further in KL with no gain and lost pass@8.
+# arm, while 3e-4 moved the policy 8x further in KL by step 40 with no gain and lost pass@8.
 # check_problems, check_every: RL tracks its training task on one fixed draw of training problems
 # (code_check.train_sample), sampled CHECK_SAMPLES times each at T = 1 every check_every steps, logged
 # as eval/train_fixed/t1/pass@1: each step's own reward moves by +-0.1 with its draw of problems alone.
