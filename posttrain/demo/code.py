@@ -180,7 +180,7 @@ def stage_sft(out: Path, p: dict, paths: dict, base: str, arm: str, args) -> str
 
 def stage_rl(out: Path, p: dict, paths: dict, start: str, arm: str, args) -> None:
     from posttrain.config import load_config
-    from posttrain.demo.code_check import CHECK_SAMPLES
+    from posttrain.demo.code_check import CHECK_SAMPLES, CHECK_TEMPERATURE
     from posttrain.rl.config import RLConfig
     from posttrain.rl.run import run_rl
 
@@ -193,7 +193,7 @@ def stage_rl(out: Path, p: dict, paths: dict, start: str, arm: str, args) -> Non
         f"prompts_per_step={p['prompts_per_step']}", f"num_steps={p['rl_steps']}", f"optim.lr={p['rl_lr']}",
         f"seed={args.seed}", "save_every=0", f"out_dir={out / arm}", f"logging.progress={not args.no_progress}",
         f"model.lora.enabled={p.get('rl_lora', True)}", f"data.eval_path={paths['train_check']}",
-        "data.eval_name=train_fixed", f"eval_samples={CHECK_SAMPLES}", "eval_temperature=1.0",
+        "data.eval_name=train_fixed", f"eval_samples={CHECK_SAMPLES}", f"eval_temperature={CHECK_TEMPERATURE}",
         f"eval_every={p['check_every']}", *p.get("rl_overrides", ())])
     run_rl(cfg)
 

@@ -11,6 +11,8 @@ import random
 from pathlib import Path
 
 CHECK_SAMPLES = 8
+CHECK_TEMPERATURE = 1.0
+"""The check's decoding, here and in the RL runs that track the same draw (`posttrain.demo.code`)."""
 
 
 def train_sample(train_file: str | Path, out_dir: Path, count: int, seed: int) -> Path:
@@ -32,8 +34,8 @@ def train_pass(model: str, problems: Path, out_dir: Path, arm: str, tokens: int,
     if not (out_dir / "eval.json").is_file():
         cfg = EvalConfig(model=model, label=out_dir.name, seed=seed, out_dir=str(out_dir),
                          benchmarks=[BenchmarkConfig(name="train", kind="kodcode", path=str(problems))],
-                         profiles=[DecodingProfile(name="t1", temperature=1.0, n=CHECK_SAMPLES,
-                                                   max_new_tokens=tokens)],
+                         profiles=[DecodingProfile(name=f"t{CHECK_TEMPERATURE:g}", temperature=CHECK_TEMPERATURE,
+                                                   n=CHECK_SAMPLES, max_new_tokens=tokens)],
                          ks=[1], thinking=arm == "reasoning")
         run_eval(cfg, show_progress=False)
     return read_eval_json(out_dir / "eval.json")[0]
